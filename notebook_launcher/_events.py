@@ -1,0 +1,181 @@
+"""Plain events: what the workers (and the launcher) report about a launch.
+
+Every event is a small frozen dataclass of builtins: it pickles with the standard
+library, knows nothing of torch or widgets, and is the *only* thing the dashboard
+sees. Workers create most of them; the parent adds :class:`LaunchStarted`,
+:class:`Output` (it reads the workers' stdout/stderr pipes itself),
+:class:`WorkerDied`, :class:`WorkerStopped` and :class:`LaunchFinished`.
+
+``time`` is always ``time.time()`` where the event was made (wall clock, so the
+parent can order events coming from different processes on one node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class LaunchStarted:
+    """The launcher is about to start ``world_size`` ranks (this node's share of them)."""
+
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    start_method: str
+    start_reason: str
+    master_addr: str
+    master_port: int
+    backend: str
+    ranks: tuple[int, ...]
+    time: float
+
+
+@dataclass(frozen=True)
+class WorkerStarted:
+    """A worker process is up and its process group is initialised."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    device: str
+    time: float
+
+
+@dataclass(frozen=True)
+class Output:
+    """One line (ending in a newline) or the unterminated tail of a rank's stdout/stderr."""
+
+    rank: int
+    stream: str  # "stdout" | "stderr"
+    text: str
+    time: float
+
+
+@dataclass(frozen=True)
+class ProgressUpdate:
+    """State of one progress bar of one rank (coalesced in the worker: ~10/s per bar).
+
+    ``bar_id`` is unique per rank; ``closed`` marks the bar's last update.
+    """
+
+    rank: int
+    bar_id: int
+    desc: str
+    n: float
+    total: float | None
+    unit: str = "it"
+    rate: float | None = None
+    elapsed: float = 0.0
+    closed: bool = False
+    disabled: bool = False
+    postfix: str = ""
+    level: int = 0  # nesting depth: 0 for the outermost open bar of the rank
+    time: float = 0.0
+
+
+@dataclass(frozen=True)
+class BarrierEnter:
+    """A rank entered a process-control barrier (``wait_for_everyone`` and friends).
+
+    ``index`` counts the barriers this rank entered (0, 1, 2...): ranks with the same
+    index are in the same barrier when the program is correct. ``location`` is
+    ``"file:line"`` of the user's call site, ``kind`` the API that was called.
+    """
+
+    rank: int
+    index: int
+    location: str
+    kind: str
+    time: float
+
+
+@dataclass(frozen=True)
+class BarrierExit:
+    rank: int
+    index: int
+    location: str
+    time: float
+
+
+@dataclass(frozen=True)
+class WorkerFinished:
+    """The rank's function returned (its result travels separately)."""
+
+    rank: int
+    time: float
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """The rank's function raised; ``collateral`` when it looks like fallout of another
+    rank's failure (e.g. gloo "Connection closed by peer")."""
+
+    rank: int
+    exc_type: str
+    message: str
+    traceback: str
+    collateral: bool
+    time: float
+
+
+@dataclass(frozen=True)
+class WorkerDied:
+    """A worker process ended without reporting a result or an exception."""
+
+    rank: int
+    pid: int
+    exitcode: int | None
+    signal_name: str | None
+    time: float
+
+
+@dataclass(frozen=True)
+class WorkerStopped:
+    """The launcher stopped this rank (because another rank failed, or on interrupt)."""
+
+    rank: int
+    reason: str
+    time: float
+
+
+@dataclass(frozen=True)
+class LaunchFinished:
+    ok: bool
+    summary: str
+    root_cause_rank: int | None
+    wall_time: float
+    time: float
+    failed_ranks: tuple[int, ...] = field(default=())
+
+
+Event = Union[
+    LaunchStarted,
+    WorkerStarted,
+    Output,
+    ProgressUpdate,
+    BarrierEnter,
+    BarrierExit,
+    WorkerFinished,
+    WorkerFailed,
+    WorkerDied,
+    WorkerStopped,
+    LaunchFinished,
+]
+
+__all__ = [
+    "BarrierEnter",
+    "BarrierExit",
+    "Event",
+    "LaunchFinished",
+    "LaunchStarted",
+    "Output",
+    "ProgressUpdate",
+    "WorkerDied",
+    "WorkerFailed",
+    "WorkerFinished",
+    "WorkerStarted",
+    "WorkerStopped",
+]
