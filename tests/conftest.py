@@ -1,0 +1,128 @@
+"""Test-suite guards: every test must leave the process exactly as it found it.
+
+The autouse fixture ``no_leftovers`` fails a test that leaves behind a child process,
+a changed environment variable, an initialised torch.distributed process group, a
+changed signal handler, or an extra thread. The launcher's persistent forkserver
+(started on first use of the CUDA-safe path, like multiprocessing's) is the one
+allowed child; it is shut down and checked at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+# Kernels and workers started by tests must not inherit pytest's marker: ipykernel
+# stops capturing fd-level output when it sees it (shared/TESTING.md, pitfall 1).
+KERNEL_ENV_DROP = ("PYTEST_CURRENT_TEST",)
+
+_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGPIPE]
+_ENV_IGNORED = {"PYTEST_CURRENT_TEST"}
+
+
+def child_pids(pid: int | None = None) -> set[int]:
+    """Direct children of ``pid`` (default: this process), read from /proc."""
+    pid = os.getpid() if pid is None else pid
+    kids: set[int] = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.update(int(p) for p in f.read().split())
+    except FileNotFoundError:
+        pass
+    return kids
+
+
+def _allowed_children() -> set[int]:
+    proc = sys.modules.get("notebook_launcher._process")
+    if proc is None:
+        return set()
+    pid = proc.forkserver_pid()
+    return {pid} if pid else set()
+
+
+def _process_group_initialized() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _wait_for_no_children(before: set[int], timeout: float = 5.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        extra = child_pids() - before - _allowed_children()
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.02)
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
+    env_before = {k: v for k, v in os.environ.items() if k not in _ENV_IGNORED}
+    handlers_before = {s: signal.getsignal(s) for s in _SIGNALS}
+    children_before = child_pids()
+    threads_before = {t.ident for t in threading.enumerate()}
+    yield
+    problems: list[str] = []
+    extra = _wait_for_no_children(children_before)
+    if extra:
+        for pid in extra:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        problems.append(f"child processes left behind: {sorted(extra)}")
+    env_after = {k: v for k, v in os.environ.items() if k not in _ENV_IGNORED}
+    if env_after != env_before:
+        changed = sorted(set(env_after.items()) ^ set(env_before.items()))
+        os.environ.clear()
+        os.environ.update(env_before)
+        problems.append(f"environment changed: {changed}")
+    handlers_after = {s: signal.getsignal(s) for s in _SIGNALS}
+    if handlers_after != handlers_before:
+        for s, h in handlers_before.items():
+            signal.signal(s, h)
+        problems.append("signal handlers changed")
+    if _process_group_initialized():
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        problems.append("a torch.distributed process group was left initialised")
+    deadline = time.monotonic() + 2.0
+    while True:
+        new_threads = [
+            t
+            for t in threading.enumerate()
+            if t.ident not in threads_before and t.is_alive() and not t.daemon
+        ]
+        if not new_threads or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    if new_threads:
+        problems.append(f"threads left running: {[t.name for t in new_threads]}")
+    reset = getattr(sys.modules.get("notebook_launcher.state"), "_reset_state", None)
+    if reset is not None:
+        reset()
+    if problems:
+        pytest.fail(f"{request.node.nodeid} left things behind: " + "; ".join(problems))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _forkserver_shut_down_at_end() -> Iterator[None]:
+    yield
+    proc = sys.modules.get("notebook_launcher._process")
+    if proc is not None:
+        proc.shutdown_forkserver()
+    assert not _wait_for_no_children(set()), "worker or forkserver processes outlived the suite"
+
+
+@pytest.fixture
+def kernel_env() -> dict[str, str]:
+    """Environment for kernels started by a test (see KERNEL_ENV_DROP)."""
+    return {k: v for k, v in os.environ.items() if k not in KERNEL_ENV_DROP}
