@@ -1,0 +1,177 @@
+"""Plugin and configuration dataclasses, named and defaulted as Accelerate documents them.
+
+Plain data with validation in ``__post_init__``; no torch.distributed calls here, so the state
+module and the Accelerator can both import this file without cycles.
+
+Example::
+
+    from notebook_launcher.utils.dataclasses import GradientAccumulationPlugin
+    plugin = GradientAccumulationPlugin(num_steps=4, sync_each_batch=False)
+    accelerator = Accelerator(gradient_accumulation_plugin=plugin)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+class PrecisionType(str, enum.Enum):
+    """The mixed-precision modes: ``"no"``, ``"fp16"``, ``"bf16"``."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [m.value for m in cls]
+
+
+class KwargsHandler:
+    """Base of the ``*Kwargs`` handlers: ``to_kwargs()`` returns the fields changed from default."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    def to_kwargs(self) -> dict[str, Any]:
+        default = self.__class__().to_dict()
+        return {k: v for k, v in self.to_dict().items() if default[k] != v}
+
+
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """How gradient accumulation behaves.
+
+    Args:
+        num_steps: number of batches whose gradients are accumulated before a sync and an
+            optimizer step.
+        adjust_scheduler: step the learning-rate scheduler once per optimizer step (Accelerate
+            does this by stepping it ``num_processes`` times per sync step when not splitting
+            batches, and never on non-sync steps).
+        sync_with_dataloader: force a sync step at the end of the active dataloader, even if
+            ``num_steps`` batches have not been seen yet.
+        sync_each_batch: sync gradients on every batch (no ``no_sync``) while still only
+            stepping the optimizer every ``num_steps``; trades speed for memory.
+
+    Example::
+
+        GradientAccumulationPlugin(num_steps=2)
+    """
+
+    num_steps: int | None = field(default=None)
+    adjust_scheduler: bool = field(default=True)
+    sync_with_dataloader: bool = field(default=True)
+    sync_each_batch: bool = field(default=False)
+
+    def __post_init__(self) -> None:
+        if self.num_steps is not None and (
+            not isinstance(self.num_steps, int) or isinstance(self.num_steps, bool)
+        ):
+            raise TypeError(f"num_steps must be an int, got {type(self.num_steps).__name__}")
+        if self.num_steps is not None and self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How :meth:`Accelerator.prepare` shards DataLoaders across ranks.
+
+    Args:
+        split_batches: when True, the batch size of the given loader is the *global* batch
+            size and each rank gets a ``1/num_processes`` slice of every batch (the batch size
+            must divide evenly). When False (default) each rank draws its own full batches.
+        dispatch_batches: when True, rank 0 iterates the loader and sends each rank its share.
+            ``None`` means True for iterable datasets, False otherwise.
+        even_batches: when True (default), pad the last batch by wrapping around to the
+            start of the dataset so every rank sees the same number of batches of the same
+            size; :meth:`Accelerator.gather_for_metrics` drops those duplicates.
+        use_seedable_sampler: replace a random sampler by one whose order depends only on
+            ``(seed, epoch)``, so results are reproducible across runs and resumptions.
+        data_seed: the seed of that sampler (default: the global seed at prepare time).
+        non_blocking: pass ``non_blocking=True`` when moving batches to the device.
+
+    Example::
+
+        DataLoaderConfiguration(even_batches=False)
+    """
+
+    split_batches: bool = field(default=False)
+    dispatch_batches: bool | None = field(default=None)
+    even_batches: bool = field(default=True)
+    use_seedable_sampler: bool = field(default=False)
+    data_seed: int | None = field(default=None)
+    non_blocking: bool = field(default=False)
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where :meth:`Accelerator.save_state` writes when no directory is given.
+
+    With ``automatic_checkpoint_naming`` checkpoints go to
+    ``{project_dir}/checkpoints/checkpoint_{iteration}``, keeping at most ``total_limit``.
+    """
+
+    project_dir: str | None = field(default=None)
+    logging_dir: str | None = field(default=None)
+    automatic_checkpoint_naming: bool = field(default=False)
+    total_limit: int | None = field(default=None)
+    iteration: int = field(default=0)
+    save_on_each_node: bool = field(default=False)
+
+    def set_directories(self, project_dir: str | None = None) -> None:
+        self.project_dir = project_dir
+        if self.logging_dir is None:
+            self.logging_dir = project_dir
+
+    def __post_init__(self) -> None:
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
+
+@dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Arguments forwarded to ``torch.nn.parallel.DistributedDataParallel`` by ``prepare``."""
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+@dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Arguments forwarded to ``torch.amp.GradScaler`` under ``mixed_precision="fp16"``."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclass
+class AutocastKwargs(KwargsHandler):
+    """Arguments forwarded to ``torch.autocast`` by :meth:`Accelerator.autocast`."""
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+__all__ = [
+    "AutocastKwargs",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "KwargsHandler",
+    "PrecisionType",
+    "ProjectConfiguration",
+]
