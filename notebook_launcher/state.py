@@ -1,0 +1,1007 @@
+"""Shared distributed state: :class:`PartialState`, :class:`AcceleratorState`, :class:`GradientState`.
+
+Same names, attributes and semantics as Hugging Face Accelerate's state classes, so code
+written for ``accelerate`` runs after changing the import. Each class is a *shared-state
+singleton* (Alex Martelli's "Borg"): every instance reads and writes one class-level dict,
+so ``PartialState()`` anywhere in a process returns a view of the same state.
+
+Where the process group comes from (decided once, on the first ``PartialState()``):
+
+* inside a worker of :func:`notebook_launcher.notebook_launcher`, or any process where the
+  default group already exists: the group is adopted (rank and world size come from
+  ``torch.distributed``), giving ``MULTI_CPU`` on gloo and ``MULTI_GPU`` on nccl;
+* under ``torchrun`` (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` set, no group yet): the
+  group is created here (gloo on CPU, nccl with CUDA) and destroyed by
+  :meth:`PartialState.destroy_process_group` or :func:`_reset_state`;
+* otherwise a plain single process: ``DistributedType.NO``, ``num_processes == 1``.
+
+Differences from Accelerate (defects fixed, names kept):
+
+* CPU workers of a launch form a real ``MULTI_CPU`` group without ``cpu=True``.
+* ``on_main_process`` and friends decide *when the function is called*, not when it is
+  decorated, so a function decorated before the state exists works.
+* ``split_between_processes`` never mutates the caller's dict; a rank with nothing to do
+  gets an empty slice (not a copy of the last element) unless ``apply_padding=True``;
+  padding works for tuples and tensors.
+* Re-initialising a state with settings that conflict with the existing ones raises
+  ``ValueError`` naming both values (Accelerate silently keeps some of them).
+
+Example::
+
+    from notebook_launcher import PartialState
+
+    state = PartialState()
+    with state.main_process_first():
+        download_dataset()          # rank 0 first, the others after it finished
+    state.wait_for_everyone()
+    with state.split_between_processes(["a", "b", "c"]) as prompts:
+        ...                         # rank 0: ["a", "b"], rank 1: ["c"]
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+import functools
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from . import _runtime
+from ._events import BarrierEnter, BarrierExit
+
+if TYPE_CHECKING:
+    from .utils.dataclasses import GradientAccumulationPlugin
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TRUE = ("1", "true", "yes", "on", "y", "t")
+_MIXED_PRECISIONS = ("no", "fp16", "bf16")
+_INIT_KWARGS = ("backend", "timeout", "init_method", "pg_options")
+
+
+class DistributedType(str, enum.Enum):
+    """The kind of distributed setup the current process is part of.
+
+    This package produces ``NO``, ``MULTI_CPU`` and ``MULTI_GPU``; the other members exist so
+    that Accelerate code comparing against them keeps working.
+
+    Example::
+
+        if PartialState().distributed_type == DistributedType.MULTI_GPU:
+            ...
+    """
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_DISTRIBUTED_TYPES = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+
+def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    """``True`` when env var ``key`` is ``"1"``/``"true"``/``"yes"``/``"on"`` (any case)."""
+    value = os.environ.get(key)
+    if value is None:
+        return default
+    return value.strip().lower() in _TRUE
+
+
+def _debug_from_env() -> bool:
+    return parse_flag_from_env("NOTEBOOK_LAUNCHER_DEBUG") or parse_flag_from_env(
+        "ACCELERATE_DEBUG_MODE"
+    )
+
+
+def _check_mixed_precision(value: str | None, cuda: bool, source: str) -> str:
+    """Normalise a mixed-precision setting; raise ``ValueError`` saying how to fix a bad one."""
+    mp = "no" if value is None or str(value).strip() == "" else str(value).strip().lower()
+    if mp not in _MIXED_PRECISIONS:
+        raise ValueError(
+            f"Unknown mixed_precision {value!r} ({source}); choose one of "
+            f"{', '.join(repr(m) for m in _MIXED_PRECISIONS)}."
+        )
+    if mp == "fp16" and not cuda:
+        raise ValueError(
+            f"mixed_precision='fp16' ({source}) needs a CUDA GPU, and this process runs on CPU. "
+            "Use mixed_precision='bf16' (supported on CPU) or 'no'."
+        )
+    return mp
+
+
+def _env_int(*keys: str, default: int) -> int:
+    for key in keys:
+        value = os.environ.get(key)
+        if value is not None and value.strip().lstrip("-").isdigit():
+            return int(value)
+    return default
+
+
+def _env_wants_group() -> bool:
+    """True under ``torchrun`` and similar: the env describes a group that does not exist yet."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")) and (
+        "MASTER_PORT" in os.environ
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# PartialState
+# --------------------------------------------------------------------------------------------
+
+
+class PartialState:
+    """Where this process stands in the distributed run; works with no ``Accelerator``.
+
+    Args:
+        cpu: force the CPU even when CUDA is available (also env ``ACCELERATE_USE_CPU=1``).
+        **kwargs: ``backend`` and ``timeout`` (a ``timedelta`` or seconds) are used only if
+            this call creates the process group (under ``torchrun``).
+
+    Attributes:
+        device, distributed_type, num_processes, process_index, local_process_index,
+        mixed_precision, backend, debug, and the properties ``is_main_process``,
+        ``is_local_main_process``, ``is_last_process``, ``use_distributed``.
+
+    Example::
+
+        state = PartialState()
+        print(f"rank {state.process_index} of {state.num_processes} on {state.device}")
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    # Declared for type checkers; the values live in ``_shared_state``.
+    device: torch.device
+    distributed_type: DistributedType
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    backend: str | None
+    debug: bool
+    fork_launched: bool
+    _mixed_precision: str
+    _cpu: bool
+    _created_group: bool
+    _trigger: bool
+    _init_kwargs: dict[str, Any]
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        self.__dict__ = self._shared_state
+        cpu = bool(cpu) or parse_flag_from_env("ACCELERATE_USE_CPU")
+        mixed_precision = kwargs.pop("_mixed_precision", None)
+        if self.initialized:
+            self._check_compatible(cpu, kwargs)
+            return
+        unknown = sorted(set(kwargs) - set(_INIT_KWARGS))
+        if unknown:
+            raise TypeError(f"PartialState() got unexpected keyword arguments: {unknown}")
+        self._shared_state.update(_build_partial_state(cpu, mixed_precision, kwargs))
+
+    # ---- identity -------------------------------------------------------------------------
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the shared state has been built in this process."""
+        return bool(self._shared_state)
+
+    def __repr__(self) -> str:
+        if not self.initialized:
+            return "PartialState(<not initialized>)"
+        backend = f"  Backend: {self.backend}" if self.backend else ""
+        return (
+            f"Distributed environment: {self.distributed_type}{backend}\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+            f"Mixed precision: {self.mixed_precision}\n"
+            f"Debug mode: {self.debug}\n"
+        )
+
+    def _check_compatible(self, cpu: bool, kwargs: dict[str, Any]) -> None:
+        if cpu and self.device.type != "cpu":
+            raise ValueError(
+                f"PartialState is already initialized on {self.device} and cannot be switched "
+                "to cpu=True. Pass cpu=True to the first PartialState()/Accelerator() of the "
+                "process (in a notebook: restart the kernel, or launch with notebook_launcher)."
+            )
+        backend = kwargs.get("backend")
+        if backend is not None and self.backend is not None and backend != self.backend:
+            raise ValueError(
+                f"PartialState is already initialized with backend={self.backend!r}; "
+                f"it cannot be re-initialized with backend={backend!r}."
+            )
+
+    # ---- derived attributes ---------------------------------------------------------------
+
+    @property
+    def mixed_precision(self) -> str:
+        """``"no"``, ``"fp16"`` or ``"bf16"``: the AcceleratorState's value once it exists."""
+        acc = AcceleratorState._shared_state
+        if acc:
+            return str(acc["mixed_precision"])
+        return self._mixed_precision
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part (collectives do something)."""
+        return self.distributed_type != DistributedType.NO and self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on the process of global index 0 (the one that should log and save)."""
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on the first process of each node."""
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        """True on the process of index ``num_processes - 1``."""
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def default_device(self) -> torch.device:
+        """``cuda`` if available, else ``cpu`` (what a fresh single process would use)."""
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+    # ---- barriers -------------------------------------------------------------------------
+
+    def _barrier(self, kind: str) -> None:
+        if self.distributed_type not in _DISTRIBUTED_TYPES:
+            return
+        kwargs: dict[str, Any] = {}
+        if self.device.type == "cuda" and self.backend is not None and "nccl" in self.backend:
+            kwargs["device_ids"] = [self.device.index or 0]
+        if not _runtime.active():
+            dist.barrier(**kwargs)
+            return
+        rank = self.process_index
+        index = _runtime.next_barrier_index()
+        location = _runtime.caller_location()
+        _runtime.emit(BarrierEnter(rank, index, location, kind, time.time()))
+        dist.barrier(**kwargs)
+        _runtime.emit(BarrierExit(rank, index, location, time.time()))
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this call (a no-op in a single process).
+
+        Inside a launched worker the dashboard sees which ``file:line`` each rank waits at.
+
+        Example::
+
+            state.wait_for_everyone()   # everybody finished the previous step
+        """
+        self._barrier("wait_for_everyone")
+
+    @contextmanager
+    def _goes_first(self, is_main: bool, kind: str) -> Iterator[None]:
+        if not is_main:
+            self._barrier(kind)
+        yield
+        if is_main:
+            self._barrier(kind)
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first, then on all the others.
+
+        Example::
+
+            with state.main_process_first():
+                dataset = load_dataset("...")   # rank 0 downloads, the others read the cache
+        """
+        with self._goes_first(self.is_main_process, "main_process_first"):
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each node's local main process first, then on the others."""
+        with self._goes_first(self.is_local_main_process, "local_main_process_first"):
+            yield
+
+    # ---- decorators -----------------------------------------------------------------------
+
+    @staticmethod
+    def _only_when(
+        function: Callable[..., Any] | None,
+        predicate: Callable[[PartialState], bool],
+        name: str,
+    ) -> Any:
+        """Wrap ``function`` so it runs only where ``predicate(PartialState())`` holds.
+
+        The decision is made at call time. Usable bare (``@state.on_main_process``) and called
+        (``@state.on_main_process()``); the wrapper returns ``None`` where it does not run.
+        """
+        if function is None:
+            return functools.partial(PartialState._only_when, predicate=predicate, name=name)
+        if not callable(function):
+            raise TypeError(f"{name} decorates a function, got {type(function).__name__}")
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            state = PartialState()
+            if not state.use_distributed or predicate(state):
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
+
+    def on_main_process(self, function: F | None = None) -> F:
+        """Decorator: run the function only on the main process (returns ``None`` elsewhere).
+
+        Example::
+
+            @state.on_main_process
+            def log(msg): print(msg)
+        """
+        return self._only_when(function, lambda s: s.is_main_process, "on_main_process")
+
+    def on_local_main_process(self, function: F | None = None) -> F:
+        """Decorator: run the function only on each node's local main process."""
+        return self._only_when(function, lambda s: s.is_local_main_process, "on_local_main_process")
+
+    def on_last_process(self, function: F | None = None) -> F:
+        """Decorator: run the function only on the last process."""
+        return self._only_when(function, lambda s: s.is_last_process, "on_last_process")
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
+        """Decorator: run the function only on the process of index ``process_index``.
+
+        Example::
+
+            @state.on_process(process_index=1)
+            def report(): ...
+        """
+        if process_index is None:
+            raise ValueError("on_process needs process_index=<int>")
+        index = process_index
+        return self._only_when(function, lambda s: s.process_index == index, "on_process")
+
+    def on_local_process(
+        self, function: F | None = None, local_process_index: int | None = None
+    ) -> F:
+        """Decorator: run the function only on the local process ``local_process_index``."""
+        if local_process_index is None:
+            raise ValueError("on_local_process needs local_process_index=<int>")
+        index = local_process_index
+        return self._only_when(
+            function, lambda s: s.local_process_index == index, "on_local_process"
+        )
+
+    # ---- data splitting -------------------------------------------------------------------
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's share of ``inputs`` (list, tuple, dict of those, or tensor).
+
+        The first ``len % num_processes`` processes get one item more. With
+        ``apply_padding=True`` every process gets the same number of items, shorter shares
+        being padded with the last item of ``inputs`` (so gathered results can be trimmed
+        back to ``len(inputs)``). A dict is split value by value into a *new* dict.
+
+        Example::
+
+            with state.split_between_processes(["a", "b", "c"]) as part:
+                ...   # 2 processes: rank 0 gets ["a", "b"], rank 1 gets ["c"]
+        """
+        yield split_inputs(inputs, self.process_index, self.num_processes, apply_padding)
+
+    # ---- output and triggers --------------------------------------------------------------
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only (once per run, not once per rank)."""
+        if self.is_main_process:
+            builtins.print(*args, **kwargs)
+
+    def set_trigger(self) -> None:
+        """Raise this process's flag; :meth:`check_trigger` on *every* rank then returns True.
+
+        Example::
+
+            if loss.isnan():
+                state.set_trigger()
+            if state.check_trigger():   # collective: call it on every rank
+                break
+        """
+        self._shared_state["_trigger"] = True
+
+    def check_trigger(self) -> bool:
+        """True on every rank if any rank called :meth:`set_trigger` (then the flag is cleared).
+
+        A collective when distributed: every rank must call it.
+        """
+        flag = bool(self._shared_state.get("_trigger", False))
+        if self.distributed_type in _DISTRIBUTED_TYPES:
+            t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag = bool(t.item())
+        if flag:
+            self._shared_state["_trigger"] = False
+        return flag
+
+    # ---- teardown -------------------------------------------------------------------------
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy the process group (or ``group``) if this process may.
+
+        The group of a launched worker belongs to the launcher, which destroys it when the
+        function returns; for it (with ``group=None``) this is a no-op.
+        """
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        if (
+            group is None
+            and self.initialized
+            and not self._created_group
+            and os.environ.get(_runtime.LAUNCHER_ENV) == "1"
+        ):
+            return
+        dist.destroy_process_group(group)
+        if group is None and self.initialized:
+            self._shared_state["_created_group"] = False
+
+    def set_device(self) -> None:
+        """Make ``self.device`` the current CUDA device (no-op on CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = True) -> None:
+        """Forget the shared state (tests and notebooks); does not touch the process group."""
+        if reset_partial_state:
+            PartialState._shared_state.clear()
+
+
+def _build_partial_state(
+    cpu: bool, mixed_precision: str | None, kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """Work out (and if needed create) the distributed setup; return the state's fields."""
+    created = False
+    init_kwargs = dict(kwargs)
+    cuda = torch.cuda.is_available() and not cpu
+    if dist.is_available() and not dist.is_initialized() and _env_wants_group():
+        backend = init_kwargs.pop("backend", None) or ("nccl" if cuda else "gloo")
+        timeout = init_kwargs.pop("timeout", None)
+        if isinstance(timeout, (int, float)):
+            timeout = timedelta(seconds=timeout)
+        if timeout is not None:
+            init_kwargs["timeout"] = timeout
+        if "nccl" in backend:
+            torch.cuda.set_device(_env_int("LOCAL_RANK", default=0))
+        dist.init_process_group(
+            backend=backend,
+            rank=_env_int("RANK", default=0),
+            world_size=_env_int("WORLD_SIZE", default=1),
+            **init_kwargs,
+        )
+        created = True
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+        world = dist.get_world_size()
+        local = _env_int("LOCAL_RANK", default=rank)
+        backend_name: str | None = str(dist.get_backend())
+        if cuda and backend_name is not None and "nccl" in backend_name:
+            device = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
+            torch.cuda.set_device(device)
+            dtype = DistributedType.MULTI_GPU
+        else:
+            device = torch.device("cpu")
+            dtype = DistributedType.MULTI_CPU
+    else:
+        rank, world, local = 0, 1, 0
+        backend_name = None
+        device = torch.device("cuda") if cuda else torch.device("cpu")
+        dtype = DistributedType.NO
+    if mixed_precision is not None:
+        mp = _check_mixed_precision(mixed_precision, device.type == "cuda", "mixed_precision=")
+    else:
+        mp = _check_mixed_precision(
+            os.environ.get("ACCELERATE_MIXED_PRECISION"),
+            device.type == "cuda",
+            "env ACCELERATE_MIXED_PRECISION",
+        )
+    return {
+        "device": device,
+        "distributed_type": dtype,
+        "num_processes": world,
+        "process_index": rank,
+        "local_process_index": local,
+        "backend": backend_name,
+        "debug": _debug_from_env(),
+        "fork_launched": os.environ.get(_runtime.LAUNCHER_ENV) == "1",
+        "_mixed_precision": mp,
+        "_cpu": cpu,
+        "_created_group": created,
+        "_trigger": False,
+        "_init_kwargs": init_kwargs,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Splitting
+# --------------------------------------------------------------------------------------------
+
+
+def _shard_bounds(length: int, index: int, num: int) -> tuple[int, int]:
+    per, extra = divmod(length, num)
+    start = index * per + min(index, extra)
+    end = start + per + (1 if index < extra else 0)
+    return start, end
+
+
+def _split_value(value: Any, index: int, num: int, pad: bool, target: int) -> Any:
+    if isinstance(value, Mapping):
+        return _split_mapping(value, index, num, pad)
+    length = len(value)
+    start, end = _shard_bounds(length, index, num)
+    part = value[start:end]
+    if not pad or length == 0 or end - start >= target:
+        return part
+    missing = target - (end - start)
+    if isinstance(value, torch.Tensor):
+        last = value[-1:]
+        return torch.cat([part, last.expand(missing, *last.shape[1:])], dim=0)
+    if isinstance(value, tuple):
+        return part + (value[-1],) * missing
+    if isinstance(value, list):
+        return part + [value[-1]] * missing
+    return part + value[-1:] * missing
+
+
+def _length(value: Any) -> int:
+    if isinstance(value, Mapping):
+        lengths = {_length(v) for v in value.values()}
+        if len(lengths) > 1:
+            raise ValueError(
+                "split_between_processes: all values of a dict must have the same length, got "
+                + ", ".join(f"{k!r}: {_length(v)}" for k, v in value.items())
+            )
+        return lengths.pop() if lengths else 0
+    try:
+        return len(value)
+    except TypeError:
+        raise TypeError(
+            "split_between_processes splits a list, tuple, dict or tensor (anything with len() "
+            f"and slicing), got {type(value).__name__}"
+        ) from None
+
+
+def _split_mapping(value: Mapping[Any, Any], index: int, num: int, pad: bool) -> Any:
+    length = _length(value)
+    target = math.ceil(length / num) if num else length
+    out = {k: _split_value(v, index, num, pad, target) for k, v in value.items()}
+    if type(value) is dict:
+        return out
+    try:
+        return type(value)(out)  # type: ignore[call-arg]
+    except Exception:  # noqa: BLE001 - unusual mapping types come back as plain dicts
+        return out
+
+
+def split_inputs(inputs: Any, index: int, num: int, apply_padding: bool = False) -> Any:
+    """Share ``index`` of ``num`` of ``inputs`` (the logic of ``split_between_processes``)."""
+    if num <= 1:
+        return inputs
+    if isinstance(inputs, Mapping):
+        return _split_mapping(inputs, index, num, apply_padding)
+    length = _length(inputs)
+    return _split_value(inputs, index, num, apply_padding, math.ceil(length / num))
+
+
+# --------------------------------------------------------------------------------------------
+# AcceleratorState
+# --------------------------------------------------------------------------------------------
+
+
+class AcceleratorState:
+    """:class:`PartialState` plus the training settings an ``Accelerator`` needs.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"`` (CUDA only) or ``"bf16"``; ``None`` reads env
+            ``ACCELERATE_MIXED_PRECISION`` (set by the launcher), default ``"no"``.
+        cpu: force the CPU.
+        dynamo_plugin, deepspeed_plugin, fsdp_plugin, megatron_lm_plugin: accepted for
+            Accelerate compatibility; only ``None`` is supported for the last three.
+
+    Every attribute and process-control method of :class:`PartialState` is available here.
+    Re-creating it with a different ``mixed_precision`` raises ``ValueError``.
+
+    Example::
+
+        state = AcceleratorState(mixed_precision="bf16")
+        state.mixed_precision   # "bf16"
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    mixed_precision: str
+    dynamo_plugin: Any
+    deepspeed_plugin: Any
+    fsdp_plugin: Any
+    megatron_lm_plugin: Any
+    use_ipex: bool
+    _initialized_by: str
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.__dict__ = self._shared_state
+        for name, plugin in (
+            ("deepspeed_plugin", deepspeed_plugin),
+            ("fsdp_plugin", fsdp_plugin),
+            ("megatron_lm_plugin", megatron_lm_plugin),
+        ):
+            if plugin is not None:
+                raise NotImplementedError(
+                    f"{name} is not supported by notebook_launcher (DDP only); pass None."
+                )
+        if self.initialized:
+            self._check_compatible(mixed_precision, cpu)
+            if _from_accelerator:
+                self._shared_state["_initialized_by"] = "Accelerator"
+            return
+        partial = PartialState(cpu, _mixed_precision=mixed_precision, **kwargs)
+        if mixed_precision is None:
+            mp = partial._mixed_precision
+        else:
+            mp = _check_mixed_precision(
+                mixed_precision, partial.device.type == "cuda", "mixed_precision="
+            )
+        self._shared_state.update(
+            {
+                "mixed_precision": mp,
+                "dynamo_plugin": dynamo_plugin,
+                "deepspeed_plugin": None,
+                "fsdp_plugin": None,
+                "megatron_lm_plugin": None,
+                "use_ipex": False,
+                "_initialized_by": "Accelerator" if _from_accelerator else "AcceleratorState",
+            }
+        )
+
+    @property
+    def initialized(self) -> bool:
+        return bool(self._shared_state)
+
+    def _check_compatible(self, mixed_precision: str | None, cpu: bool) -> None:
+        if mixed_precision is not None:
+            mp = str(mixed_precision).strip().lower()
+            if mp != self.mixed_precision:
+                raise ValueError(
+                    f"AcceleratorState is already initialized with "
+                    f"mixed_precision={self.mixed_precision!r} and cannot be changed to {mp!r}. "
+                    "Create a single Accelerator per process (in a notebook: restart the kernel "
+                    "or pass the setting to notebook_launcher(mixed_precision=...))."
+                )
+        PartialState(cpu)
+
+    def __repr__(self) -> str:
+        return repr(PartialState()).replace("PartialState", "AcceleratorState")
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names not found normally: fall back to PartialState's fields.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        shared = PartialState._shared_state
+        if name in shared:
+            return shared[name]
+        raise AttributeError(f"'AcceleratorState' object has no attribute {name!r}")
+
+    # ---- PartialState's attributes --------------------------------------------------------
+
+    @property
+    def _partial(self) -> PartialState:
+        return PartialState()
+
+    @property
+    def device(self) -> torch.device:
+        return self._partial.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self._partial.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self._partial.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self._partial.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self._partial.local_process_index
+
+    @property
+    def backend(self) -> str | None:
+        return self._partial.backend
+
+    @property
+    def debug(self) -> bool:
+        return self._partial.debug
+
+    @property
+    def use_distributed(self) -> bool:
+        return self._partial.use_distributed
+
+    @property
+    def is_main_process(self) -> bool:
+        return self._partial.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self._partial.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self._partial.is_last_process
+
+    # ---- PartialState's methods -----------------------------------------------------------
+
+    def wait_for_everyone(self) -> None:
+        """See :meth:`PartialState.wait_for_everyone`."""
+        self._partial.wait_for_everyone()
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """See :meth:`PartialState.main_process_first`."""
+        with self._partial.main_process_first():
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """See :meth:`PartialState.local_main_process_first`."""
+        with self._partial.local_main_process_first():
+            yield
+
+    def on_main_process(self, function: F | None = None) -> F:
+        return self._partial.on_main_process(function)
+
+    def on_local_main_process(self, function: F | None = None) -> F:
+        return self._partial.on_local_main_process(function)
+
+    def on_last_process(self, function: F | None = None) -> F:
+        return self._partial.on_last_process(function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
+        return self._partial.on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function: F | None = None, local_process_index: int | None = None
+    ) -> F:
+        return self._partial.on_local_process(function, local_process_index=local_process_index)
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """See :meth:`PartialState.split_between_processes`."""
+        with self._partial.split_between_processes(inputs, apply_padding) as part:
+            yield part
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        self._partial.print(*args, **kwargs)
+
+    def set_trigger(self) -> None:
+        self._partial.set_trigger()
+
+    def check_trigger(self) -> bool:
+        return self._partial.check_trigger()
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        self._partial.destroy_process_group(group)
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget the shared state; with ``reset_partial_state`` PartialState's too."""
+        AcceleratorState._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+
+# --------------------------------------------------------------------------------------------
+# GradientState
+# --------------------------------------------------------------------------------------------
+
+
+def _plugin_kwargs(plugin: Any) -> dict[str, Any]:
+    if plugin is None:
+        return {}
+    if isinstance(plugin, Mapping):
+        return dict(plugin)
+    to_kwargs = getattr(plugin, "to_kwargs", None)
+    if callable(to_kwargs):
+        return dict(to_kwargs())
+    raise TypeError(
+        "gradient_accumulation_plugin must be a GradientAccumulationPlugin, got "
+        f"{type(plugin).__name__}"
+    )
+
+
+class GradientState:
+    """Shared gradient-accumulation and dataloader bookkeeping (singleton).
+
+    Args:
+        gradient_accumulation_plugin: a
+            :class:`~notebook_launcher.utils.dataclasses.GradientAccumulationPlugin`; the
+            first one given sets ``num_steps``, ``adjust_scheduler`` and
+            ``sync_with_dataloader``. A later, *different* one raises ``ValueError``.
+
+    Attributes:
+        sync_gradients: whether the next backward syncs gradients across ranks.
+        active_dataloader: the prepared dataloader being iterated (or ``None``).
+        dataloader_references: stack of dataloaders being iterated (``[None]`` at rest).
+        end_of_dataloader: the active dataloader yielded its last batch.
+        remainder: samples of padding in the last batch (``-1`` outside a dataloader).
+
+    Example::
+
+        state = GradientState(GradientAccumulationPlugin(num_steps=4))
+        state.num_steps   # 4
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    sync_gradients: bool
+    active_dataloader: Any
+    dataloader_references: list[Any]
+    plugin_kwargs: dict[str, Any]
+    _plugin_explicit: bool
+
+    def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None):
+        self.__dict__ = self._shared_state
+        kwargs = _plugin_kwargs(gradient_accumulation_plugin)
+        if not self.initialized:
+            self._shared_state.update(
+                {
+                    "sync_gradients": True,
+                    "active_dataloader": None,
+                    "dataloader_references": [None],
+                    "plugin_kwargs": kwargs,
+                    "_plugin_explicit": gradient_accumulation_plugin is not None,
+                    "_is_xla_gradients_synced": False,
+                }
+            )
+            return
+        if gradient_accumulation_plugin is None or kwargs == self.plugin_kwargs:
+            return
+        if self._plugin_explicit:
+            raise ValueError(
+                "GradientState is already initialized with gradient accumulation settings "
+                f"{self.plugin_kwargs} and cannot be changed to {kwargs}. Create a single "
+                "Accelerator per process, or call notebook_launcher.state._reset_state() first."
+            )
+        self._shared_state["plugin_kwargs"] = kwargs
+        self._shared_state["_plugin_explicit"] = True
+
+    @property
+    def initialized(self) -> bool:
+        return bool(self._shared_state)
+
+    @property
+    def num_steps(self) -> int:
+        """Batches per optimizer step."""
+        return int(self.plugin_kwargs.get("num_steps") or 1)
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        return bool(self.plugin_kwargs.get("adjust_scheduler", False))
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return bool(self.plugin_kwargs.get("sync_with_dataloader", True))
+
+    @property
+    def sync_each_batch(self) -> bool:
+        return bool(self.plugin_kwargs.get("sync_each_batch", False))
+
+    @property
+    def in_dataloader(self) -> bool:
+        """Whether a prepared dataloader is being iterated."""
+        return self.active_dataloader is not None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        if not self.in_dataloader:
+            return False
+        return bool(getattr(self.active_dataloader, "end_of_dataloader", False))
+
+    @property
+    def remainder(self) -> int:
+        if not self.in_dataloader:
+            return -1
+        return int(getattr(self.active_dataloader, "remainder", -1))
+
+    def __repr__(self) -> str:
+        return (
+            f"Sync Gradients: {self.sync_gradients}\n"
+            f"At end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\n"
+            f"Gradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self._shared_state["sync_gradients"] = sync_gradients
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self._shared_state["active_dataloader"] = dataloader
+        self.dataloader_references.append(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        refs = self.dataloader_references
+        for i in range(len(refs) - 1, -1, -1):
+            if refs[i] is dataloader:
+                del refs[i]
+                break
+        self._shared_state["active_dataloader"] = refs[-1] if refs else None
+
+    @staticmethod
+    def _reset_state() -> None:
+        GradientState._shared_state.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# Module-level helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _reset_state() -> None:
+    """Forget every shared state of this process (for tests and notebooks).
+
+    Destroys the process group only if ``PartialState`` created it itself (``torchrun``);
+    a group made by the launcher, or by the user, is left alone.
+    """
+    ps = PartialState._shared_state
+    if ps.get("_created_group") and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    GradientState._reset_state()
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def state_in_use() -> str | None:
+    """Which state this process has already built: ``"Accelerator"``, ``"AcceleratorState"``,
+    ``"PartialState"`` or ``None``. The launcher refuses to start when it is not ``None``."""
+    acc = AcceleratorState._shared_state
+    if acc:
+        return str(acc.get("_initialized_by", "AcceleratorState"))
+    if PartialState._shared_state:
+        return "PartialState"
+    return None
+
+
+__all__ = [
+    "AcceleratorState",
+    "DistributedType",
+    "GradientState",
+    "PartialState",
+    "parse_flag_from_env",
+    "state_in_use",
+]
