@@ -68,6 +68,11 @@ class GradientAccumulationPlugin(KwargsHandler):
     sync_with_dataloader: bool = field(default=True)
     sync_each_batch: bool = field(default=False)
 
+    def to_kwargs(self) -> dict[str, Any]:
+        """Every field (not only the changed ones): ``GradientState`` reads its settings here,
+        so a default like ``adjust_scheduler=True`` must not vanish."""
+        return self.to_dict()
+
     def __post_init__(self) -> None:
         if self.num_steps is not None and (
             not isinstance(self.num_steps, int) or isinstance(self.num_steps, bool)
