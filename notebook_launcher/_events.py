@@ -13,7 +13,6 @@ parent can order events coming from different processes on one node).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 
 @dataclass(frozen=True)
@@ -151,19 +150,19 @@ class LaunchFinished:
     failed_ranks: tuple[int, ...] = field(default=())
 
 
-Event = Union[
-    LaunchStarted,
-    WorkerStarted,
-    Output,
-    ProgressUpdate,
-    BarrierEnter,
-    BarrierExit,
-    WorkerFinished,
-    WorkerFailed,
-    WorkerDied,
-    WorkerStopped,
-    LaunchFinished,
-]
+Event = (
+    LaunchStarted
+    | WorkerStarted
+    | Output
+    | ProgressUpdate
+    | BarrierEnter
+    | BarrierExit
+    | WorkerFinished
+    | WorkerFailed
+    | WorkerDied
+    | WorkerStopped
+    | LaunchFinished
+)
 
 __all__ = [
     "BarrierEnter",

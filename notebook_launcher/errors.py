@@ -105,7 +105,7 @@ class RemoteTraceback(Exception):
         prefix = "Traceback (most recent call last):\n"
         return body[len(prefix) :] if body.startswith(prefix) else body
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type, tuple[int, str]]:
         return (RemoteTraceback, (self.rank, self.tb))
 
     def _render_traceback_(self) -> list[str]:
@@ -120,7 +120,7 @@ class RankFailedError(LaunchError):
         super().__init__(message)
         self.launch_failure = failure
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type, tuple[str, LaunchFailure | None]]:
         return (type(self), (str(self), self.launch_failure))
 
 

@@ -1,0 +1,191 @@
+"""Small named checks run before anything starts; each error says how to fix it."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .errors import PreflightError
+
+START_METHODS = ("fork", "spawn", "forkserver")
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+
+
+def check_function(function: Any) -> None:
+    if not callable(function):
+        raise PreflightError(
+            f"notebook_launcher needs a function to run on every rank, got "
+            f"{type(function).__name__} {function!r}. Pass the function itself, without "
+            "calling it: notebook_launcher(train, args=(...)), not notebook_launcher(train())."
+        )
+
+
+def check_args(args: Any, kwargs: Any) -> None:
+    if not isinstance(args, (tuple, list)):
+        raise PreflightError(
+            f"args must be a tuple of positional arguments, got {type(args).__name__}. "
+            "For a single argument write args=(value,) -- note the comma."
+        )
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise PreflightError(f"kwargs must be a dict, got {type(kwargs).__name__}.")
+
+
+def cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def resolve_num_processes(num_processes: Any, gpus: int) -> int:
+    if num_processes is None:
+        if gpus:
+            return gpus
+        raise PreflightError(
+            "num_processes=None means one process per GPU, and this machine has no GPU. "
+            "Say how many CPU workers to start, e.g. notebook_launcher(fn, num_processes=2)."
+        )
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int):
+        raise PreflightError(
+            f"num_processes must be a whole number of processes, got {num_processes!r} "
+            f"({type(num_processes).__name__})."
+        )
+    if num_processes <= 0:
+        raise PreflightError(f"num_processes must be at least 1, got {num_processes}.")
+    if gpus and num_processes > gpus:
+        raise PreflightError(
+            f"num_processes={num_processes} but only {gpus} GPU(s) are visible: one process "
+            f"per GPU. Use num_processes<={gpus}, or hide the GPUs (CUDA_VISIBLE_DEVICES='' "
+            "before starting the kernel) to run CPU workers."
+        )
+    return num_processes
+
+
+def check_mixed_precision(mixed_precision: Any, gpus: int) -> str:
+    value = str(mixed_precision).lower() if mixed_precision is not None else "no"
+    if value not in MIXED_PRECISION:
+        raise PreflightError(
+            f"mixed_precision={mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}."
+        )
+    if value in ("fp16", "fp8") and not gpus:
+        raise PreflightError(
+            f"mixed_precision={value!r} needs a GPU and none is visible. On CPU use "
+            "mixed_precision='bf16' (or 'no')."
+        )
+    return value
+
+
+def check_nodes(num_nodes: Any, node_rank: Any) -> None:
+    for name, value in (("num_nodes", num_nodes), ("node_rank", node_rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PreflightError(f"{name} must be an int, got {value!r}.")
+    if num_nodes < 1 or not 0 <= node_rank < num_nodes:
+        raise PreflightError(
+            f"node_rank={node_rank} with num_nodes={num_nodes}: node_rank must be in "
+            f"0..{num_nodes - 1}."
+        )
+
+
+def check_unsupported(**options: tuple[Any, Any]) -> None:
+    """Accelerate options we accept by name but do not implement yet: refuse non-defaults."""
+    for name, (value, default) in options.items():
+        if value != default:
+            raise PreflightError(
+                f"{name}={value!r} is not supported by notebook_launcher yet (only the "
+                f"default {default!r}). Remove the argument."
+            )
+
+
+def resolve_start_method(requested: str | None, cuda_is_initialized: bool) -> tuple[str, str]:
+    """(method, one-line reason)."""
+    if requested not in (None, "auto", *START_METHODS):
+        raise PreflightError(
+            f"start_method={requested!r} is not one of 'fork', 'spawn', 'forkserver' (or None)."
+        )
+    if requested == "fork" and cuda_is_initialized:
+        raise PreflightError(
+            "start_method='fork' was asked for, but CUDA is already initialised in this "
+            "kernel and a forked child cannot use it. Either restart the kernel and do not "
+            "touch CUDA (no .cuda(), no torch.cuda calls) before launching, or use "
+            "start_method='forkserver' (the default once CUDA is initialised)."
+        )
+    if requested in START_METHODS:
+        assert requested is not None
+        return requested, "asked for"
+    if cuda_is_initialized:
+        return "forkserver", "CUDA is initialised in this kernel, so fork is unsafe"
+    if not hasattr(__import__("os"), "fork"):
+        return "spawn", "this platform has no fork"
+    return "fork", "fast, nothing to pickle"
+
+
+def check_no_process_group_in_parent() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        raise PreflightError(
+            "torch.distributed is already initialised in this kernel, so its process group "
+            "would be copied into every worker. Call torch.distributed.destroy_process_group() "
+            "in the notebook (or restart the kernel) and launch again; workers create their own."
+        )
+
+
+def check_no_state_in_parent(state_in_use: Callable[[], str | None] | None) -> None:
+    name = state_in_use() if state_in_use is not None else None
+    if name:
+        raise PreflightError(
+            f"An {name} was already created in this kernel (outside the launched function). "
+            "It would carry a single-process state into the workers. Create "
+            f"{name}/Accelerator inside the function you launch, then restart the kernel "
+            "(or call notebook_launcher.state._reset_state() if nothing was placed on a GPU)."
+        )
+
+
+def bind_rendezvous(
+    master_addr: str, use_port: Any, node_rank: int
+) -> tuple[socket.socket | None, int, str | None]:
+    """Bind the store's listening socket now (no race); returns (socket, port, note).
+
+    ``use_port`` busy (or ``None``/``"auto"``) -> a free port is chosen and a note says so.
+    Nodes other than 0 bind nothing: they connect to node 0.
+    """
+    auto = use_port is None or str(use_port).lower() == "auto"
+    if not auto:
+        try:
+            port = int(use_port)
+        except (TypeError, ValueError):
+            raise PreflightError(
+                f"use_port must be a port number or 'auto', got {use_port!r}."
+            ) from None
+        if not 0 <= port < 65536:
+            raise PreflightError(f"use_port={port} is not a valid TCP port.")
+    else:
+        port = 0
+    if node_rank != 0:
+        if auto:
+            raise PreflightError("with several nodes, give every node the same use_port.")
+        return None, port, None
+    family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    note = None
+    try:
+        sock.bind((master_addr, port))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            sock.close()
+            raise PreflightError(
+                f"cannot listen on {master_addr}:{port} ({exc.strerror}). Use "
+                "master_addr='127.0.0.1' for a single machine."
+            ) from exc
+        sock.bind((master_addr, 0))
+        note = f"port {port} is busy"
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock, sock.getsockname()[1], note

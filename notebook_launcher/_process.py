@@ -1,0 +1,617 @@
+"""The worker group: start ranks, pump what they send, stop them in stages.
+
+Who runs where, and what crosses which channel::
+
+    kernel (parent)                                      worker (rank r)
+    ---------------                                      ---------------
+    WorkerGroup.start()  --fork / forkserver / spawn-->  _worker.run()
+      control socketpair  <== ("event", Event) ========   _runtime.emit()
+      (inherited fd,      <== ("result", bytes) =======   fn(*args) returned
+       never a listener)  <== ("failed", RankFailure) =   fn(*args) raised
+                          === spec, task (non-fork) ==>
+      stdout pipe         <== raw bytes (fd 1) ========   print(), C++ logs
+      stderr pipe         <== raw bytes (fd 2) ========   warnings, tracebacks
+      pidfd (sentinel)    <-- readable when it exits
+    WorkerGroup.pump()   waits on all of these at once (no timer polling), turns
+                         bytes into rank-labelled Output lines, and hands every event
+                         to the launcher.
+
+This module knows nothing of torch or widgets; it imports only ``_events``,
+``errors`` and ``_serialization``'s plain helpers. A group is one launch today; its
+``start / pump / stop`` split is what a persistent group or a non-blocking handle
+will drive later.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from ._events import Event, Output
+from ._worker import WorkerSpec
+from .errors import LaunchError, RankFailure
+
+# --- one worker process -------------------------------------------------------------------
+
+
+@dataclass
+class WorkerProcess:
+    rank: int
+    pid: int
+    conn: Connection
+    out_fd: int | None
+    err_fd: int | None
+    pidfd: int
+    popen: subprocess.Popen[bytes] | None = None
+    forkserver: ForkServer | None = None
+    returncode: int | None = None
+    result: bytes | None = None
+    failure: RankFailure | None = None
+    exc_data: bytes | None = None
+    conn_open: bool = True
+    partial: dict[str, bytes] = field(default_factory=lambda: {"stdout": b"", "stderr": b""})
+
+    @property
+    def exited(self) -> bool:
+        return self.returncode is not None
+
+    def poll(self) -> int | None:
+        """The return code (``-signal`` when killed) once the process has ended."""
+        if self.returncode is not None:
+            return self.returncode
+        if self.popen is not None:
+            self.returncode = self.popen.poll()
+        elif self.forkserver is not None:
+            self.returncode = self.forkserver.returncode(self.pid)
+        else:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is not None:
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        except (ProcessLookupError, OSError):
+            pass
+
+
+# --- how workers are started --------------------------------------------------------------
+
+
+@dataclass
+class StartRequest:
+    """Everything needed to start rank ``spec.rank``: the child's ends and the parent's."""
+
+    spec: WorkerSpec
+    task: Any  # (fn, args, kwargs) for fork; cloudpickled bytes otherwise
+    listen_fd: int | None
+    child_conn: socket.socket
+    parent_conn: Connection
+    out_r: int
+    out_w: int
+    err_r: int
+    err_w: int
+
+
+def _quiet_fork() -> int:
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about forking a multi-threaded process (Jupyter kernels
+        # always are). We fork only before any CUDA or process group exists in the
+        # parent, and the child touches none of the parent's threads' state.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
+
+
+def start_fork(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
+    from . import _worker
+
+    parent = os.getpid()
+    pid = _quiet_fork()
+    if pid == 0:  # child
+        for fd in parent_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        conn = Connection(req.child_conn.detach())
+        _worker.run(conn, req.out_w, req.err_w, req.listen_fd, parent, spec=req.spec, task=req.task)
+    return _finish_start(req, pid)
+
+
+def start_spawn(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
+    conn_fd = req.child_conn.fileno()
+    fds = [conn_fd, req.out_w, req.err_w] + ([req.listen_fd] if req.listen_fd is not None else [])
+    argv = [sys.executable, "-m", "notebook_launcher._worker", *map(str, fds[:3])]
+    argv.append(str(req.listen_fd) if req.listen_fd is not None else "-")
+    argv.append(str(os.getpid()))
+    popen = subprocess.Popen(
+        argv,
+        pass_fds=fds,
+        stdin=subprocess.DEVNULL,
+        stdout=req.out_w,
+        stderr=req.err_w,
+        env=child_env(),
+        cwd=req.spec.cwd or None,
+    )
+    proc = _finish_start(req, popen.pid, popen=popen)
+    _send_spec_and_task(proc, req)
+    return proc
+
+
+def start_forkserver(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
+    server = get_forkserver()
+    fds = [req.child_conn.fileno(), req.out_w, req.err_w]
+    if req.listen_fd is not None:
+        fds.append(req.listen_fd)
+    pid = server.fork(fds, has_listen=req.listen_fd is not None)
+    proc = _finish_start(req, pid, forkserver=server)
+    _send_spec_and_task(proc, req)
+    return proc
+
+
+STARTERS: dict[str, Callable[[StartRequest, list[int]], WorkerProcess]] = {
+    "fork": start_fork,
+    "spawn": start_spawn,
+    "forkserver": start_forkserver,
+}
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a fresh interpreter: ours, able to import this package."""
+    env = dict(os.environ)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    return env
+
+
+def _send_spec_and_task(proc: WorkerProcess, req: StartRequest) -> None:
+    proc.conn.send_bytes(pickle.dumps(req.spec, protocol=pickle.HIGHEST_PROTOCOL))
+    proc.conn.send_bytes(req.task)
+
+
+def _finish_start(
+    req: StartRequest,
+    pid: int,
+    popen: subprocess.Popen[bytes] | None = None,
+    forkserver: ForkServer | None = None,
+) -> WorkerProcess:
+    """Parent side after the child exists: drop the child's ends, keep ours."""
+    req.child_conn.close()
+    os.close(req.out_w)
+    os.close(req.err_w)
+    return WorkerProcess(
+        rank=req.spec.rank,
+        pid=pid,
+        conn=req.parent_conn,
+        out_fd=req.out_r,
+        err_fd=req.err_r,
+        pidfd=os.pidfd_open(pid),
+        popen=popen,
+        forkserver=forkserver,
+    )
+
+
+# --- the forkserver -----------------------------------------------------------------------
+
+_HDR = struct.Struct("!I")
+
+
+def _send_msg(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
+    data = pickle.dumps(obj)
+    frame = _HDR.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [frame], fds)
+    else:
+        sock.sendall(frame)
+
+
+def _recv_msg(sock: socket.socket, maxfds: int = 0) -> tuple[Any, list[int]]:
+    if maxfds:
+        data, fds, _flags, _addr = socket.recv_fds(sock, 65536, maxfds)
+    else:
+        data, fds = sock.recv(65536), []
+    if not data:
+        raise EOFError("forkserver connection closed")
+    while len(data) < _HDR.size or len(data) < _HDR.size + _HDR.unpack_from(data)[0]:
+        more = sock.recv(65536)
+        if not more:
+            raise EOFError("forkserver connection closed")
+        data += more
+    (size,) = _HDR.unpack_from(data)
+    return pickle.loads(data[_HDR.size : _HDR.size + size]), list(fds)
+
+
+class ForkServer:
+    """A process that imported torch once and forks workers on request (CUDA-safe).
+
+    Talks to the kernel over an inherited socketpair only. It reports each child's
+    exit code (it is their parent), and dies with the kernel.
+    """
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._popen = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "notebook_launcher._forkserver",
+                str(theirs.fileno()),
+                str(os.getpid()),
+            ],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=child_env(),
+            cwd=os.getcwd(),
+        )
+        theirs.close()
+        self._sock = ours
+        self._lock = threading.Lock()
+        self._exits: dict[int, int] = {}
+        self._buffer = b""
+        msg, _ = _recv_msg(self._sock)
+        if msg != ("ready",):
+            raise LaunchError(f"the forkserver failed to start: {msg!r}")
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def fork(self, fds: list[int], has_listen: bool) -> int:
+        with self._lock:
+            _send_msg(self._sock, ("fork", has_listen), fds)
+            while True:
+                msg, _ = _recv_msg(self._sock)
+                if msg[0] == "forked":
+                    return int(msg[1])
+                self._note(msg)
+
+    def _note(self, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "exited":
+            self._exits[int(msg[1])] = int(msg[2])
+
+    def drain(self, timeout: float = 0.0) -> None:
+        """Read any exit reports waiting on the socket (waits up to ``timeout``)."""
+        with self._lock:
+            while wait([self._sock], timeout):
+                try:
+                    msg, _ = _recv_msg(self._sock)
+                except EOFError:
+                    return
+                self._note(msg)
+                timeout = 0.0
+
+    def returncode(self, pid: int) -> int | None:
+        if pid not in self._exits:
+            self.drain()
+        return self._exits.pop(pid, None)
+
+    def wait_returncode(self, pid: int, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while pid not in self._exits and time.monotonic() < deadline:
+            self.drain(min(0.05, max(0.0, deadline - time.monotonic())))
+        return self._exits.pop(pid, None)
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        finally:
+            try:
+                self._popen.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._popen.kill()
+                self._popen.wait()
+
+
+_forkserver: ForkServer | None = None
+_forkserver_lock = threading.Lock()
+
+
+def get_forkserver() -> ForkServer:
+    global _forkserver
+    with _forkserver_lock:
+        if _forkserver is None or not _forkserver.alive():
+            _forkserver = ForkServer()
+            atexit.register(shutdown_forkserver)
+        return _forkserver
+
+
+def forkserver_pid() -> int | None:
+    server = _forkserver
+    return server.pid if server is not None and server.alive() else None
+
+
+def shutdown_forkserver() -> None:
+    """Stop the forkserver (it starts again on the next CUDA-safe launch)."""
+    global _forkserver
+    with _forkserver_lock:
+        if _forkserver is not None:
+            _forkserver.close()
+            _forkserver = None
+
+
+# --- the group ----------------------------------------------------------------------------
+
+Message = tuple[Any, ...]
+
+
+class WorkerGroup:
+    """This node's ranks of one launch.
+
+    ``start()`` starts every rank; ``pump(timeout)`` waits once on all sentinels, sockets
+    and pipes and handles what is ready; ``terminate()`` begins a staged stop (SIGTERM
+    now, SIGKILL after ``grace``, both driven by ``pump``); ``close()`` kills what is
+    left, reaps it and releases every fd. Callbacks: ``on_event(Event)`` for worker
+    events and output lines, ``on_exit(WorkerProcess)`` once per rank that ended.
+    """
+
+    def __init__(
+        self,
+        specs: list[WorkerSpec],
+        start_method: str,
+        task: Any,
+        listen_sock: socket.socket | None,
+        on_event: Callable[[Event], None],
+        on_exit: Callable[[WorkerProcess], None],
+        grace: float = 1.0,
+    ) -> None:
+        self.specs = specs
+        self.start_method = start_method
+        self._task = task
+        self._listen = listen_sock
+        self._on_event = on_event
+        self._on_exit = on_exit
+        self.grace = grace
+        self.procs: list[WorkerProcess] = []
+        self._kill_at: float | None = None
+        self._closed = False
+
+    # -- start -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        starter = STARTERS[self.start_method]
+        try:
+            for spec in self.specs:
+                req = self._request(spec)
+                self.procs.append(starter(req, self._parent_fds(req)))
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if self._listen is not None:  # rank 0 has its own copy now
+                self._listen.close()
+                self._listen = None
+
+    def _request(self, spec: WorkerSpec) -> StartRequest:
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        listen_fd = self._listen.fileno() if self._listen is not None and spec.rank == 0 else None
+        return StartRequest(
+            spec=spec,
+            task=self._task,
+            listen_fd=listen_fd,
+            child_conn=child_sock,
+            parent_conn=Connection(parent_sock.detach()),
+            out_r=out_r,
+            out_w=out_w,
+            err_r=err_r,
+            err_w=err_w,
+        )
+
+    def _parent_fds(self, req: StartRequest) -> list[int]:
+        """Fds a forked child must close: the parent's ends, its siblings', the listener."""
+        fds = [req.parent_conn.fileno(), req.out_r, req.err_r]
+        for p in self.procs:
+            fds += [p.conn.fileno(), p.pidfd]
+            fds += [fd for fd in (p.out_fd, p.err_fd) if fd is not None]
+        if self._listen is not None and req.listen_fd is None:
+            fds.append(self._listen.fileno())
+        return fds
+
+    # -- pump --------------------------------------------------------------------------
+
+    @property
+    def running(self) -> list[WorkerProcess]:
+        return [p for p in self.procs if not p.exited]
+
+    @property
+    def finished(self) -> bool:
+        return all(p.exited for p in self.procs)
+
+    def pump(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` for anything from any rank, and handle all that is ready."""
+        if self._kill_at is not None:
+            now = time.monotonic()
+            if now >= self._kill_at:
+                self.kill()
+                self._kill_at = None
+            else:
+                timeout = (
+                    self._kill_at - now if timeout is None else min(timeout, self._kill_at - now)
+                )
+        waitables: dict[Any, tuple[str, WorkerProcess]] = {}
+        for p in self.procs:
+            if p.conn_open:
+                waitables[p.conn] = ("conn", p)
+            if p.out_fd is not None:
+                waitables[p.out_fd] = ("stdout", p)
+            if p.err_fd is not None:
+                waitables[p.err_fd] = ("stderr", p)
+            if not p.exited:
+                waitables[p.pidfd] = ("exit", p)
+        server = _forkserver if self.start_method == "forkserver" else None
+        if not waitables:
+            return
+        ready = wait(list(waitables), timeout)
+        for obj in ready:
+            kind, proc = waitables[obj]
+            if kind == "conn":
+                self._read_conn(proc)
+            elif kind == "exit":
+                continue
+            else:
+                self._read_output(proc, kind)
+        for obj in ready:
+            kind, proc = waitables[obj]
+            if kind == "exit" and not proc.exited:
+                if server is not None and proc.forkserver is server:
+                    code = server.wait_returncode(proc.pid, 2.0)
+                    proc.returncode = code if code is not None else -int(signal.SIGKILL)
+                else:
+                    proc.poll()
+                if proc.exited:
+                    self._drain(proc)
+                    self._on_exit(proc)
+
+    def _read_conn(self, proc: WorkerProcess) -> None:
+        try:
+            data = proc.conn.recv_bytes()
+        except (EOFError, OSError):
+            proc.conn_open = False
+            return
+        self._handle(proc, pickle.loads(data))
+
+    def _handle(self, proc: WorkerProcess, msg: Message) -> None:
+        kind = msg[0]
+        if kind == "event":
+            self._on_event(msg[1])
+        elif kind == "result":
+            proc.result = msg[1]
+        elif kind == "failed":
+            proc.failure, proc.exc_data = msg[1], msg[2]
+
+    def _read_output(self, proc: WorkerProcess, stream: str) -> None:
+        fd = proc.out_fd if stream == "stdout" else proc.err_fd
+        if fd is None:
+            return
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._flush_partial(proc, stream)
+            os.close(fd)
+            if stream == "stdout":
+                proc.out_fd = None
+            else:
+                proc.err_fd = None
+            return
+        data = proc.partial[stream] + chunk
+        cut = data.rfind(b"\n") + 1
+        proc.partial[stream] = data[cut:]
+        if cut:
+            now = time.time()
+            for line in data[:cut].decode("utf-8", "replace").splitlines(keepends=True):
+                self._on_event(Output(proc.rank, stream, line, now))
+
+    def _flush_partial(self, proc: WorkerProcess, stream: str) -> None:
+        tail = proc.partial[stream]
+        if tail:
+            proc.partial[stream] = b""
+            self._on_event(Output(proc.rank, stream, tail.decode("utf-8", "replace"), time.time()))
+
+    def _drain(self, proc: WorkerProcess) -> None:
+        """After a rank exited: take everything still buffered in its channels."""
+        while proc.conn_open and proc.conn.poll(0):
+            self._read_conn(proc)
+        for stream in ("stdout", "stderr"):
+            while (proc.out_fd if stream == "stdout" else proc.err_fd) is not None:
+                fd = proc.out_fd if stream == "stdout" else proc.err_fd
+                assert fd is not None
+                try:
+                    chunk_ready = bool(wait([fd], 0))
+                except OSError:
+                    chunk_ready = False
+                if not chunk_ready:
+                    # A grandchild may still hold the pipe: keep what we have, stop here.
+                    self._flush_partial(proc, stream)
+                    break
+                self._read_output(proc, stream)
+
+    # -- stop --------------------------------------------------------------------------
+
+    def terminate(self) -> None:
+        """SIGTERM every running rank now; ``pump`` sends SIGKILL after ``grace``."""
+        for p in self.running:
+            p.send_signal(signal.SIGTERM)
+        if self._kill_at is None:
+            self._kill_at = time.monotonic() + self.grace
+
+    def kill(self) -> None:
+        for p in self.running:
+            p.send_signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Staged stop, blocking until every rank is gone (a second Ctrl-C kills at once)."""
+        try:
+            self.terminate()
+            deadline = time.monotonic() + self.grace + 5.0
+            while not self.finished and time.monotonic() < deadline:
+                self.pump(0.05)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Kill anything still running, reap it, and release every fd. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._listen is not None:
+            self._listen.close()
+            self._listen = None
+        for p in self.procs:
+            if not p.exited:
+                p.send_signal(signal.SIGKILL)
+        for p in self.procs:
+            if not p.exited:
+                if p.popen is not None:
+                    p.returncode = p.popen.wait()
+                elif p.forkserver is not None:
+                    code = p.forkserver.wait_returncode(p.pid, 5.0)
+                    p.returncode = code if code is not None else -int(signal.SIGKILL)
+                else:
+                    _, status = os.waitpid(p.pid, 0)
+                    p.returncode = os.waitstatus_to_exitcode(status)
+                self._drain(p)
+                self._on_exit(p)
+            for fd in (p.out_fd, p.err_fd, p.pidfd):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            p.out_fd = p.err_fd = None
+            p.conn.close()
+            p.conn_open = False
