@@ -237,6 +237,12 @@ def _serve(
         _runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, device, time.time()))
         _install_progress(spec.rank)
         result = fn(*args, **kwargs)
+    except SystemExit as exc:  # sys.exit(n) in a rank: it ends, like a script would
+        _flush()
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
     except BaseException as exc:  # noqa: BLE001 - everything the function raises is reported
         _report_failure(send, exc, spec.rank, pid)
         return 1

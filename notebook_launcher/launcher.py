@@ -66,7 +66,7 @@ def notebook_launcher(
     *,
     kwargs: dict[str, Any] | None = None,
     start_method: str | None = None,
-    dashboard: bool | str = "auto",
+    dashboard: bool | str | View = "auto",
     grace_period: float = 1.0,
 ) -> list[Any]:
     """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
@@ -83,7 +83,8 @@ def notebook_launcher(
 
     Extras beyond Accelerate: ``kwargs`` for the function, ``start_method``
     (``None`` chooses: fork unless CUDA is initialised here, then a forkserver),
-    ``dashboard`` (``"auto"``, ``True``, ``False``), ``grace_period`` (seconds between
+    ``dashboard`` (``"auto"``, ``True``, ``False``, or any object with the
+    ``notebook_launcher.ui.View`` methods, which then receives every event), ``grace_period`` (seconds between
     SIGTERM and SIGKILL when stopping ranks).
 
     Example::
@@ -120,7 +121,8 @@ def notebook_launcher(
     if port_note:
         reason += f"; {port_note}, using {port}"
     specs = _specs(nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method)
-    run = _Run(specs, create_view(dashboard))
+    view = dashboard if hasattr(dashboard, "handle") else create_view(dashboard)
+    run = _Run(specs, view)  # type: ignore[arg-type]
     group = WorkerGroup(specs, method, task, listen, run.on_event, run.on_exit, grace=grace_period)
     run.on_event(
         LaunchStarted(
@@ -258,6 +260,10 @@ class _Run:
             self.on_event(
                 WorkerFailed(f.rank, f.exc_type or "", f.message, f.traceback, f.collateral, now)
             )
+        elif code == 0:  # sys.exit(0): a clean end with nothing to return
+            self.results[proc.rank] = None
+            self.finished_at[proc.rank] = now
+            self.on_event(WorkerFinished(proc.rank, now))
         elif self.stopping and code is not None and code < 0:
             self.failures.append(RankFailure(proc.rank, "stopped", proc.pid, time=now))
             reason = "interrupted" if self.interrupted else "another rank failed"

@@ -1,0 +1,275 @@
+"""The launch itself: results, env, start methods, ports, output, preflight errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from notebook_launcher import PreflightError, SerializationError, notebook_launcher
+from notebook_launcher import _preflight as preflight
+from notebook_launcher._events import (
+    Event,
+    LaunchFinished,
+    LaunchStarted,
+    Output,
+    WorkerFinished,
+    WorkerStarted,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Recorder:
+    """A view that keeps every event (the output path is pluggable)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.closed = False
+
+    def handle(self, event: Event) -> None:
+        self.events.append(event)
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def of(self, cls: type) -> list:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    def lines(self, rank: int, stream: str = "stdout") -> list[str]:
+        return [e.text for e in self.of(Output) if e.rank == rank and e.stream == stream]
+
+
+def report_env(tag: str) -> dict:
+    import torch.distributed as dist
+
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    t = __import__("torch").tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    return {
+        "tag": tag,
+        "env": {k: os.environ[k] for k in keys},
+        "mp": os.environ["ACCELERATE_MIXED_PRECISION"],
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "backend": dist.get_backend(),
+        "sum": t.item(),
+    }
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_results_env_and_process_group(method: str) -> None:
+    rec = Recorder()
+    out = notebook_launcher(
+        report_env,
+        args=("x",),
+        num_processes=3,
+        mixed_precision="bf16",
+        use_port="auto",
+        start_method=method,
+        dashboard=rec,
+    )
+    assert [r["rank"] for r in out] == [0, 1, 2]
+    port = out[0]["env"]["MASTER_PORT"]
+    for rank, r in enumerate(out):
+        assert r["tag"] == "x" and r["world"] == 3 and r["backend"] == "gloo"
+        assert r["sum"] == 6.0
+        assert r["mp"] == "bf16"
+        assert r["env"] == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "LOCAL_WORLD_SIZE": "3",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+    started = rec.of(LaunchStarted)[0]
+    assert started.start_method == method and started.master_port == int(port)
+    assert sorted(e.rank for e in rec.of(WorkerStarted)) == [0, 1, 2]
+    assert sorted(e.rank for e in rec.of(WorkerFinished)) == [0, 1, 2]
+    assert rec.of(LaunchFinished)[0].ok and rec.closed
+    assert isinstance(rec.events[0], LaunchStarted) and isinstance(rec.events[-1], LaunchFinished)
+
+
+def test_busy_port_is_replaced_and_said() -> None:
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    busy = blocker.getsockname()[1]
+    try:
+        rec = Recorder()
+        out = notebook_launcher(report_env, ("p",), 2, use_port=str(busy), dashboard=rec)
+    finally:
+        blocker.close()
+    started = rec.of(LaunchStarted)[0]
+    assert started.master_port != busy
+    assert f"port {busy} is busy" in started.start_reason
+    assert out[0]["env"]["MASTER_PORT"] == str(started.master_port)
+
+
+def test_free_port_is_honoured() -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    out = notebook_launcher(report_env, ("p",), 2, use_port=port, dashboard=Recorder())
+    assert out[0]["env"]["MASTER_PORT"] == str(port)
+
+
+def chatty(lines: int) -> str:
+    import sys
+
+    rank = os.environ["RANK"]
+    for i in range(lines):
+        print(f"r{rank} line {i} " + "x" * 40)
+    sys.stdout.write("no newline at the end")
+    os.write(2, f"raw fd write from rank {rank}\n".encode())
+    return "done"
+
+
+def test_output_comes_back_labelled_by_rank_and_line() -> None:
+    rec = Recorder()
+    assert notebook_launcher(chatty, (2000,), 2, dashboard=rec) == ["done", "done"]
+    for rank in (0, 1):
+        lines = rec.lines(rank)
+        assert lines[:2000] == [f"r{rank} line {i} " + "x" * 40 + "\n" for i in range(2000)]
+        assert lines[-1] == "no newline at the end"
+        assert rec.lines(rank, "stderr") == [f"raw fd write from rank {rank}\n"]
+
+
+def flood_and_big_result(megabytes: int) -> object:
+    import torch
+
+    line = "y" * 1023 + "\n"
+    for _ in range(megabytes * 1024):
+        print(line, end="")
+    return torch.arange(25_000_000, dtype=torch.int32)  # 100 MB
+
+
+def test_output_flood_and_100mb_result_do_not_deadlock() -> None:
+    rec = Recorder()
+    out = notebook_launcher(flood_and_big_result, (2,), 2, dashboard=rec)
+    for rank in (0, 1):
+        assert len(rec.lines(rank)) == 2 * 1024
+        assert out[rank].numel() == 25_000_000 and int(out[rank][-1]) == 24_999_999
+
+
+def add_kwargs(a: int, *, b: int) -> int:
+    return a + b + int(os.environ["RANK"])
+
+
+def test_kwargs_extension() -> None:
+    assert notebook_launcher(add_kwargs, (1,), 2, kwargs={"b": 10}, dashboard=Recorder()) == [
+        11,
+        12,
+    ]
+
+
+def test_text_view_is_default_outside_a_notebook(capfd: pytest.CaptureFixture[str]) -> None:
+    notebook_launcher(chatty, (1,), 2, dashboard=False)
+    out = capfd.readouterr().out
+    assert "[rank0] r0 line 0" in out and "[rank1] r1 line 0" in out
+
+
+def test_cell_redefinition_ships_new_code_on_spawn() -> None:
+    """A function defined in __main__ (a notebook cell) travels by value, freshly each time."""
+    ns: dict = {"__name__": "__main__"}
+    exec("def f():\n    return 'first'\n", ns)
+    first = notebook_launcher(ns["f"], (), 2, start_method="forkserver", dashboard=Recorder())
+    exec("def f():\n    return 'second'\n", ns)
+    second = notebook_launcher(ns["f"], (), 2, start_method="forkserver", dashboard=Recorder())
+    assert first == ["first", "first"] and second == ["second", "second"]
+
+
+# --- preflight: nothing starts ---------------------------------------------------------
+
+
+def noop() -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"function": 3}, "needs a function"),
+        ({"num_processes": 0}, "at least 1"),
+        ({"num_processes": -2}, "at least 1"),
+        ({"num_processes": "2"}, "whole number"),
+        ({"num_processes": 2.0}, "whole number"),
+        ({"num_processes": True}, "whole number"),
+        ({"num_processes": None}, "no GPU"),
+        ({"args": 5}, "args=(value,)"),
+        ({"mixed_precision": "fp32"}, "is not one of"),
+        ({"mixed_precision": "fp16"}, "needs a GPU"),
+        ({"start_method": "thread"}, "start_method='thread'"),
+        ({"use_port": "http"}, "use_port must be"),
+        ({"max_restarts": 2}, "not supported"),
+        ({"node_rank": 2}, "node_rank must be in"),
+    ],
+)
+def test_preflight_errors(kwargs: dict, message: str) -> None:
+    call = {"function": noop, "num_processes": 2, **kwargs}
+    with pytest.raises(PreflightError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        notebook_launcher(dashboard=Recorder(), **call)
+
+
+def test_fork_with_cuda_initialised_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logic test on CPU; tests/test_gpu.py proves the real detection on a GPU machine."""
+    monkeypatch.setattr(preflight, "cuda_initialized", lambda: True)
+    with pytest.raises(PreflightError, match="restart the kernel"):
+        notebook_launcher(noop, (), 2, start_method="fork", dashboard=Recorder())
+    assert preflight.resolve_start_method(None, True)[0] == "forkserver"
+
+
+def test_process_group_in_parent_is_refused() -> None:
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(PreflightError, match="destroy_process_group"):
+            notebook_launcher(noop, (), 2, dashboard=Recorder())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_state_in_parent_is_refused() -> None:
+    from notebook_launcher.state import PartialState
+
+    PartialState()
+    with pytest.raises(PreflightError, match="PartialState"):
+        notebook_launcher(noop, (), 2, dashboard=Recorder())
+
+
+def test_unpicklable_args_named_before_start() -> None:
+    lock = threading.Lock()
+    with pytest.raises(SerializationError, match=r"args.*\[1\]\[0\]|lock"):
+        notebook_launcher(noop_args, (lock,), 2, start_method="spawn", dashboard=Recorder())
+
+
+def noop_args(*_: object) -> None:
+    return None
+
+
+def test_unpicklable_closure_named_before_start() -> None:
+    lock = threading.Lock()
+
+    def uses_lock() -> bool:
+        return lock.locked()
+
+    with pytest.raises(SerializationError, match="closure lock"):
+        notebook_launcher(uses_lock, (), 2, start_method="forkserver", dashboard=Recorder())
+
+
+def test_closure_works_with_fork_without_pickling() -> None:
+    lock = threading.Lock()
+
+    def uses_lock() -> bool:
+        return lock.locked()
+
+    assert notebook_launcher(uses_lock, (), 2, dashboard=Recorder()) == [False, False]
