@@ -3,7 +3,15 @@
 The launcher calls ``view.handle(event)`` for every event, ``view.tick()`` about twice
 a second while it waits, and ``view.close()`` once at the end (before it returns or
 raises). :func:`create_view` picks the widget dashboard inside a notebook front end
-with ipywidgets, and the text view everywhere else.
+with ipywidgets, and the text view everywhere else. Both render one pure
+:class:`~notebook_launcher.ui.model.LaunchModel`.
+
+Example::
+
+    view = create_view("auto")
+    view.handle(event)   # for every event, in the order the parent receives them
+    view.tick()          # ~every 0.5 s while waiting
+    view.close()
 """
 
 from __future__ import annotations
@@ -11,7 +19,9 @@ from __future__ import annotations
 import sys
 from typing import Protocol, TextIO
 
-from .._events import Event, LaunchFinished, LaunchStarted, Output
+from .._events import Event
+from .model import LaunchModel
+from .text import TextView
 
 
 class View(Protocol):
@@ -22,37 +32,9 @@ class View(Protocol):
     def close(self) -> None: ...
 
 
-class TextView:
-    """Rank-prefixed output lines for terminals, CI and nbval (placeholder, see ui.text)."""
-
-    def __init__(self, stream: TextIO | None = None) -> None:
-        self._stream = stream
-
-    @property
-    def stream(self) -> TextIO:
-        return self._stream if self._stream is not None else sys.stdout
-
-    def handle(self, event: Event) -> None:
-        if isinstance(event, Output):
-            text = event.text if event.text.endswith("\n") else event.text + "\n"
-            target = sys.stderr if event.stream == "stderr" and self._stream is None else self.stream
-            target.write(f"[rank{event.rank}] {text}")
-        elif isinstance(event, LaunchStarted):
-            self.stream.write(
-                f"Launching {event.local_world_size} rank(s) with {event.start_method} "
-                f"({event.start_reason}); {event.backend} on {event.master_addr}:{event.master_port}\n"
-            )
-        elif isinstance(event, LaunchFinished) and event.ok:
-            self.stream.write(f"{event.summary}\n")
-
-    def tick(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.stream.flush()
-
-
 class NullView:
+    """Shows nothing (for callers that render events themselves)."""
+
     def handle(self, event: Event) -> None:
         pass
 
@@ -63,9 +45,90 @@ class NullView:
         pass
 
 
-def create_view(dashboard: bool | str = "auto", stream: TextIO | None = None) -> View:
-    """The view for this launch: ``dashboard=False`` still prints rank output as text."""
-    return TextView(stream)
+class _SafeView:
+    """Wraps a widget view: if drawing ever fails, fall back to text instead of breaking
+    the launch (a dashboard is not worth a failed training run)."""
+
+    def __init__(self, inner: View, stream: TextIO | None) -> None:
+        self.inner = inner
+        self.stream = stream
+
+    def _fallback(self, exc: BaseException) -> None:
+        model = getattr(self.inner, "model", None)
+        print(f"notebook_launcher: dashboard disabled ({exc!r}); using text", file=sys.stderr)
+        self.inner = TextView(self.stream, model=model if isinstance(model, LaunchModel) else None)
+
+    def handle(self, event: Event) -> None:
+        try:
+            self.inner.handle(event)
+        except Exception as exc:  # noqa: BLE001
+            self._fallback(exc)
+
+    def tick(self) -> None:
+        try:
+            self.inner.tick()
+        except Exception as exc:  # noqa: BLE001
+            self._fallback(exc)
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        except Exception as exc:  # noqa: BLE001
+            self._fallback(exc)
 
 
-__all__ = ["NullView", "TextView", "View", "create_view"]
+def in_notebook_kernel() -> bool:
+    """True inside an IPython kernel that talks to a front end (ZMQInteractiveShell)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except Exception:  # noqa: BLE001
+        return False
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def widgets_available() -> bool:
+    try:
+        import ipywidgets  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken install counts as missing
+        return False
+    return True
+
+
+def create_view(
+    dashboard: bool | str = "auto",
+    stream: TextIO | None = None,
+    *,
+    interval: float = 5.0,
+) -> View:
+    """The view for this launch.
+
+    ``"auto"``: the widget dashboard inside a notebook kernel with ipywidgets, else text.
+    ``True``/``"widgets"``: widgets whenever IPython and ipywidgets are there (else text,
+    no error). ``"text"``: the text view. ``False``: no dashboard, but rank output and the
+    final summary are still printed as rank-prefixed text. ``interval`` is the text
+    view's seconds between progress lines of one rank.
+    """
+    if dashboard is False or dashboard == "none":
+        return TextView(stream, progress=False)
+    if dashboard not in (True, "auto", "widgets", "text"):
+        raise ValueError(
+            f"dashboard must be True, False, 'auto', 'widgets' or 'text', not {dashboard!r}"
+        )
+    want_widgets = dashboard in (True, "widgets") or (dashboard == "auto" and in_notebook_kernel())
+    if want_widgets and dashboard != "text" and widgets_available():
+        try:
+            from IPython import get_ipython
+
+            if get_ipython() is not None:
+                from .widgets import WidgetView
+
+                return _SafeView(WidgetView(), stream)
+        except Exception as exc:  # noqa: BLE001 - never let the dashboard break a launch
+            print(f"notebook_launcher: no dashboard ({exc!r}); using text", file=sys.stderr)
+    return TextView(stream, interval=interval)
+
+
+__all__ = ["LaunchModel", "NullView", "TextView", "View", "create_view"]

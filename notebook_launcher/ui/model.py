@@ -1,0 +1,553 @@
+"""The dashboard's model: plain events in, per-rank state out (pure Python, no Jupyter).
+
+:class:`LaunchModel` folds the events of one launch (``_events``) into per-rank state:
+status, pid, device, elapsed time, progress bars, the barrier a rank waits at, the
+barrier history, and bounded stdout/stderr. The widget view and the text view only
+*render* this state, so everything a person sees can be tested by feeding events in::
+
+    >>> m = LaunchModel()
+    >>> m.apply(WorkerStarted(rank=0, local_rank=0, pid=7, device="cpu", time=1.0))
+    frozenset({('rank', 0)})
+    >>> m.ranks[0].status
+    'running'
+
+:meth:`LaunchModel.apply` returns what changed (keys like ``("rank", 0)``,
+``("bars", 0)``, ``("output", 0)``, ``("barriers",)``, ``("launch",)``) so a view can
+redraw only those parts. Time is the events' own wall-clock ``time``; functions that
+show "elapsed" or "waiting for" take ``now`` so tests need no real clock.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+from .._events import (
+    BarrierEnter,
+    BarrierExit,
+    Event,
+    LaunchFinished,
+    LaunchStarted,
+    Output,
+    ProgressUpdate,
+    WorkerDied,
+    WorkerFailed,
+    WorkerFinished,
+    WorkerStarted,
+    WorkerStopped,
+)
+
+# Rank statuses, in the words the dashboard shows.
+STARTING = "starting"
+RUNNING = "running"
+WAITING = "waiting"  # at a barrier
+DONE = "done"
+FAILED = "failed"
+DIED = "died"
+STOPPED = "stopped"
+ENDED = frozenset({DONE, FAILED, DIED, STOPPED})
+
+#: Bars kept per rank (open bars are never dropped; the oldest closed ones are).
+MAX_BARS_PER_RANK = 12
+
+Change = tuple[object, ...]
+
+
+def ranks_changed(changes: set[Change] | frozenset[Change], kind: str) -> set[int]:
+    """The ranks whose ``kind`` (``"rank"``, ``"bars"``, ``"output"``) changed."""
+    return {c[1] for c in changes if len(c) == 2 and c[0] == kind and isinstance(c[1], int)}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def clean_line(text: str) -> str:
+    """What a terminal would show for one output line: no ANSI codes, last ``\\r`` segment."""
+    text = _ANSI.sub("", text)
+    body = text[:-1] if text.endswith("\n") else text
+    if "\r" in body:
+        segments = [s for s in body.split("\r") if s]
+        body = segments[-1] if segments else ""
+    return body
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``3.2s``, ``1:05``, ``1:02:03``."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def fmt_number(x: float) -> str:
+    """Integers without a decimal point, other numbers with up to 3 significant decimals."""
+    if float(x).is_integer():
+        return str(int(x))
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def fmt_rate(rate: float | None, unit: str) -> str:
+    if rate is None or rate <= 0:
+        return f"?{unit}/s"
+    if rate < 1:
+        return f"{1 / rate:.2f}s/{unit}"
+    return f"{rate:.1f}{unit}/s" if rate < 100 else f"{rate:.0f}{unit}/s"
+
+
+@dataclass
+class BarState:
+    """One tqdm bar of one rank, as last reported."""
+
+    bar_id: int
+    desc: str
+    n: float
+    total: float | None
+    unit: str = "it"
+    rate: float | None = None
+    elapsed: float = 0.0
+    postfix: str = ""
+    level: int = 0
+    closed: bool = False
+    updated: float = 0.0
+    style: str = ""  # "" while running, "success" / "danger" once decided
+
+    @property
+    def complete(self) -> bool:
+        return self.total is not None and self.total > 0 and self.n >= self.total
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total:
+            return None
+        return max(0.0, min(1.0, self.n / self.total))
+
+    @property
+    def average_rate(self) -> float | None:
+        if self.rate:
+            return self.rate
+        return self.n / self.elapsed if self.elapsed > 0 and self.n else None
+
+    @property
+    def eta(self) -> float | None:
+        rate = self.average_rate
+        if self.total is None or not rate or self.closed:
+            return None
+        return max(0.0, (self.total - self.n) / rate)
+
+    def label(self) -> str:
+        return self.desc or f"bar {self.bar_id}"
+
+    def counts(self) -> str:
+        """``40/100 [40%]`` or ``40`` when the total is unknown."""
+        if self.total is None:
+            return f"{fmt_number(self.n)}{self.unit}"
+        pct = int(100 * (self.fraction or 0.0))
+        return f"{fmt_number(self.n)}/{fmt_number(self.total)} [{pct}%]"
+
+    def stats(self) -> str:
+        """``40/100 [40%] 12.3it/s eta 0:05 loss=0.1`` (``in 2.1s`` once closed)."""
+        parts = [self.counts(), fmt_rate(self.average_rate, self.unit)]
+        if self.closed:
+            parts.append(f"in {fmt_duration(self.elapsed)}")
+        elif self.eta is not None:
+            parts.append(f"eta {fmt_duration(self.eta)}")
+        if self.postfix:
+            parts.append(self.postfix)
+        return " ".join(parts)
+
+
+@dataclass
+class BarrierWait:
+    """The barrier a rank is in right now."""
+
+    index: int
+    location: str
+    kind: str
+    since: float
+
+
+@dataclass
+class BarrierRecord:
+    """One barrier (the ``index``-th barrier of every rank), for the barrier summary."""
+
+    index: int
+    kind: str
+    locations: dict[int, str] = field(default_factory=dict)  # rank -> "file:line"
+    arrived: dict[int, float] = field(default_factory=dict)  # rank -> enter time
+    exited: dict[int, float] = field(default_factory=dict)  # rank -> exit time
+    left: dict[int, str] = field(default_factory=dict)  # rank -> why it left the run instead
+
+    @property
+    def location(self) -> str:
+        locs = sorted(set(self.locations.values()))
+        return " / ".join(locs) if locs else "?"
+
+    @property
+    def mismatched(self) -> bool:
+        return len(set(self.locations.values())) > 1
+
+    def waiting(self) -> list[int]:
+        return sorted(r for r in self.arrived if r not in self.exited)
+
+    def missing(self, ranks: list[int]) -> list[int]:
+        return [r for r in ranks if r not in self.arrived]
+
+    def complete(self, ranks: list[int]) -> bool:
+        return all(r in self.exited for r in ranks)
+
+
+class OutputBuffer:
+    """The last ``max_lines`` lines of output, with a count of what was dropped."""
+
+    def __init__(self, max_lines: int) -> None:
+        self.lines: deque[tuple[int, str, str]] = deque(maxlen=max_lines)  # (rank, stream, text)
+        self.dropped = 0
+        self.total = 0
+
+    def append(self, rank: int, stream: str, text: str) -> None:
+        if len(self.lines) == self.lines.maxlen:
+            self.dropped += 1
+        self.lines.append((rank, stream, text))
+        self.total += 1
+
+    def dropped_note(self) -> str:
+        return f"[{self.dropped} earlier line(s) dropped]" if self.dropped else ""
+
+
+@dataclass
+class RankState:
+    """What the dashboard knows about one rank."""
+
+    rank: int
+    output: OutputBuffer
+    local_rank: int | None = None
+    pid: int | None = None
+    device: str = ""
+    status: str = STARTING
+    started: float | None = None
+    ended: float | None = None
+    bars: dict[int, BarState] = field(default_factory=dict)  # display order
+    dropped_bars: int = 0
+    barrier: BarrierWait | None = None
+    exc_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    collateral: bool = False
+    exitcode: int | None = None
+    signal_name: str | None = None
+    stop_reason: str = ""
+
+    def elapsed(self, now: float) -> float | None:
+        if self.started is None:
+            return None
+        return (self.ended if self.ended is not None else now) - self.started
+
+    def waiting_for(self, now: float) -> float | None:
+        return None if self.barrier is None else max(0.0, now - self.barrier.since)
+
+    def outcome(self) -> str:
+        """One phrase for the end of this rank: ``done``, ``raised ValueError: x``, ..."""
+        if self.status == FAILED:
+            extra = " (collateral)" if self.collateral else ""
+            return f"raised {self.exc_type}: {self.message}{extra}"
+        if self.status == DIED:
+            how = (
+                f"killed by {self.signal_name}"
+                + (f"({self.exitcode})" if self.exitcode is not None else "")
+                if self.signal_name
+                else f"exit code {self.exitcode}"
+            )
+            return f"died: {how}"
+        if self.status == STOPPED:
+            return f"stopped: {self.stop_reason}" if self.stop_reason else "stopped"
+        return self.status
+
+    def status_text(self, now: float) -> str:
+        """``running``, ``waiting at train.py:12 for 3.0s``, ``failed``..."""
+        if self.status == WAITING and self.barrier is not None:
+            return f"waiting at {self.barrier.location} for {fmt_duration(self.waiting_for(now))}"
+        return self.status
+
+    def open_bars(self) -> list[BarState]:
+        return [b for b in self.bars.values() if not b.closed]
+
+
+class LaunchModel:
+    """Folds the events of one launch into per-rank state. See the module docstring."""
+
+    def __init__(self, max_lines_per_rank: int = 500, max_lines_combined: int = 1000) -> None:
+        self.max_lines_per_rank = max_lines_per_rank
+        self.started: LaunchStarted | None = None
+        self.finished: LaunchFinished | None = None
+        self.ranks: dict[int, RankState] = {}
+        self.barriers: dict[int, BarrierRecord] = {}
+        self.combined = OutputBuffer(max_lines_combined)
+        self._tails: dict[tuple[int, str], str] = {}
+        self.start_time: float | None = None
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def rank_ids(self) -> list[int]:
+        return sorted(self.ranks)
+
+    @property
+    def world_size(self) -> int:
+        return self.started.world_size if self.started else len(self.ranks)
+
+    def nodes(self) -> dict[int, list[int]]:
+        """Ranks grouped by node (one group unless the launch spans several nodes)."""
+        if self.started is None or self.started.num_nodes <= 1:
+            return {self.started.node_rank if self.started else 0: self.rank_ids}
+        per_node = max(1, self.started.local_world_size)
+        groups: dict[int, list[int]] = {}
+        for r in self.rank_ids:
+            groups.setdefault(r // per_node, []).append(r)
+        return groups
+
+    def elapsed(self, now: float) -> float | None:
+        if self.start_time is None:
+            return None
+        if self.finished is not None:
+            return self.finished.wall_time
+        return now - self.start_time
+
+    def open_barriers(self) -> list[BarrierRecord]:
+        """Barriers some rank is waiting in right now."""
+        return [b for b in self.barriers.values() if b.waiting()]
+
+    def alerts(self) -> list[str]:
+        """Ranks that left the run while others waited for them at a barrier."""
+        out = []
+        for b in sorted(self.barriers.values(), key=lambda b: b.index):
+            for rank, why in sorted(b.left.items()):
+                waiting = b.waiting()
+                others = ", ".join(str(r) for r in waiting) if waiting else "the others"
+                out.append(
+                    f"rank {rank} {why} while rank(s) {others} waited at barrier #{b.index} "
+                    f"({b.location})"
+                )
+        return out
+
+    def root_cause(self) -> RankState | None:
+        if self.finished is not None and self.finished.root_cause_rank is not None:
+            return self.ranks.get(self.finished.root_cause_rank)
+        bad = [
+            r
+            for r in self.ranks.values()
+            if r.status in (FAILED, DIED) and not (r.status == FAILED and r.collateral)
+        ]
+        bad.sort(key=lambda r: r.ended if r.ended is not None else float("inf"))
+        return bad[0] if bad else None
+
+    def summary_line(self) -> str:
+        """``2 ranks, 3.1s: ok`` or ``2 ranks, 3.1s: failed: rank 1 raised ValueError: boom``."""
+        n = self.world_size
+        head = f"{n} rank{'s' if n != 1 else ''}"
+        if self.finished is None:
+            return f"{head}: running"
+        head += f", {fmt_duration(self.finished.wall_time)}"
+        if self.finished.ok:
+            return f"{head}: ok"
+        cause = self.root_cause()
+        if cause is not None and cause.status in (FAILED, DIED, STOPPED):
+            return f"{head}: failed: rank {cause.rank} {cause.outcome()}"
+        return f"{head}: failed: {self.finished.summary}"
+
+    # -- folding ---------------------------------------------------------------------------
+    def rank(self, rank: int) -> RankState:
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = RankState(
+                rank=rank, output=OutputBuffer(self.max_lines_per_rank)
+            )
+        return state
+
+    def apply(self, event: Event) -> frozenset[Change]:
+        """Fold one event in; return the keys of what changed."""
+        handler = getattr(self, "_on_" + type(event).__name__, None)
+        if handler is None:
+            return frozenset()
+        return frozenset(handler(event))
+
+    def _on_LaunchStarted(self, e: LaunchStarted) -> list[Change]:
+        self.started = e
+        self.start_time = e.time
+        for r in e.ranks:
+            self.rank(r)
+        return [("launch",), *(("rank", r) for r in e.ranks)]
+
+    def _on_WorkerStarted(self, e: WorkerStarted) -> list[Change]:
+        s = self.rank(e.rank)
+        s.local_rank, s.pid, s.device = e.local_rank, e.pid, e.device
+        s.started = e.time
+        if s.status == STARTING:
+            s.status = RUNNING
+        return [("rank", e.rank)]
+
+    def _on_Output(self, e: Output) -> list[Change]:
+        key = (e.rank, e.stream)
+        text = self._tails.pop(key, "") + e.text
+        if not text.endswith("\n"):
+            # an unterminated tail: keep it for the next piece, and show it as it is now
+            self._tails[key] = text
+        line = clean_line(text)
+        s = self.rank(e.rank)
+        if text.endswith("\n"):
+            s.output.append(e.rank, e.stream, line)
+            self.combined.append(e.rank, e.stream, line)
+        return [("output", e.rank)]
+
+    def pending_tail(self, rank: int, stream: str) -> str:
+        return clean_line(self._tails.get((rank, stream), ""))
+
+    def flush_tails(self) -> list[tuple[int, str, str]]:
+        """Turn unterminated tails into lines (at the end of a launch); return them."""
+        lines: list[tuple[int, str, str]] = []
+        for (rank, stream), text in sorted(self._tails.items()):
+            line = clean_line(text)
+            if line:
+                self.rank(rank).output.append(rank, stream, line)
+                self.combined.append(rank, stream, line)
+                lines.append((rank, stream, line))
+        self._tails.clear()
+        return lines
+
+    def _on_ProgressUpdate(self, e: ProgressUpdate) -> list[Change]:
+        s = self.rank(e.rank)
+        if e.disabled:
+            return []
+        bar = s.bars.get(e.bar_id)
+        if bar is None:
+            bar = BarState(bar_id=e.bar_id, desc=e.desc, n=e.n, total=e.total, level=e.level)
+            self._place_bar(s, bar)
+        bar.desc, bar.n, bar.total, bar.unit = e.desc, e.n, e.total, e.unit
+        bar.rate, bar.elapsed, bar.postfix = e.rate, e.elapsed, e.postfix
+        bar.closed = bar.closed or e.closed
+        bar.updated = e.time
+        if bar.closed and not bar.style:
+            bar.style = "success" if (bar.complete or bar.total is None) else "danger"
+        if s.status == STARTING:
+            s.status = RUNNING
+        return [("bars", e.rank)]
+
+    def _place_bar(self, s: RankState, bar: BarState) -> None:
+        """Add a bar; a nested bar takes the slot of a closed bar of the same level
+        (like tqdm redrawing line ``level``), so an epoch loop doesn't pile up step bars."""
+        if bar.level > 0:
+            for old_id, old in list(s.bars.items()):
+                if old.closed and old.level == bar.level:
+                    s.bars = {
+                        (bar.bar_id if k == old_id else k): (bar if k == old_id else v)
+                        for k, v in s.bars.items()
+                    }
+                    return
+        s.bars[bar.bar_id] = bar
+        while len(s.bars) > MAX_BARS_PER_RANK:
+            closed = [k for k, v in s.bars.items() if v.closed]
+            if not closed:
+                break
+            del s.bars[closed[0]]
+            s.dropped_bars += 1
+
+    def _on_BarrierEnter(self, e: BarrierEnter) -> list[Change]:
+        s = self.rank(e.rank)
+        s.barrier = BarrierWait(index=e.index, location=e.location, kind=e.kind, since=e.time)
+        if s.status in (STARTING, RUNNING):
+            s.status = WAITING
+        rec = self.barriers.get(e.index)
+        if rec is None:
+            rec = self.barriers[e.index] = BarrierRecord(index=e.index, kind=e.kind)
+        rec.locations[e.rank] = e.location
+        rec.arrived[e.rank] = e.time
+        return [("rank", e.rank), ("barriers",)]
+
+    def _on_BarrierExit(self, e: BarrierExit) -> list[Change]:
+        s = self.rank(e.rank)
+        if s.barrier is not None and s.barrier.index == e.index:
+            s.barrier = None
+            if s.status == WAITING:
+                s.status = RUNNING
+        rec = self.barriers.get(e.index)
+        if rec is not None:
+            rec.exited[e.rank] = e.time
+        return [("rank", e.rank), ("barriers",)]
+
+    def _end_rank(self, rank: int, status: str, time: float, why: str) -> list[Change]:
+        s = self.rank(rank)
+        # A rank that already failed may still be reported as died/stopped afterwards:
+        # the first real ending wins.
+        if s.status in ENDED and not (s.status == STOPPED and status in (FAILED, DIED)):
+            return []
+        s.status, s.ended = status, time
+        s.barrier = None
+        changes: list[Change] = [("rank", rank)]
+        for rec in self.barriers.values():
+            if rec.waiting() and rank not in rec.arrived and rank not in rec.left:
+                rec.left[rank] = why
+                changes.append(("barriers",))
+        return changes
+
+    def _on_WorkerFinished(self, e: WorkerFinished) -> list[Change]:
+        return self._end_rank(e.rank, DONE, e.time, "returned")
+
+    def _on_WorkerFailed(self, e: WorkerFailed) -> list[Change]:
+        s = self.rank(e.rank)
+        s.exc_type, s.message, s.traceback, s.collateral = (
+            e.exc_type,
+            e.message,
+            e.traceback,
+            e.collateral,
+        )
+        return self._end_rank(e.rank, FAILED, e.time, f"raised {e.exc_type}")
+
+    def _on_WorkerDied(self, e: WorkerDied) -> list[Change]:
+        s = self.rank(e.rank)
+        s.pid = e.pid or s.pid
+        s.exitcode, s.signal_name = e.exitcode, e.signal_name
+        how = e.signal_name or f"exit code {e.exitcode}"
+        return self._end_rank(e.rank, DIED, e.time, f"died ({how})")
+
+    def _on_WorkerStopped(self, e: WorkerStopped) -> list[Change]:
+        self.rank(e.rank).stop_reason = e.reason
+        return self._end_rank(e.rank, STOPPED, e.time, "was stopped")
+
+    def _on_LaunchFinished(self, e: LaunchFinished) -> list[Change]:
+        self.finished = e
+        changes: list[Change] = [("launch",)]
+        changes += [("output", rank) for rank, _, _ in self.flush_tails()]
+        for s in self.ranks.values():
+            if s.status not in ENDED:
+                s.status, s.ended = (DONE if e.ok else STOPPED), e.time
+            ok_rank = s.status == DONE
+            for bar in s.bars.values():
+                bar.style = "success" if ok_rank or bar.complete else "danger"
+            changes += [("rank", s.rank), ("bars", s.rank)]
+        return changes
+
+
+__all__ = [
+    "DIED",
+    "DONE",
+    "ENDED",
+    "FAILED",
+    "RUNNING",
+    "STARTING",
+    "STOPPED",
+    "WAITING",
+    "BarState",
+    "BarrierRecord",
+    "BarrierWait",
+    "LaunchModel",
+    "OutputBuffer",
+    "RankState",
+    "clean_line",
+    "ranks_changed",
+    "fmt_duration",
+    "fmt_number",
+    "fmt_rate",
+]

@@ -1,0 +1,190 @@
+"""The text view: the same events as the dashboard, as plain lines (terminal, CI, nbval).
+
+What it writes (no ANSI codes, no carriage returns)::
+
+    notebook_launcher: 2 ranks, fork (...), gloo on 127.0.0.1:29500
+    [rank0] a line the rank printed
+    [rank1] epoch 1/3 [33%] 1.0it/s eta 0:02 | step 40/100 [40%] 95.0it/s eta 0:01
+    [rank0] waiting at train.py:12 for 5.0s (barrier #1: missing rank 1)
+    [rank0] done: epoch 3/3 [100%] 1.2it/s in 2.5s
+    notebook_launcher: 2 ranks, 3.1s: ok
+
+Rank output goes out at once (stderr lines to ``sys.stderr`` unless a ``stream`` was
+given). Progress is periodic: at most one line per rank every ``interval`` seconds,
+plus one final line per bar when it closes. With ``progress=False`` (what
+``dashboard=False`` gives) only the rank output and the final summary are written.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from .._events import (
+    BarrierEnter,
+    Event,
+    LaunchFinished,
+    LaunchStarted,
+    Output,
+    ProgressUpdate,
+    WorkerDied,
+    WorkerFailed,
+    WorkerStopped,
+)
+from .model import WAITING, LaunchModel, RankState, fmt_duration
+
+
+class TextView:
+    """Renders a :class:`~notebook_launcher.ui.model.LaunchModel` as rank-prefixed lines.
+
+    Example::
+
+        view = TextView(interval=10.0)
+        for event in events:
+            view.handle(event)
+        view.close()
+    """
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        progress: bool = True,
+        interval: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        model: LaunchModel | None = None,
+    ) -> None:
+        self._stream = stream
+        self.progress = progress
+        self.interval = interval
+        self.clock = clock
+        self.model = model if model is not None else LaunchModel()
+        self._last_line: dict[int, float] = {}  # rank -> time of its last progress line
+        self._dirty: set[int] = set()  # ranks whose progress changed since their last line
+        self._alerts_shown = 0
+        self._closed = False
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stdout
+
+    def _write(self, text: str, stderr: bool = False) -> None:
+        target = sys.stderr if stderr and self._stream is None else self.stream
+        target.write(text)
+
+    # -- View protocol ---------------------------------------------------------------------
+    def handle(self, event: Event) -> None:
+        if isinstance(event, LaunchFinished):
+            self._flush_tails()  # before the model folds them in silently
+        self.model.apply(event)
+        if isinstance(event, Output):
+            if event.text.endswith("\n"):
+                state = self.model.ranks[event.rank]
+                _, _, line = state.output.lines[-1]
+                self._write(f"[rank{event.rank}] {line}\n", stderr=event.stream == "stderr")
+            return
+        if isinstance(event, LaunchFinished):
+            self._finish()
+            return
+        if not self.progress:
+            return
+        now = self.clock()
+        if isinstance(event, LaunchStarted):
+            self._write(f"notebook_launcher: {self._header(event)}\n")
+        elif isinstance(event, ProgressUpdate):
+            if event.disabled:
+                return
+            self._last_line.setdefault(event.rank, now)
+            if event.closed:
+                bar = self.model.ranks[event.rank].bars.get(event.bar_id)
+                if bar is not None:
+                    self._write(f"[rank{event.rank}] {bar.label()}: {bar.stats()}\n")
+            else:
+                self._dirty.add(event.rank)
+                self._periodic(now, only=event.rank)
+        elif isinstance(event, BarrierEnter):
+            self._last_line.setdefault(event.rank, now)
+            self._dirty.add(event.rank)
+        elif isinstance(event, (WorkerFailed, WorkerDied, WorkerStopped)):
+            state = self.model.ranks[event.rank]
+            self._write(f"[rank{event.rank}] {state.outcome()}\n")
+        self._show_alerts()
+
+    def tick(self) -> None:
+        if self.progress and not self._closed:
+            self._periodic(self.clock())
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._flush_tails()
+        self.stream.flush()
+        if self._stream is None:
+            sys.stderr.flush()
+
+    # -- rendering -------------------------------------------------------------------------
+    def _flush_tails(self) -> None:
+        for rank, stream, line in self.model.flush_tails():
+            self._write(f"[rank{rank}] {line}\n", stderr=stream == "stderr")
+
+    @staticmethod
+    def _header(e: LaunchStarted) -> str:
+        nodes = f" on node {e.node_rank} of {e.num_nodes}" if e.num_nodes > 1 else ""
+        return (
+            f"{e.local_world_size} rank{'s' if e.local_world_size != 1 else ''}{nodes}, "
+            f"{e.start_method} ({e.start_reason}), {e.backend} on {e.master_addr}:{e.master_port}"
+        )
+
+    def rank_line(self, state: RankState, now: float) -> str:
+        """``running 0:12 | epoch 1/3 [33%] ... | step ...`` for one rank."""
+        parts = []
+        if state.status == WAITING and state.barrier is not None:
+            rec = self.model.barriers.get(state.barrier.index)
+            missing = rec.missing(self.model.rank_ids) if rec is not None else []
+            who = f"missing rank {', '.join(map(str, missing))}" if missing else "all arrived"
+            parts.append(f"{state.status_text(now)} (barrier #{state.barrier.index}: {who})")
+        else:
+            elapsed = state.elapsed(now)
+            parts.append(
+                state.status + (f" {fmt_duration(elapsed)}" if elapsed is not None else "")
+            )
+        for bar in state.open_bars():
+            parts.append(f"{bar.label()} {bar.stats()}")
+        return " | ".join(parts)
+
+    def _periodic(self, now: float, only: int | None = None) -> None:
+        ranks = [only] if only is not None else self.model.rank_ids
+        for rank in ranks:
+            state = self.model.ranks.get(rank)
+            if state is None or state.ended is not None:
+                continue
+            waiting = state.status == WAITING
+            if rank not in self._dirty and not waiting:
+                continue
+            if not waiting and not state.open_bars():
+                continue
+            last = self._last_line.get(rank)
+            if last is not None and now - last < self.interval:
+                continue
+            self._last_line[rank] = now
+            self._dirty.discard(rank)
+            self._write(f"[rank{rank}] {self.rank_line(state, now)}\n")
+
+    def _show_alerts(self) -> None:
+        alerts = self.model.alerts()
+        for alert in alerts[self._alerts_shown :]:
+            self._write(f"notebook_launcher: {alert}\n")
+        self._alerts_shown = len(alerts)
+
+    def _finish(self) -> None:
+        if self.progress:
+            self._show_alerts()
+        self._write(f"notebook_launcher: {self.model.summary_line()}\n")
+        self.stream.flush()
+
+
+__all__ = ["TextView"]

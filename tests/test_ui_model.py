@@ -1,0 +1,344 @@
+"""The dashboard model: event sequences in, per-rank state out (no Jupyter, no torch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from notebook_launcher._events import (
+    BarrierEnter,
+    BarrierExit,
+    Event,
+    LaunchFinished,
+    LaunchStarted,
+    Output,
+    ProgressUpdate,
+    WorkerDied,
+    WorkerFailed,
+    WorkerFinished,
+    WorkerStarted,
+    WorkerStopped,
+)
+from notebook_launcher.ui.model import (
+    DIED,
+    DONE,
+    FAILED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    WAITING,
+    LaunchModel,
+    clean_line,
+    fmt_duration,
+    fmt_rate,
+)
+
+T0 = 1000.0
+
+
+def started(
+    n: int = 2, *, num_nodes: int = 1, node_rank: int = 0, ranks: tuple[int, ...] = ()
+) -> LaunchStarted:
+    return LaunchStarted(
+        world_size=n * num_nodes,
+        local_world_size=n,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        start_method="fork",
+        start_reason="cpu only",
+        master_addr="127.0.0.1",
+        master_port=29500,
+        backend="gloo",
+        ranks=ranks or tuple(range(n)),
+        time=T0,
+    )
+
+
+def bar(
+    rank: int, bar_id: int, n: float, total: float | None, t: float, **kw: object
+) -> ProgressUpdate:
+    kw.setdefault("desc", "")
+    return ProgressUpdate(rank=rank, bar_id=bar_id, n=n, total=total, time=T0 + t, **kw)  # type: ignore[arg-type]
+
+
+def script(n: int = 2, *, fail_rank: int | None = None) -> list[Event]:
+    """A whole launch: start, output, two bars per rank, one barrier, then the end."""
+    ev: list[Event] = [started(n)]
+    ev += [
+        WorkerStarted(rank=r, local_rank=r, pid=100 + r, device="cpu", time=T0 + 0.1)
+        for r in range(n)
+    ]
+    for r in range(n):
+        ev.append(Output(rank=r, stream="stdout", text=f"hello from {r}\n", time=T0 + 0.2))
+        for k in range(4):
+            ev.append(
+                bar(r, 0, k, 3, 1 + k, desc="epoch", elapsed=float(k), rate=1.0, closed=k == 3)
+            )
+            ev.append(bar(r, 1, 10 * k, 30, 1 + k, desc="step", level=1, closed=k == 3))
+    ev += [
+        BarrierEnter(
+            rank=r, index=0, location="train.py:12", kind="wait_for_everyone", time=T0 + 5 + r
+        )
+        for r in range(n)
+        if r != fail_rank
+    ]
+    if fail_rank is None:
+        ev += [
+            BarrierExit(rank=r, index=0, location="train.py:12", time=T0 + 6 + n) for r in range(n)
+        ]
+        ev += [WorkerFinished(rank=r, time=T0 + 7 + n) for r in range(n)]
+        ev.append(
+            LaunchFinished(
+                ok=True, summary="ok", root_cause_rank=None, wall_time=8.0 + n, time=T0 + 8 + n
+            )
+        )
+    else:
+        ev.append(
+            WorkerFailed(
+                rank=fail_rank,
+                exc_type="ValueError",
+                message="boom",
+                traceback="Traceback:\nValueError: boom\n",
+                collateral=False,
+                time=T0 + 9,
+            )
+        )
+        ev += [
+            WorkerStopped(rank=r, reason=f"rank {fail_rank} failed", time=T0 + 9.5)
+            for r in range(n)
+            if r != fail_rank
+        ]
+        ev.append(
+            LaunchFinished(
+                ok=False,
+                summary=f"rank {fail_rank} failed",
+                root_cause_rank=fail_rank,
+                wall_time=10.0,
+                time=T0 + 10,
+                failed_ranks=(fail_rank,),
+            )
+        )
+    return ev
+
+
+def fold(events: list[Event], model: LaunchModel | None = None) -> LaunchModel:
+    m = model or LaunchModel()
+    for e in events:
+        m.apply(e)
+    return m
+
+
+def test_whole_successful_run() -> None:
+    m = fold(script(3))
+    assert m.rank_ids == [0, 1, 2]
+    for r in range(3):
+        s = m.ranks[r]
+        assert (s.pid, s.device, s.status, s.local_rank) == (100 + r, "cpu", DONE, r)
+        assert s.elapsed(now=T0 + 999) == pytest.approx(7 + 3 - 0.1)  # ended, so the clock stops
+        assert [(b.desc, b.n, b.total, b.closed, b.style) for b in s.bars.values()] == [
+            ("epoch", 3, 3, True, "success"),
+            ("step", 30, 30, True, "success"),
+        ]
+        assert [line for _, _, line in s.output.lines] == [f"hello from {r}"]
+    (rec,) = m.barriers.values()
+    assert rec.complete(m.rank_ids) and rec.location == "train.py:12" and not rec.left
+    assert sorted(rec.arrived) == [0, 1, 2] and rec.missing(m.rank_ids) == []
+    assert m.summary_line() == "3 ranks, 11.0s: ok"
+    assert m.root_cause() is None and m.alerts() == []
+
+
+def test_status_through_a_barrier_and_waiting_time() -> None:
+    m = fold(script(2)[:3])
+    assert m.ranks[0].status == RUNNING
+    changes = m.apply(
+        BarrierEnter(rank=0, index=0, location="nb.py:4", kind="wait_for_everyone", time=T0 + 2)
+    )
+    assert changes == {("rank", 0), ("barriers",)}
+    s = m.ranks[0]
+    assert s.status == WAITING and s.status_text(now=T0 + 5.5) == "waiting at nb.py:4 for 3.5s"
+    rec = m.barriers[0]
+    assert rec.waiting() == [0] and rec.missing(m.rank_ids) == [1]
+    assert [b.index for b in m.open_barriers()] == [0]
+    m.apply(
+        BarrierEnter(rank=1, index=0, location="nb.py:9", kind="main_process_first", time=T0 + 3)
+    )
+    assert rec.mismatched and rec.location == "nb.py:4 / nb.py:9"
+    m.apply(BarrierExit(rank=0, index=0, location="nb.py:4", time=T0 + 3.1))
+    assert m.ranks[0].status == RUNNING and m.ranks[0].barrier is None
+    assert m.ranks[1].status == WAITING
+
+
+def test_rank_that_leaves_while_others_wait_is_an_alert() -> None:
+    m = fold(script(3, fail_rank=2))
+    rec = m.barriers[0]
+    assert rec.left == {2: "raised ValueError"}
+    assert m.alerts() == [
+        "rank 2 raised ValueError while rank(s) 0, 1 waited at barrier #0 (train.py:12)"
+    ]
+    assert m.ranks[2].status == FAILED and m.ranks[0].status == STOPPED
+    assert m.ranks[0].outcome() == "stopped: rank 2 failed"
+    assert m.root_cause() is m.ranks[2]
+    assert m.summary_line() == "3 ranks, 10.0s: failed: rank 2 raised ValueError: boom"
+    # the failed rank's bars were complete: success; others keep success too (complete)
+    assert {b.style for s in m.ranks.values() for b in s.bars.values()} == {"success"}
+
+
+def test_returning_early_and_dying_are_named() -> None:
+    m = fold(
+        [
+            started(3),
+            *[
+                WorkerStarted(rank=r, local_rank=r, pid=10 + r, device="cpu", time=T0)
+                for r in range(3)
+            ],
+        ]
+    )
+    m.apply(BarrierEnter(rank=0, index=0, location="a.py:1", kind="wait_for_everyone", time=T0 + 1))
+    m.apply(WorkerFinished(rank=1, time=T0 + 2))
+    m.apply(WorkerDied(rank=2, pid=12, exitcode=-9, signal_name="SIGKILL", time=T0 + 3))
+    assert m.barriers[0].left == {1: "returned", 2: "died (SIGKILL)"}
+    assert m.ranks[2].outcome() == "died: killed by SIGKILL(-9)"
+    assert m.ranks[1].status == DONE and m.ranks[2].status == DIED
+    m.apply(LaunchFinished(ok=False, summary="", root_cause_rank=None, wall_time=3.5, time=T0 + 4))
+    assert m.root_cause() is m.ranks[2]
+    assert m.summary_line() == "3 ranks, 3.5s: failed: rank 2 died: killed by SIGKILL(-9)"
+    assert m.ranks[0].status == STOPPED  # never ended on its own
+
+
+def test_first_real_ending_wins_and_collateral_is_not_the_root_cause() -> None:
+    m = fold([started(2)])
+    m.apply(
+        WorkerFailed(
+            rank=0,
+            exc_type="RuntimeError",
+            message="Connection closed by peer",
+            traceback="",
+            collateral=True,
+            time=T0 + 1,
+        )
+    )
+    m.apply(WorkerDied(rank=1, pid=5, exitcode=1, signal_name=None, time=T0 + 2))
+    m.apply(WorkerDied(rank=0, pid=4, exitcode=1, signal_name=None, time=T0 + 3))
+    assert m.ranks[0].status == FAILED and m.ranks[0].outcome().endswith("(collateral)")
+    assert m.root_cause() is m.ranks[1]
+    assert m.ranks[1].outcome() == "died: exit code 1"
+
+
+def test_bars_nested_slots_styles_and_bounds() -> None:
+    m = fold([started(1)])
+    assert m.ranks[0].status == STARTING
+    m.apply(bar(0, 0, 0, 2, 0, desc="epoch"))
+    assert m.ranks[0].status == RUNNING  # a bar means it runs even before WorkerStarted
+    for epoch, first_id in enumerate((1, 2)):
+        m.apply(bar(0, first_id, 0, 5, epoch, desc="step", level=1))
+        m.apply(bar(0, first_id, 5, 5, epoch + 0.5, desc="step", level=1, closed=True))
+    # the second step bar took the closed first one's slot: one epoch row, one step row
+    assert [(b.bar_id, b.desc) for b in m.ranks[0].bars.values()] == [(0, "epoch"), (2, "step")]
+    m.apply(bar(0, 3, 1, 4, 3, desc="eval", closed=True))  # closed short of its total
+    assert m.ranks[0].bars[3].style == "danger"
+    m.apply(bar(0, 9, 0, 1, 3, desc="hidden", disabled=True))
+    assert 9 not in m.ranks[0].bars
+    for i in range(20):  # level-0 bars pile up but stay bounded (closed ones drop first)
+        m.apply(bar(0, 100 + i, 1, 1, 4, desc=f"b{i}", closed=True))
+    s = m.ranks[0]
+    assert len(s.bars) == 12 and s.dropped_bars == 11 and 0 in s.bars  # the open epoch bar stays
+    m.apply(LaunchFinished(ok=False, summary="x", root_cause_rank=0, wall_time=1, time=T0 + 5))
+    # at the end, a rank that did not finish: complete bars success, the rest danger
+    assert s.bars[0].style == "danger" and s.bars[119].style == "success"
+
+
+def test_bar_text() -> None:
+    b = (
+        fold(
+            [
+                started(1),
+                bar(0, 0, 40, 100, 0, desc="step", rate=12.34, elapsed=3.2, postfix="loss=0.1"),
+            ]
+        )
+        .ranks[0]
+        .bars[0]
+    )
+    assert b.stats() == "40/100 [40%] 12.3it/s eta 4.9s loss=0.1"
+    b.closed = True
+    assert b.stats() == "40/100 [40%] 12.3it/s in 3.2s loss=0.1"
+    u = fold([started(1), bar(0, 0, 7, None, 0, unit="batch", elapsed=2.0)]).ranks[0].bars[0]
+    assert (u.fraction, u.eta, u.counts(), u.label()) == (None, None, "7batch", "bar 0")
+    assert u.stats() == "7batch 3.5batch/s"
+    assert (
+        fmt_rate(0.5, "it") == "2.00s/it"
+        and fmt_rate(None, "it") == "?it/s"
+        and fmt_rate(250.0, "it") == "250it/s"
+    )
+    assert [fmt_duration(x) for x in (0.04, 59.9, 65, 3723, None, -1)] == [
+        "0.0s",
+        "59.9s",
+        "1:05",
+        "1:02:03",
+        "?",
+        "?",
+    ]
+
+
+def test_output_lines_tails_and_ring_buffer() -> None:
+    m = LaunchModel(max_lines_per_rank=3, max_lines_combined=4)
+    m.apply(started(2))
+    m.apply(Output(rank=0, stream="stdout", text="par", time=T0))
+    assert list(m.ranks[0].output.lines) == [] and m.pending_tail(0, "stdout") == "par"
+    m.apply(Output(rank=0, stream="stdout", text="tial\n", time=T0))
+    m.apply(Output(rank=0, stream="stderr", text="\x1b[31mred\x1b[0m 10%\r50%\r100%\n", time=T0))
+    assert list(m.ranks[0].output.lines) == [(0, "stdout", "partial"), (0, "stderr", "100%")]
+    for i in range(5):
+        m.apply(Output(rank=1, stream="stdout", text=f"line {i}\n", time=T0))
+    s1 = m.ranks[1].output
+    assert [t for _, _, t in s1.lines] == ["line 2", "line 3", "line 4"]
+    assert (s1.dropped, s1.total, s1.dropped_note()) == (2, 5, "[2 earlier line(s) dropped]")
+    assert [(r, t) for r, _, t in m.combined.lines] == [
+        (1, "line 1"),
+        (1, "line 2"),
+        (1, "line 3"),
+        (1, "line 4"),
+    ]
+    assert m.combined.dropped == 3
+    m.apply(Output(rank=1, stream="stdout", text="no newline at the end", time=T0))
+    m.apply(LaunchFinished(ok=True, summary="", root_cause_rank=None, wall_time=1, time=T0 + 1))
+    assert list(s1.lines)[-1] == (1, "stdout", "no newline at the end")
+    assert clean_line("a\rb\r\n") == "b" and clean_line("\x1b]0;title\x07x\n") == "x"
+
+
+def test_nodes_group_ranks() -> None:
+    one = fold([started(2)])
+    assert one.nodes() == {0: [0, 1]}
+    two = fold([started(2, num_nodes=2, node_rank=1, ranks=(2, 3))])
+    assert two.world_size == 4 and two.nodes() == {1: [2, 3]}
+    two.apply(WorkerStarted(rank=0, local_rank=0, pid=1, device="cpu", time=T0))  # a stray rank
+    assert two.nodes() == {0: [0], 1: [2, 3]}
+
+
+def test_unknown_events_change_nothing() -> None:
+    m = LaunchModel()
+    assert m.apply(object()) == frozenset()  # type: ignore[arg-type]
+    assert m.summary_line() == "0 ranks: running" and m.elapsed(now=5.0) is None
+
+
+# Import the ui subpackage without running notebook_launcher/__init__.py (which imports the
+# launcher): a bare package module with the right __path__ stands in for it.
+_ISOLATED = (
+    "import sys, types, importlib.util;"
+    "spec = importlib.util.find_spec('notebook_launcher');"
+    "pkg = types.ModuleType('notebook_launcher');"
+    "pkg.__path__ = list(spec.submodule_search_locations);"
+    "sys.modules['notebook_launcher'] = pkg;"
+)
+
+
+def test_ui_and_progress_never_import_torch() -> None:
+    code = _ISOLATED + (
+        "import notebook_launcher.ui, notebook_launcher.ui.widgets, notebook_launcher.ui.text;"
+        "import notebook_launcher._progress;"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'));"
+        "print('ok' if not bad else bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.stdout, out.stderr)
