@@ -43,7 +43,12 @@ def _install_kernel(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import os
+
     from ._demo import run_demo
+
+    # The demo is the CPU path: hide GPUs before torch looks for them (this process only).
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
     return run_demo(num_processes=args.num_processes, steps=args.steps)
 
