@@ -1,0 +1,681 @@
+"""Sharding of PyTorch DataLoaders across ranks, the way Accelerate does it.
+
+``prepare_data_loader`` turns one DataLoader (the same on every rank) into a
+:class:`DataLoaderShard` that yields, on each rank, a distinct part of every global step:
+
+* ``split_batches=False`` (default): the loader's batch size is per rank; global step ``k``
+  is made of the sampler's batches ``k*n .. k*n+n-1`` and rank ``r`` gets batch ``k*n+r``.
+* ``split_batches=True``: the loader's batch size is global; rank ``r`` gets the ``r``-th
+  slice of every batch.
+
+With ``even_batches=True`` the last, incomplete global step is completed by wrapping around
+to the first samples of the epoch, so every rank yields the same number of equally sized
+batches; ``remainder`` records how many samples of that last global step are real, and
+``Accelerator.gather_for_metrics`` drops the rest.
+
+While a :class:`DataLoaderShard` is iterated it registers itself with ``GradientState`` (so
+``accelerator.gradient_state.active_dataloader`` / ``end_of_dataloader`` work, nested loaders
+included); it looks one batch ahead to know when the current batch is the last.
+
+Shuffling: every rank must draw the same permutation. A ``RandomSampler`` gets a generator
+(seeded from the global torch RNG if it had none) whose state rank 0 broadcasts at the start of
+every epoch; ``use_seedable_sampler=True`` instead uses :class:`SeedableRandomSampler`, whose
+order depends only on ``(seed, epoch)``.
+
+Example::
+
+    loader = DataLoader(dataset, batch_size=8, shuffle=True)
+    loader = prepare_data_loader(loader, device=torch.device("cpu"))
+    for batch in loader:  # this rank's share
+        ...
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+
+#: DataLoader attributes carried over to the prepared loader (name, default).
+_LOADER_ATTRS: tuple[tuple[str, Any], ...] = (
+    ("num_workers", 0),
+    ("collate_fn", None),
+    ("pin_memory", False),
+    ("timeout", 0),
+    ("worker_init_fn", None),
+    ("multiprocessing_context", None),
+    ("generator", None),
+    ("prefetch_factor", None),
+    ("persistent_workers", False),
+    ("pin_memory_device", ""),
+    ("in_order", True),
+)
+
+
+def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
+    import inspect
+
+    accepted = inspect.signature(DataLoader.__init__).parameters
+    kwargs: dict[str, Any] = {}
+    for name, default in _LOADER_ATTRS:
+        if name in accepted:
+            kwargs[name] = getattr(dataloader, name, default)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs["persistent_workers"] = False
+    return kwargs
+
+
+def _state() -> Any:
+    from .state import PartialState
+
+    return PartialState()
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends only on ``(initial_seed, epoch)``.
+
+    Every rank computes the same permutation without communicating, and a resumed run
+    reproduces it after ``set_epoch(epoch)``.
+
+    Example::
+
+        sampler = SeedableRandomSampler(dataset, data_seed=42)
+        sampler.set_epoch(3)
+        order = list(sampler)
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        data_seed: int | None = None,
+    ) -> None:
+        if generator is None:
+            generator = torch.Generator()
+        super().__init__(data_source, replacement, num_samples, generator)
+        if data_seed is None:
+            data_seed = int(torch.empty((), dtype=torch.int64).random_().item()) % (2**62)
+        self.initial_seed = int(data_seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        assert self.generator is not None
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()
+
+
+class BatchSamplerShard(BatchSampler):
+    """This rank's share of the batches of ``batch_sampler`` (see the module docstring).
+
+    Example (10 samples, batch size 2, 2 ranks, ``even_batches``: rank 1's last batch wraps)::
+
+        >>> shard = BatchSamplerShard(BatchSampler(range(10), 2, False), 2, 1)
+        >>> list(shard)
+        [[2, 3], [6, 7], [0, 1]]
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Iterable[list[int]],
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        # BatchSampler.__init__ validates a sampler we do not have: set the fields ourselves.
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.sampler: Any = getattr(batch_sampler, "sampler", None)
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)  # type: ignore[assignment]
+        self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
+        if split_batches:
+            if self.batch_size is None:
+                raise ValueError("split_batches=True needs a batch sampler with a batch_size")
+            if self.batch_size % num_processes != 0:
+                raise ValueError(
+                    f"split_batches=True needs the batch size ({self.batch_size}) to be a "
+                    f"multiple of the number of processes ({num_processes}); use a batch size "
+                    f"of {num_processes * math.ceil(self.batch_size / num_processes)}"
+                )
+        if self.batch_size is None and even_batches and not self.drop_last:
+            raise ValueError(
+                "even_batches=True needs a batch sampler with a batch_size (to pad the last "
+                "batch); pass DataLoaderConfiguration(even_batches=False)"
+            )
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples in one global step (all ranks together)."""
+        if self.batch_size is None:
+            return None
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+
+    def _num_samples(self) -> int | None:
+        try:
+            return len(self.sampler)
+        except TypeError:
+            return None
+
+    def __len__(self) -> int:
+        n_batches = len(self.batch_sampler)  # type: ignore[arg-type]
+        n, r = self.num_processes, self.process_index
+        if self.split_batches:
+            if self.even_batches or self.drop_last:
+                return n_batches
+            samples = self._num_samples()
+            assert self.batch_size is not None
+            last = 0 if samples is None else samples % self.batch_size
+            if last == 0:
+                return n_batches
+            return n_batches - 1 + (1 if last > r * (self.batch_size // n) else 0)
+        full, left = divmod(n_batches, n)
+        if self.drop_last:
+            return full
+        if self.even_batches:
+            return full + (1 if left else 0)
+        return full + (1 if r < left else 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.split_batches:
+            return self._iter_split()
+        return self._iter_grouped()
+
+    def _pad(self, flat: list[int], head: list[int], size: int) -> list[int]:
+        if not head:
+            head = list(flat)
+        filler = itertools.islice(itertools.cycle(head), size - len(flat))
+        return flat + list(filler)
+
+    def _iter_grouped(self) -> Iterator[list[int]]:
+        n, r, bs = self.num_processes, self.process_index, self.batch_size
+        group: list[list[int]] = []
+        head: list[int] = []
+        keep_head = bs is not None and self.even_batches and not self.drop_last
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if keep_head and bs is not None and len(head) < n * bs:
+                head.extend(batch[: n * bs - len(head)])
+            group.append(batch)
+            if len(group) == n and (bs is None or len(batch) == bs):
+                yield group[r]
+                group = []
+        if not group or self.drop_last:
+            return
+        if not self.even_batches:
+            if r < len(group):
+                yield group[r]
+            return
+        assert bs is not None
+        flat = self._pad([i for b in group for i in b], head, n * bs)
+        yield flat[r * bs : (r + 1) * bs]
+
+    def _iter_split(self) -> Iterator[list[int]]:
+        assert self.batch_size is not None
+        bs, r = self.batch_size, self.process_index
+        local = bs // self.num_processes
+        head: list[int] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if not head:
+                head = batch
+            if len(batch) == bs:
+                yield batch[r * local : (r + 1) * local]
+            elif not self.drop_last:
+                if self.even_batches:
+                    batch = self._pad(batch, head, bs)
+                part = batch[r * local : (r + 1) * local]
+                if part:
+                    yield part
+
+
+class IterableDatasetShard(IterableDataset):
+    """This rank's share of an iterable dataset: global steps of ``total_batch_size`` samples.
+
+    Every rank iterates the whole underlying dataset and keeps its slice of each group of
+    ``batch_size * num_processes`` samples (``batch_size`` when ``split_batches``); with
+    ``even_batches`` (and not ``drop_last``) the last group is completed from its first samples.
+    """
+
+    def __init__(
+        self,
+        dataset: Iterable[Any],
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        if split_batches and batch_size % num_processes != 0:
+            raise ValueError(
+                f"split_batches=True needs the batch size ({batch_size}) to be a multiple of "
+                f"the number of processes ({num_processes})"
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.epoch = 0
+
+    @property
+    def total_batch_size(self) -> int:
+        return self.batch_size if self.split_batches else self.batch_size * self.num_processes
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        total = len(self.dataset)  # type: ignore[arg-type]
+        step = self.total_batch_size
+        local = step // self.num_processes
+        if self.drop_last:
+            return (total // step) * local
+        if self.even_batches:
+            return math.ceil(total / step) * local
+        full, last = divmod(total, step)
+        return full * local + min(local, max(0, last - self.process_index * local))
+
+    def __iter__(self) -> Iterator[Any]:
+        step = self.total_batch_size
+        local = step // self.num_processes
+        lo, hi = self.process_index * local, (self.process_index + 1) * local
+        buffer: list[Any] = []
+        head: list[Any] = []
+        for item in self.dataset:
+            buffer.append(item)
+            if len(buffer) == step:
+                yield from buffer[lo:hi]
+                if not head:
+                    head = buffer
+                buffer = []
+        if buffer and not self.drop_last:
+            if self.even_batches:
+                source = head or list(buffer)
+                buffer += list(itertools.islice(itertools.cycle(source), step - len(buffer)))
+            yield from buffer[lo:hi]
+
+
+class SkipBatchSampler(BatchSampler):
+    """Yields the batches of ``batch_sampler`` after skipping the first ``skip_batches``."""
+
+    def __init__(self, batch_sampler: Iterable[list[int]], skip_batches: int = 0) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip_batches = skip_batches
+        self.sampler: Any = getattr(batch_sampler, "sampler", None)
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)  # type: ignore[assignment]
+        self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip_batches)  # type: ignore[arg-type]
+
+
+class DataLoaderShard(DataLoader):
+    """A DataLoader over this rank's share, that tells ``GradientState`` where it stands.
+
+    Attributes:
+        end_of_dataloader: True while the last batch of the epoch is being processed.
+        remainder: real samples in the last global step (``-1`` when unknown, ``0`` when the
+            last step is complete or was not padded).
+        iteration: the epoch counter, passed to ``set_epoch`` of the sampler at each epoch.
+        device: where batches are moved (``None``: left where the collate function put them).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | None = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        non_blocking: bool = False,
+        remainder: int = -1,
+        total_batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        self.device = device
+        self.synchronized_generator = synchronized_generator
+        self.skip_batches = skip_batches
+        self.non_blocking = non_blocking
+        self.remainder = remainder
+        self._total_batch_size = total_batch_size
+        self.iteration = 0
+        self.end_of_dataloader = False
+        self.in_progress = False
+        #: generator state at the start of the current epoch (what a checkpoint saves mid-epoch)
+        self.epoch_start_generator_state: torch.Tensor | None = None
+        self._base_kwargs = kwargs
+
+    # ----------------------------------------------------------------- state tracking
+    @property
+    def total_batch_size(self) -> int | None:
+        return self._total_batch_size
+
+    @property
+    def total_dataset_length(self) -> int:
+        dataset: Any = self.dataset
+        if isinstance(dataset, IterableDatasetShard):
+            dataset = dataset.dataset
+        return len(dataset)
+
+    def begin(self) -> None:
+        from .state import GradientState
+
+        self.end_of_dataloader = False
+        self.in_progress = True
+        GradientState()._add_dataloader(self)
+
+    def end(self) -> None:
+        from .state import GradientState
+
+        self.in_progress = False
+        GradientState()._remove_dataloader(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pass ``epoch`` to the sampler (or dataset) so it can reshuffle per epoch."""
+        self.iteration = epoch
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        inner = getattr(getattr(self.batch_sampler, "batch_sampler", None), "sampler", None)
+        for candidate in (sampler, inner):
+            if candidate is not None and hasattr(candidate, "set_epoch"):
+                candidate.set_epoch(epoch)
+                return
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def _sync_generator(self) -> None:
+        gen = self.synchronized_generator
+        if gen is None:
+            return
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            device = _state().device if dist.get_backend() == "nccl" else torch.device("cpu")
+            state = gen.get_state().to(device)
+            dist.broadcast(state, src=0)
+            gen.set_state(state.cpu())
+        self.epoch_start_generator_state = gen.get_state()
+
+    def _to_device(self, batch: Any) -> Any:
+        if self.device is None:
+            return batch
+        from .utils.operations import send_to_device
+
+        return send_to_device(batch, self.device, non_blocking=self.non_blocking)
+
+    # ----------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._sync_generator()
+        self.set_epoch(self.iteration)
+        base = super().__iter__()
+        self.begin()
+        try:
+            try:
+                current = next(base)
+            except StopIteration:
+                return
+            index = 0
+            while True:
+                current = self._to_device(current)
+                try:
+                    upcoming = next(base)
+                except StopIteration:
+                    self.end_of_dataloader = True
+                    if index >= self.skip_batches:
+                        yield current
+                    break
+                if index >= self.skip_batches:
+                    yield current
+                index += 1
+                current = upcoming
+            self.iteration += 1
+        finally:
+            self.end()
+
+    # ----------------------------------------------------------------- checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to replay this loader's order: epoch and generator state."""
+        gen = self.synchronized_generator
+        if gen is None:
+            gen_state = None
+        elif self.in_progress and self.epoch_start_generator_state is not None:
+            gen_state = self.epoch_start_generator_state
+        else:
+            gen_state = gen.get_state()
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        return {
+            "iteration": self.iteration,
+            "generator_state": gen_state,
+            "sampler_epoch": getattr(sampler, "epoch", None),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.iteration = int(state["iteration"])
+        if self.synchronized_generator is not None and state.get("generator_state") is not None:
+            self.synchronized_generator.set_state(state["generator_state"])
+
+
+def _seed_from_global_rng() -> int:
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+) -> DataLoaderShard:
+    """Return a :class:`DataLoaderShard` yielding this rank's share of ``dataloader``.
+
+    Args mirror Accelerate's ``prepare_data_loader``; ``num_processes`` / ``process_index``
+    default to the current ``PartialState``. ``dispatch_batches=True`` is not supported yet
+    (every rank reads the data itself); ``None`` means False.
+
+    Example::
+
+        loader = prepare_data_loader(DataLoader(ds, batch_size=4), put_on_device=True,
+                                     device=accelerator.device)
+    """
+    if dispatch_batches:
+        raise NotImplementedError(
+            "dispatch_batches=True is not supported: every rank reads its own share. "
+            "Use DataLoaderConfiguration(dispatch_batches=False)."
+        )
+    if num_processes is None or process_index is None:
+        state = _state()
+        num_processes = state.num_processes if num_processes is None else num_processes
+        process_index = state.process_index if process_index is None else process_index
+    assert num_processes is not None and process_index is not None
+    kwargs = _loader_kwargs(dataloader)
+    dataset = dataloader.dataset
+    synchronized: torch.Generator | None = None
+    remainder = -1
+    total_batch_size: int | None
+
+    if isinstance(dataset, IterableDataset):
+        batch_size = dataloader.batch_size
+        if batch_size is None:
+            raise ValueError("an iterable dataset needs a DataLoader with a batch_size to shard")
+        shard = IterableDatasetShard(
+            dataset,
+            batch_size=batch_size,
+            drop_last=dataloader.drop_last,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+            even_batches=even_batches,
+        )
+        total_batch_size = shard.total_batch_size
+        try:
+            length = len(dataset)  # type: ignore[arg-type]
+            remainder = 0 if dataloader.drop_last else length % total_batch_size
+        except TypeError:
+            remainder = -1
+        new = DataLoaderShard(
+            shard,
+            device=device if put_on_device else None,
+            non_blocking=non_blocking,
+            remainder=remainder,
+            total_batch_size=total_batch_size,
+            batch_size=total_batch_size // num_processes,
+            drop_last=dataloader.drop_last,
+            **kwargs,
+        )
+        return new
+
+    batch_sampler = dataloader.batch_sampler
+    assert batch_sampler is not None
+    sampler = getattr(batch_sampler, "sampler", None)
+    if isinstance(sampler, RandomSampler):
+        if use_seedable_sampler and not isinstance(sampler, SeedableRandomSampler):
+            seeded = SeedableRandomSampler(
+                sampler.data_source,
+                replacement=sampler.replacement,
+                num_samples=sampler._num_samples,
+                generator=sampler.generator,
+                data_seed=data_seed,
+            )
+            batch_sampler = _rebuild_batch_sampler(batch_sampler, seeded)
+        elif not use_seedable_sampler:
+            if sampler.generator is None:
+                sampler.generator = torch.Generator().manual_seed(_seed_from_global_rng())
+            synchronized = sampler.generator
+
+    if num_processes > 1 or split_batches:
+        shard_sampler: BatchSampler = BatchSamplerShard(
+            batch_sampler,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+            even_batches=even_batches,
+        )
+        total_batch_size = shard_sampler.total_batch_size  # type: ignore[attr-defined]
+        samples = shard_sampler._num_samples()  # type: ignore[attr-defined]
+        drop_last = shard_sampler.drop_last
+    else:
+        shard_sampler = batch_sampler  # type: ignore[assignment]
+        total_batch_size = getattr(batch_sampler, "batch_size", None)
+        try:
+            samples = len(getattr(batch_sampler, "sampler"))  # noqa: B009
+        except (AttributeError, TypeError):
+            samples = None
+        drop_last = bool(getattr(batch_sampler, "drop_last", False))
+    if drop_last or not even_batches:
+        remainder = 0
+    elif samples is not None and total_batch_size:
+        remainder = samples % total_batch_size
+
+    return DataLoaderShard(
+        dataset,
+        device=device if put_on_device else None,
+        synchronized_generator=synchronized,
+        non_blocking=non_blocking,
+        remainder=remainder,
+        total_batch_size=total_batch_size,
+        batch_sampler=shard_sampler,
+        **kwargs,
+    )
+
+
+def _rebuild_batch_sampler(batch_sampler: Any, sampler: Sampler[int]) -> Any:
+    if type(batch_sampler) is BatchSampler:
+        return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+    raise ValueError(
+        "use_seedable_sampler=True needs a DataLoader built with shuffle=True (a plain "
+        f"BatchSampler), got a {type(batch_sampler).__name__}"
+    )
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+    """A loader that yields the batches of ``dataloader`` after the first ``num_batches``.
+
+    For resuming mid-epoch: use it for the first (resumed) epoch, then the original loader.
+
+    Example::
+
+        accelerator.load_state("ckpt")
+        for batch in skip_first_batches(train_loader, done_batches):
+            ...
+    """
+    if isinstance(dataloader, DataLoaderShard):
+        if isinstance(dataloader.dataset, IterableDataset):
+            new = DataLoaderShard(
+                dataloader.dataset,
+                device=dataloader.device,
+                synchronized_generator=dataloader.synchronized_generator,
+                skip_batches=num_batches,
+                non_blocking=dataloader.non_blocking,
+                remainder=dataloader.remainder,
+                total_batch_size=dataloader.total_batch_size,
+                **dataloader._base_kwargs,
+            )
+        else:
+            kwargs = dict(dataloader._base_kwargs)
+            kwargs["batch_sampler"] = SkipBatchSampler(dataloader.batch_sampler, num_batches)  # type: ignore[arg-type]
+            new = DataLoaderShard(
+                dataloader.dataset,
+                device=dataloader.device,
+                synchronized_generator=dataloader.synchronized_generator,
+                non_blocking=dataloader.non_blocking,
+                remainder=dataloader.remainder,
+                total_batch_size=dataloader.total_batch_size,
+                **kwargs,
+            )
+        new.iteration = dataloader.iteration
+        return new
+    kwargs = _loader_kwargs(dataloader)
+    if isinstance(dataloader.dataset, IterableDataset):
+        return DataLoaderShard(
+            dataloader.dataset,
+            skip_batches=num_batches,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            **kwargs,
+        )
+    assert dataloader.batch_sampler is not None
+    return DataLoader(
+        dataloader.dataset,
+        batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
+        **kwargs,
+    )
+
+
+__all__ = [
+    "BatchSamplerShard",
+    "DataLoaderShard",
+    "IterableDatasetShard",
+    "SeedableRandomSampler",
+    "SkipBatchSampler",
+    "prepare_data_loader",
+    "skip_first_batches",
+]
