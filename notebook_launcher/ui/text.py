@@ -11,7 +11,8 @@ What it writes (no ANSI codes, no carriage returns)::
 
 Rank output goes out at once (stderr lines to ``sys.stderr`` unless a ``stream`` was
 given). Progress is periodic: at most one line per rank every ``interval`` seconds,
-plus one final line per bar when it closes. With ``progress=False`` (what
+plus one final line per outermost bar when it closes (nested bars, e.g. an epoch's
+step bar, close once per outer step; their state is in the periodic lines). With ``progress=False`` (what
 ``dashboard=False`` gives) only the rank output and the final summary are written.
 """
 
@@ -98,15 +99,16 @@ class TextView:
                 return
             self._last_line.setdefault(event.rank, now)
             if event.closed:
+                # nested bars (an epoch's step bar) close once per outer step: their
+                # final state shows in the periodic lines, a line each would be noise
                 bar = self.model.ranks[event.rank].bars.get(event.bar_id)
-                if bar is not None:
+                if bar is not None and bar.level == 0:
                     self._write(f"[rank{event.rank}] {bar.label()}: {bar.stats()}\n")
             else:
                 self._dirty.add(event.rank)
                 self._periodic(now, only=event.rank)
         elif isinstance(event, BarrierEnter):
-            self._last_line.setdefault(event.rank, now)
-            self._dirty.add(event.rank)
+            self._last_line[event.rank] = now  # first "waiting" line after `interval`
         elif isinstance(event, (WorkerFailed, WorkerDied, WorkerStopped)):
             state = self.model.ranks[event.rank]
             self._write(f"[rank{event.rank}] {state.outcome()}\n")

@@ -1,0 +1,132 @@
+"""The text view: rank-prefixed lines, periodic progress, final lines, the summary."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from notebook_launcher._events import BarrierEnter, Event, Output, WorkerStarted
+from notebook_launcher.ui.text import TextView
+
+from .test_ui_model import T0, bar, script, started
+
+
+class Clock:
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def render(events: list[Event], **kw: object) -> str:
+    buf = io.StringIO()
+    clock = Clock()
+    view = TextView(buf, clock=clock, **kw)  # type: ignore[arg-type]
+    for e in events:
+        clock.t = max(clock.t, e.time)
+        view.handle(e)
+        view.tick()
+    view.close()
+    return buf.getvalue()
+
+
+def test_successful_run() -> None:
+    out = render(script(2), interval=2.0)
+    assert out.splitlines() == [
+        "notebook_launcher: 2 ranks, fork (cpu only), gloo on 127.0.0.1:29500",
+        "[rank0] hello from 0",
+        # the fake clock jumps to each event's time: rank 0's events cross the interval
+        "[rank0] running 2.9s | epoch 2/3 [66%] 1.0it/s eta 1.0s | step 10/30 [33%] ?it/s",
+        "[rank0] epoch: 3/3 [100%] 1.0it/s in 3.0s",
+        "[rank1] hello from 1",
+        "[rank1] epoch: 3/3 [100%] 1.0it/s in 3.0s",
+        # rank 0 entered at +5, rank 1 at +6, both left at +8: only rank 1 waited >= 2 s
+        # between two events
+        "[rank1] waiting at train.py:12 for 2.0s (barrier #0: all arrived)",
+        "notebook_launcher: 2 ranks, 10.0s: ok",
+    ]
+    assert "\r" not in out and "\x1b" not in out
+
+
+def test_failed_run_names_the_rank_and_the_barrier_it_left() -> None:
+    lines = render(script(2, fail_rank=1), interval=100.0).splitlines()
+    assert lines[-4:] == [
+        "[rank1] raised ValueError: boom",
+        "notebook_launcher: rank 1 raised ValueError while rank(s) 0 waited at barrier #0 (train.py:12)",
+        "[rank0] stopped: rank 1 failed",
+        "notebook_launcher: 2 ranks, 10.0s: failed: rank 1 raised ValueError: boom",
+    ]
+
+
+def test_progress_lines_are_periodic_per_rank() -> None:
+    ev: list[Event] = [started(2)]
+    for i in range(1, 101):  # 10 s of updates on both ranks, 10 per second
+        for r in (0, 1):
+            ev.append(
+                bar(r, 0, i, 100, i / 10, desc="train", elapsed=i / 10, rate=10.0, closed=i == 100)
+            )
+    out = render(ev, interval=3.0)
+    per_rank = {r: [ln for ln in out.splitlines() if ln.startswith(f"[rank{r}]")] for r in (0, 1)}
+    assert per_rank[0] == [  # first bar event at 0.1 s, then every 3 s
+        "[rank0] running | train 31/100 [31%] 10.0it/s eta 6.9s",
+        "[rank0] running | train 61/100 [61%] 10.0it/s eta 3.9s",
+        "[rank0] running | train 91/100 [91%] 10.0it/s eta 0.9s",
+        "[rank0] train: 100/100 [100%] 10.0it/s in 10.0s",
+    ]
+    assert [ln.split(" | ")[1] for ln in per_rank[1][:3]] == [
+        "train 30/100 [30%] 10.0it/s eta 7.0s",
+        "train 60/100 [60%] 10.0it/s eta 4.0s",
+        "train 90/100 [90%] 10.0it/s eta 1.0s",
+    ]
+
+
+def test_waiting_rank_reports_who_is_missing() -> None:
+    buf = io.StringIO()
+    clock = Clock()
+    view = TextView(buf, clock=clock, interval=5.0)
+    for e in [
+        started(3),
+        *[WorkerStarted(rank=r, local_rank=r, pid=r, device="cpu", time=T0) for r in range(3)],
+    ]:
+        view.handle(e)
+    view.handle(
+        BarrierEnter(rank=0, index=4, location="nb.py:7", kind="wait_for_everyone", time=T0)
+    )
+    clock.t = T0 + 1
+    view.handle(
+        BarrierEnter(rank=2, index=4, location="nb.py:7", kind="wait_for_everyone", time=T0 + 1)
+    )
+    for t in range(2, 12):
+        clock.t = T0 + t
+        view.tick()
+    assert buf.getvalue().splitlines()[1:] == [
+        "[rank0] waiting at nb.py:7 for 5.0s (barrier #4: missing rank 1)",
+        "[rank2] waiting at nb.py:7 for 5.0s (barrier #4: missing rank 1)",
+        "[rank0] waiting at nb.py:7 for 10.0s (barrier #4: missing rank 1)",
+        "[rank2] waiting at nb.py:7 for 10.0s (barrier #4: missing rank 1)",
+    ]
+
+
+def test_dashboard_false_prints_only_output_and_summary() -> None:
+    out = render(script(2, fail_rank=0), progress=False)
+    assert out.splitlines() == [
+        "[rank0] hello from 0",
+        "[rank1] hello from 1",
+        "notebook_launcher: 2 ranks, 10.0s: failed: rank 0 raised ValueError: boom",
+    ]
+
+
+def test_stderr_lines_go_to_stderr_and_tails_are_kept(capsys: pytest.CaptureFixture[str]) -> None:
+    view = TextView(progress=False)
+    view.handle(started(2))
+    view.handle(Output(rank=0, stream="stdout", text="out \x1b[1mbold\x1b[0m\n", time=T0))
+    view.handle(Output(rank=1, stream="stderr", text="err 1%\r100%\n", time=T0))
+    view.handle(Output(rank=1, stream="stdout", text="no newline", time=T0))
+    view.handle(Output(rank=1, stream="stderr", text="half", time=T0))
+    view.close()
+    view.close()  # idempotent
+    captured = capsys.readouterr()
+    assert captured.out == "[rank0] out bold\n[rank1] no newline\n"
+    assert captured.err == "[rank1] 100%\n[rank1] half\n"
