@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import html
-import json
 import io
+import json
 import re
 import sys
 from collections.abc import Iterator
