@@ -1,0 +1,570 @@
+"""Saving and loading: model weights (safetensors, sharded) and full training state.
+
+Nothing here talks to other ranks: the :class:`~notebook_launcher.accelerator.Accelerator`
+decides who writes and puts the barriers around these functions.
+
+Crash safety, the one rule: *a checkpoint that loads is complete*.
+
+* Files are written under a temporary name in the target directory and renamed into place
+  (``os.replace`` is atomic on POSIX).
+* ``save_model_files`` renames the shards before the entry point (``model.safetensors`` or
+  ``model.safetensors.index.json``), and removes an old entry point of the other layout first,
+  so an interrupted save leaves either the old complete model or no entry point at all.
+* ``save_state`` writes a whole checkpoint into ``<dir>.incomplete`` (every rank writes its
+  RNG file there), adds a ``checkpoint.json`` manifest last, then renames the directory to
+  ``<dir>``. ``load_state`` refuses a directory without a manifest, or one missing a listed file.
+
+Shared tensors (tied weights): safetensors refuses tensors that share memory. Exact aliases
+(same storage, offset, shape and strides) are saved once under the first name, like
+Accelerate does; the dropped names are recorded in the file's metadata
+(``notebook_launcher.aliases``) so :func:`load_model_state_dict` restores them. Tensors that
+only partly overlap are cloned, so no data is lost.
+
+Example::
+
+    save_model_files(model.state_dict(), "out", max_shard_size="200MB")
+    state_dict = load_model_state_dict("out")   # every key, aliases included
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+WEIGHTS_NAME = "pytorch_model.bin"
+WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+OPTIMIZER_NAME = "optimizer"
+SCHEDULER_NAME = "scheduler"
+SCALER_NAME = "scaler.pt"
+RNG_STATE_NAME = "random_states"
+CUSTOM_NAME = "custom_checkpoint"
+MANIFEST_NAME = "checkpoint.json"
+STAGING_SUFFIX = ".incomplete"
+ALIASES_KEY = "notebook_launcher.aliases"
+
+_SIZE_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+def parse_size(size: int | str) -> int:
+    """``"10GB"`` -> ``10_000_000_000``; ``"5MiB"`` -> ``5 * 2**20``; ints pass through.
+
+    Example::
+
+        parse_size("200MB")   # 200_000_000
+    """
+    if isinstance(size, int):
+        if size <= 0:
+            raise ValueError(f"max_shard_size must be positive, got {size}")
+        return size
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]I?B|B)?\s*", str(size).upper())
+    if match is None:
+        raise ValueError(
+            f"max_shard_size={size!r} is not a size; write it like '10GB', '500MB' or '2GiB'"
+        )
+    value = float(match.group(1)) * _SIZE_UNITS[match.group(2) or "B"]
+    if value < 1:
+        raise ValueError(f"max_shard_size must be positive, got {size!r}")
+    return int(value)
+
+
+# ------------------------------------------------------------------------------------ files
+
+
+def atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` for a temporary file next to ``path``, then rename it to ``path``.
+
+    A crash leaves ``path`` either absent, or as it was before, never half written.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def save(obj: Any, f: Any, safe_serialization: bool = False) -> None:
+    """``torch.save`` (or safetensors for a dict of tensors) written atomically to a path.
+
+    ``f`` may also be a file object (then written directly).
+
+    Example::
+
+        save({"epoch": 3}, "meta.pt")
+    """
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        tensors, aliases = dedupe_shared_tensors(obj)
+        metadata = _metadata(aliases)
+        if not isinstance(f, (str, os.PathLike)):
+            raise TypeError("safe_serialization=True needs a path, not a file object")
+        atomic_write(os.fspath(f), lambda tmp: save_file(tensors, tmp, metadata=metadata))
+        return
+    if isinstance(f, (str, os.PathLike)):
+        atomic_write(os.fspath(f), lambda tmp: torch.save(obj, tmp))
+    else:
+        torch.save(obj, f)
+
+
+# -------------------------------------------------------------------------- shared tensors
+
+
+def _storage_key(t: torch.Tensor) -> tuple[Any, ...] | None:
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    if storage.nbytes() == 0:
+        return None
+    return (t.device, storage.data_ptr())
+
+
+def dedupe_shared_tensors(
+    state_dict: Mapping[str, Any],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Make ``state_dict`` savable by safetensors; return ``(tensors, aliases)``.
+
+    Exact aliases of one tensor are kept once, under the first name in ``state_dict`` order;
+    ``aliases`` maps each dropped name to the kept one. Tensors sharing memory without being
+    the same view are cloned. Every tensor comes back contiguous and on the CPU.
+
+    Example::
+
+        tensors, aliases = dedupe_shared_tensors(tied_model.state_dict())
+        aliases   # {"head.weight": "embed.weight"}
+    """
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for name, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"safetensors can only store tensors; {name!r} is a {type(value).__name__}. "
+                "Use safe_serialization=False for other objects."
+            )
+        key = _storage_key(value)
+        if key is not None:
+            groups.setdefault(key, []).append(name)
+    aliases: dict[str, str] = {}
+    clone: set[str] = set()
+    for names in groups.values():
+        if len(names) < 2:
+            continue
+        views: dict[tuple[Any, ...], str] = {}
+        layouts = set()
+        for name in names:
+            t = state_dict[name]
+            layout = (t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            layouts.add(layout)
+            if layout in views:
+                aliases[name] = views[layout]
+            else:
+                views[layout] = name
+        if len(layouts) > 1:
+            clone.update(views.values())
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in state_dict.items():
+        if name in aliases:
+            continue
+        t = t.detach()
+        if name in clone:
+            t = t.clone()
+        tensors[name] = t.to("cpu").contiguous()
+    if aliases:
+        logger.info("Saved shared tensors once; aliases restored on load: %s", aliases)
+    return tensors, aliases
+
+
+def _metadata(aliases: Mapping[str, str]) -> dict[str, str]:
+    meta = {"format": "pt"}
+    if aliases:
+        meta[ALIASES_KEY] = json.dumps(dict(aliases), sort_keys=True)
+    return meta
+
+
+# ------------------------------------------------------------------------------ sharding
+
+
+def shard_state_dict(
+    state_dict: Mapping[str, torch.Tensor], max_shard_size: int | str
+) -> list[dict[str, torch.Tensor]]:
+    """Split ``state_dict`` (in order) into shards of at most ``max_shard_size`` bytes.
+
+    A tensor bigger than the limit gets a shard of its own.
+    """
+    limit = parse_size(max_shard_size)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state_dict.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
+def _names(safe: bool) -> tuple[str, str, re.Pattern[str]]:
+    weights, index = (
+        (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME) if safe else (WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    )
+    stem, ext = weights.rsplit(".", 1)
+    ours = re.compile(
+        rf"^(?:{re.escape(stem)}(?:-\d{{5}}-of-\d{{5}})?\.{ext}|{re.escape(index)}"
+        rf"|\.{re.escape(stem)}.*\.tmp)$"
+    )
+    return weights, index, ours
+
+
+def save_model_files(
+    state_dict: Mapping[str, torch.Tensor],
+    save_directory: str,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
+) -> list[str]:
+    """Write ``state_dict`` to ``save_directory`` as one file or shards plus an index.
+
+    Layout (``safe_serialization=True``): ``model.safetensors``, or
+    ``model-00001-of-0000N.safetensors`` ... plus ``model.safetensors.index.json``
+    (``{"metadata": {"total_size": ...}, "weight_map": {name: file}}``) when the weights are
+    bigger than ``max_shard_size``. With ``safe_serialization=False`` the same with
+    ``pytorch_model*.bin``. Files of an earlier save that are not part of this one are removed;
+    other files in the directory are left alone. Returns the file names written.
+
+    Example::
+
+        save_model_files(model.state_dict(), "out", max_shard_size="1GB")
+    """
+    os.makedirs(save_directory, exist_ok=True)
+    weights_name, index_name, ours = _names(safe_serialization)
+    if safe_serialization:
+        tensors, aliases = dedupe_shared_tensors(state_dict)
+    else:
+        tensors = {k: v.detach().to("cpu") for k, v in state_dict.items()}
+        aliases = {}
+    shards = shard_state_dict(tensors, max_shard_size)
+    stem, ext = weights_name.rsplit(".", 1)
+    if len(shards) == 1:
+        files = [weights_name]
+    else:
+        total = len(shards)
+        files = [f"{stem}-{i + 1:05d}-of-{total:05d}.{ext}" for i in range(total)]
+    metadata = _metadata(aliases)
+
+    def writer(shard: dict[str, torch.Tensor]) -> Callable[[str], None]:
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            return lambda tmp: save_file(shard, tmp, metadata=metadata)
+        return lambda tmp: torch.save(shard, tmp)
+
+    # 1. every new file under a temporary name
+    staged: list[tuple[str, str]] = []
+    try:
+        for name, shard in zip(files, shards, strict=True):
+            fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=save_directory)
+            os.close(fd)
+            staged.append((tmp, name))
+            writer(shard)(tmp)
+        index_tmp: str | None = None
+        if len(shards) > 1:
+            meta: dict[str, Any] = {
+                "total_size": sum(t.numel() * t.element_size() for t in tensors.values())
+            }
+            if aliases:
+                meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+            index = {
+                "metadata": meta,
+                "weight_map": {k: files[i] for i, shard in enumerate(shards) for k in shard},
+            }
+            fd, index_tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=save_directory)
+            with os.fdopen(fd, "w") as f:
+                json.dump(index, f, indent=2, sort_keys=True)
+    except BaseException:
+        for tmp, _ in staged:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        raise
+    # 2. old entry points go first, so an interrupted save never leaves an index (or file)
+    #    that points at a mix of old and new shards; a single file is replaced atomically
+    stale_entries = [index_name, weights_name] if len(shards) > 1 else [index_name]
+    for entry in stale_entries:
+        if os.path.exists(os.path.join(save_directory, entry)):
+            os.remove(os.path.join(save_directory, entry))
+    # 3. shards, then the index (the entry point of a sharded save) last
+    for tmp, name in staged:
+        os.replace(tmp, os.path.join(save_directory, name))
+    if index_tmp is not None:
+        os.replace(index_tmp, os.path.join(save_directory, index_name))
+    # 4. leftovers of earlier saves (old shards, temp files of a crashed save)
+    keep = set(files) | ({index_name} if len(shards) > 1 else set())
+    for entry in os.listdir(save_directory):
+        path = os.path.join(save_directory, entry)
+        if entry not in keep and ours.match(entry) and os.path.isfile(path):
+            os.remove(path)
+    return files + sorted(keep - set(files))
+
+
+def _load_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+        aliases = json.loads(meta.get(ALIASES_KEY, "{}"))
+        return load_file(path), aliases
+    return torch.load(path, map_location="cpu", weights_only=True), {}
+
+
+def load_model_state_dict(path: str) -> dict[str, torch.Tensor]:
+    """Load what :func:`save_model_files` (or ``save_state``) wrote: a file or a directory.
+
+    Shards are merged; names dropped as aliases of shared tensors are restored (pointing at
+    the same tensor, as in the original state dict).
+
+    Example::
+
+        model.load_state_dict(load_model_state_dict("out"))
+    """
+    if os.path.isdir(path):
+        for index_name, weights_name in (
+            (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME),
+            (WEIGHTS_INDEX_NAME, WEIGHTS_NAME),
+        ):
+            index_path = os.path.join(path, index_name)
+            if os.path.exists(index_path):
+                with open(index_path) as f:
+                    index = json.load(f)
+                state: dict[str, torch.Tensor] = {}
+                for shard in sorted(set(index["weight_map"].values())):
+                    part, _ = _load_file(os.path.join(path, shard))
+                    state.update(part)
+                aliases = json.loads(index.get("metadata", {}).get(ALIASES_KEY, "{}"))
+                return _restore_aliases(state, aliases)
+            if os.path.exists(os.path.join(path, weights_name)):
+                path = os.path.join(path, weights_name)
+                break
+        else:
+            raise FileNotFoundError(f"no model weights (model.safetensors or index) in {path}")
+    state, aliases = _load_file(path)
+    return _restore_aliases(state, aliases)
+
+
+def _restore_aliases(
+    state: dict[str, torch.Tensor], aliases: Mapping[str, str]
+) -> dict[str, torch.Tensor]:
+    for alias, kept in aliases.items():
+        if alias not in state and kept in state:
+            state[alias] = state[kept]
+    return state
+
+
+def load_checkpoint_in_model(model: torch.nn.Module, checkpoint: str, strict: bool = True) -> Any:
+    """Load weights saved by ``save_model`` (file or directory, sharded or not) into ``model``."""
+    return model.load_state_dict(load_model_state_dict(checkpoint), strict=strict)
+
+
+# ------------------------------------------------------------------------- training state
+
+
+def rng_state() -> dict[str, Any]:
+    """The RNG states of this process: Python, NumPy (if installed), torch CPU and CUDA."""
+    states: dict[str, Any] = {
+        "random_state": random.getstate(),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
+    try:
+        import numpy as np
+
+        states["numpy_random_seed"] = np.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_state(states: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    random.setstate(states["random_state"])
+    torch.set_rng_state(states["torch_manual_seed"])
+    if "numpy_random_seed" in states:
+        import numpy as np
+
+        np.random.set_state(states["numpy_random_seed"])
+    if "torch_cuda_manual_seed" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+
+
+def indexed_name(stem: str, i: int, ext: str) -> str:
+    """``model.safetensors`` for the first object, ``model_1.safetensors`` for the next..."""
+    return f"{stem}.{ext}" if i == 0 else f"{stem}_{i}.{ext}"
+
+
+def staging_dir(output_dir: str) -> str:
+    return os.path.abspath(output_dir).rstrip(os.sep) + STAGING_SUFFIX
+
+
+def start_staging(output_dir: str) -> str:
+    """Create an empty staging directory for ``output_dir`` (main process only)."""
+    staging = staging_dir(output_dir)
+    if os.path.exists(staging):
+        shutil.rmtree(staging)
+    parent = os.path.dirname(staging)
+    os.makedirs(parent, exist_ok=True)
+    os.makedirs(staging)
+    return staging
+
+
+def save_main_state(
+    staging: str,
+    models: Iterable[Mapping[str, torch.Tensor]],
+    optimizers: Iterable[Mapping[str, Any]],
+    schedulers: Iterable[Mapping[str, Any]],
+    scaler: Mapping[str, Any] | None,
+    custom_objects: Iterable[Any],
+    safe_serialization: bool = True,
+) -> None:
+    """Write the main process's part of a checkpoint into ``staging``."""
+    for i, sd in enumerate(models):
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            tensors, aliases = dedupe_shared_tensors(sd)
+            save_file(
+                tensors,
+                os.path.join(staging, indexed_name("model", i, "safetensors")),
+                metadata=_metadata(aliases),
+            )
+        else:
+            torch.save(dict(sd), os.path.join(staging, indexed_name("pytorch_model", i, "bin")))
+    for i, sd in enumerate(optimizers):
+        torch.save(sd, os.path.join(staging, indexed_name(OPTIMIZER_NAME, i, "bin")))
+    for i, sd in enumerate(schedulers):
+        torch.save(sd, os.path.join(staging, indexed_name(SCHEDULER_NAME, i, "bin")))
+    if scaler is not None:
+        torch.save(scaler, os.path.join(staging, SCALER_NAME))
+    for i, obj in enumerate(custom_objects):
+        with open(os.path.join(staging, f"{CUSTOM_NAME}_{i}.pkl"), "wb") as f:
+            pickle.dump(obj.state_dict(), f)
+
+
+def save_rank_state(staging: str, process_index: int, states: Mapping[str, Any]) -> None:
+    """Write one rank's RNG (and step, dataloader) states into ``staging``."""
+    with open(os.path.join(staging, f"{RNG_STATE_NAME}_{process_index}.pkl"), "wb") as f:
+        pickle.dump(dict(states), f)
+
+
+def commit_staging(output_dir: str, num_processes: int, extra: Mapping[str, Any]) -> None:
+    """Add the manifest and move the staging directory to ``output_dir`` (main process only).
+
+    An existing ``output_dir`` is replaced; a crash in between leaves it renamed to
+    ``<output_dir>.old`` rather than half overwritten.
+    """
+    staging = staging_dir(output_dir)
+    files = sorted(os.listdir(staging))
+    manifest = {
+        "format": "notebook_launcher.checkpoint",
+        "version": 1,
+        "num_processes": num_processes,
+        "files": files,
+        **extra,
+    }
+    with open(os.path.join(staging, MANIFEST_NAME), "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    target = os.path.abspath(output_dir).rstrip(os.sep)
+    old = target + ".old"
+    if os.path.exists(target):
+        if os.path.exists(old):
+            shutil.rmtree(old)
+        os.replace(target, old)
+    os.replace(staging, target)
+    if os.path.exists(old):
+        shutil.rmtree(old)
+
+
+def read_manifest(input_dir: str) -> dict[str, Any]:
+    """The manifest of a complete checkpoint; ``ValueError`` for anything else."""
+    path = os.path.join(input_dir, MANIFEST_NAME)
+    if not os.path.isdir(input_dir):
+        raise FileNotFoundError(f"no checkpoint directory {input_dir!r}")
+    if not os.path.exists(path):
+        raise ValueError(
+            f"{input_dir!r} is not a complete checkpoint (no {MANIFEST_NAME}): it was not "
+            "written by save_state, or the save was interrupted."
+        )
+    with open(path) as f:
+        manifest: dict[str, Any] = json.load(f)
+    missing = [
+        name
+        for name in manifest.get("files", [])
+        if not os.path.exists(os.path.join(input_dir, name))
+    ]
+    if missing:
+        raise ValueError(f"checkpoint {input_dir!r} is incomplete: missing {missing}")
+    return manifest
+
+
+def load_rank_state(input_dir: str, process_index: int) -> dict[str, Any] | None:
+    path = os.path.join(input_dir, f"{RNG_STATE_NAME}_{process_index}.pkl")
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        states: dict[str, Any] = pickle.load(f)
+    return states
+
+
+def load_torch(path: str, trusted: bool = False) -> Any:
+    """``torch.load`` on the CPU; ``trusted`` allows arbitrary pickles (our own scheduler files)."""
+    return torch.load(path, map_location="cpu", weights_only=not trusted)
+
+
+__all__ = [
+    "ALIASES_KEY",
+    "MANIFEST_NAME",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "atomic_write",
+    "dedupe_shared_tensors",
+    "load_checkpoint_in_model",
+    "load_model_state_dict",
+    "parse_size",
+    "rng_state",
+    "save",
+    "save_model_files",
+    "set_rng_state",
+    "shard_state_dict",
+]
