@@ -1,0 +1,265 @@
+"""Worker-side tqdm integration: bars become ProgressUpdate events, and draw nothing."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import tqdm
+import tqdm.auto
+import tqdm.notebook
+import tqdm.std
+from tqdm.auto import tqdm as auto_tqdm_imported_early  # a reference taken before install
+
+from notebook_launcher import _progress, _runtime, notebook_launcher
+from notebook_launcher._events import Event, ProgressUpdate
+from notebook_launcher.ui.model import DONE, FAILED, STOPPED, LaunchModel
+from notebook_launcher.ui.text import TextView
+
+
+@pytest.fixture
+def events() -> Iterator[list[Any]]:
+    got: list[Any] = []
+    _runtime.install(got.append)
+    _progress.install(rank=3)
+    try:
+        yield got
+    finally:
+        _progress.uninstall()
+        _runtime.install(None)
+
+
+def bars(events: list[Any]) -> dict[int, list[ProgressUpdate]]:
+    out: dict[int, list[ProgressUpdate]] = {}
+    for e in events:
+        if isinstance(e, ProgressUpdate):
+            out.setdefault(e.bar_id, []).append(e)
+    return out
+
+
+def test_every_tqdm_name_reports_and_draws_nothing(
+    events: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ipywidgets.widgets import widget
+
+    widgets_before = len(widget._instances)
+    classes = [
+        tqdm.tqdm,
+        tqdm.std.tqdm,
+        tqdm.auto.tqdm,
+        tqdm.notebook.tqdm,
+        tqdm.notebook.tqdm_notebook,
+        auto_tqdm_imported_early,
+    ]
+    for i, cls in enumerate(classes):
+        for _ in cls(range(5), desc=f"c{i}"):
+            pass
+    for _ in tqdm.trange(4, desc="trange"):
+        pass
+    for _ in tqdm.notebook.trange(4, desc="nb-trange"):
+        pass
+    assert len(widget._instances) == widgets_before  # the notebook class built nothing
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+    finals = [b[-1] for b in bars(events).values()]
+    assert [(f.desc, f.n, f.total, f.closed, f.rank) for f in finals] == [
+        *[(f"c{i}", 5, 5, True, 3) for i in range(len(classes))],
+        ("trange", 4, 4, True, 3),
+        ("nb-trange", 4, 4, True, 3),
+    ]
+    assert all(b[0].n == 0 and not b[0].closed for b in bars(events).values())  # first draw
+    assert isinstance(tqdm.auto.tqdm(total=1, disable=True), tqdm.auto.tqdm)  # same classes
+
+
+def test_nested_bars_levels_postfix_and_units(events: list[Any]) -> None:
+    with tqdm.tqdm(total=2, desc="epoch", unit="ep") as outer:
+        for epoch in range(2):
+            for _ in tqdm.tqdm(range(3), desc="step", leave=False):
+                pass
+            outer.set_postfix(loss=0.5 / (epoch + 1))
+            outer.update()
+    for _ in tqdm.tqdm(range(2048), unit="B", unit_scale=2):
+        pass
+    by_id = bars(events)
+    epoch, step1, step2, scaled = (by_id[k] for k in sorted(by_id))
+    assert [(e.level, e.unit) for e in (epoch[0], step1[0], scaled[0])] == [
+        (0, "ep"),
+        (1, "it"),
+        (0, "B"),
+    ]
+    assert (epoch[-1].n, epoch[-1].total, epoch[-1].postfix) == (2, 2, "loss=0.25")
+    assert step2[-1].closed and step2[-1].n == 3
+    assert (scaled[-1].n, scaled[-1].total) == (4096, 4096)
+    assert epoch[-1].rate is not None and epoch[-1].rate > 0 and epoch[-1].elapsed > 0
+
+
+def test_disabled_bars_emit_nothing_and_disable_none_still_shows(events: list[Any]) -> None:
+    is_local_main_process = False
+    for _ in tqdm.auto.tqdm(range(10), disable=not is_local_main_process):
+        pass
+    bar = tqdm.tqdm(total=3, disable=True)
+    bar.update(3)
+    bar.close()
+    assert events == []
+    for _ in tqdm.tqdm(range(2), disable=None):  # "hide on non-TTY": the dashboard shows it
+        pass
+    assert [e.n for e in events] == [0, 2]
+
+
+def test_coalescing_tight_loops_and_refresh_floods(events: list[Any]) -> None:
+    t0 = time.perf_counter()
+    for _ in tqdm.tqdm(range(200_000)):
+        pass
+    bar = tqdm.tqdm(total=3000)
+    for i in range(3000):
+        bar.set_postfix(i=i)  # refresh=True each time: capped at ~10 events/s
+        bar.update()
+    bar.close()
+    seconds = time.perf_counter() - t0
+    by_id = bars(events)
+    assert len(by_id) == 2
+    for updates in by_id.values():
+        assert len(updates) <= 3 + 11 * seconds, (len(updates), seconds)
+        assert updates[-1].closed and updates[-1].n == updates[-1].total
+    assert by_id[1][-1].postfix == "i=2999"
+
+
+def test_final_state_always_sent(events: list[Any]) -> None:
+    bar = tqdm.tqdm(total=10, delay=60)  # never drawn by tqdm itself
+    bar.update(4)
+    bar.close()
+    bar.close()  # twice: still one final event
+    with pytest.raises(KeyError), tqdm.auto.tqdm(total=5, desc="boom") as b2:
+        b2.update(2)
+        raise KeyError("x")
+    b3 = tqdm.tqdm(total=2, desc="reset")
+    b3.update(2)
+    b3.reset(total=7)
+    b3.update(1)
+    b3.close()
+    finals = [(u[-1].desc, u[-1].n, u[-1].total, u[-1].closed) for u in bars(events).values()]
+    assert finals == [("", 4, 10, True), ("boom", 2, 5, True), ("reset", 1, 7, True)]
+    assert sum(1 for e in events if e.closed and e.bar_id == 0) == 1
+
+
+def test_uninstall_restores_tqdm(capsys: pytest.CaptureFixture[str]) -> None:
+    original = tqdm.std.tqdm.__dict__["__new__"]
+    got: list[Any] = []
+    _runtime.install(got.append)
+    try:
+        _progress.install(rank=0)
+        _progress.install(rank=1)  # idempotent
+        assert _progress.installed() and tqdm.std.tqdm.__dict__["__new__"] is not original
+        _progress.uninstall()
+        assert not _progress.installed() and tqdm.std.tqdm.__dict__["__new__"] is original
+        buf = io.StringIO()
+        for _ in tqdm.tqdm(range(3), file=buf):
+            pass
+    finally:
+        _progress.uninstall()
+        _runtime.install(None)
+    assert got == [] and "3/3" in buf.getvalue()  # an ordinary tqdm again
+    assert type(tqdm.tqdm(disable=True)) is tqdm.tqdm
+
+
+# -- real workers ---------------------------------------------------------------------------
+
+
+class Recorder:
+    """A dashboard that keeps the events (the launcher accepts any object with the View methods)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.ticks = 0
+        self.closed = 0
+
+    def handle(self, event: Event) -> None:
+        self.events.append(event)
+
+    def tick(self) -> None:
+        self.ticks += 1
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def _train(steps: int) -> int:
+    from notebook_launcher.state import PartialState
+
+    state = PartialState()
+    for _ in tqdm.auto.tqdm(range(2), desc="epoch"):
+        for _ in auto_tqdm_imported_early(range(steps), desc="step", leave=False):
+            pass
+    for _ in tqdm.tqdm(range(3), desc="main only", disable=not state.is_local_main_process):
+        pass
+    with state.main_process_first():
+        print(f"rank {state.process_index} in main_process_first", flush=True)
+    state.wait_for_everyone()
+    return state.process_index
+
+
+@pytest.mark.timeout(60)
+def test_two_ranks_report_their_bars_and_barriers() -> None:
+    rec = Recorder()
+    assert notebook_launcher(_train, args=(500,), num_processes=2, dashboard=rec) == [0, 1]
+    assert rec.closed == 1
+    model = LaunchModel()
+    for e in rec.events:
+        model.apply(e)
+    for r in (0, 1):
+        s = model.ranks[r]
+        assert s.status == DONE and s.pid not in (None, os.getpid())
+        shown = [(b.desc, b.n, b.total, b.level, b.style) for b in s.bars.values()]
+        expected = [("epoch", 2, 2, 0, "success"), ("step", 500, 500, 1, "success")]
+        if r == 0:
+            expected.append(("main only", 3, 3, 0, "success"))
+        assert shown == expected
+        # tqdm drew nothing into the rank's stderr
+        assert not [t for _, stream, t in s.output.lines if stream == "stderr"]
+    # main_process_first: rank 1 waits once, then everybody meets at wait_for_everyone
+    records = sorted(model.barriers.values(), key=lambda b: b.index)
+    assert [(sorted(b.arrived), b.kind) for b in records] == [
+        ([1], "main_process_first"),
+        ([0, 1], "wait_for_everyone"),
+    ] or [(sorted(b.arrived), b.kind) for b in records] == [
+        ([0, 1], "main_process_first"),
+        ([0, 1], "wait_for_everyone"),
+    ]
+    assert all(b.location.startswith("test_progress.py:") for b in records)
+    assert model.finished is not None and model.finished.ok
+    updates = [e for e in rec.events if isinstance(e, ProgressUpdate)]
+    assert len(updates) < 100  # 2 ranks x 5 bars: a handful of events each, not 2000
+
+
+def _leave_early(_: int) -> None:
+    from notebook_launcher.state import PartialState
+
+    state = PartialState()
+    for _ in tqdm.tqdm(range(4), desc="work"):
+        pass
+    if state.process_index == 2:
+        raise ValueError("rank 2 gives up")
+    state.wait_for_everyone()
+
+
+@pytest.mark.timeout(60)
+def test_three_ranks_one_leaves_while_the_others_wait() -> None:
+    buf = io.StringIO()
+    view = TextView(buf, interval=1.0)
+    with pytest.raises(ValueError, match="rank 2 gives up"):
+        notebook_launcher(_leave_early, args=(0,), num_processes=3, dashboard=view)
+    m = view.model
+    assert m.ranks[2].status == FAILED and m.ranks[2].exc_type.endswith("ValueError")
+    assert {m.ranks[0].status, m.ranks[1].status} <= {STOPPED, FAILED}
+    (barrier,) = m.barriers.values()
+    assert sorted(barrier.arrived) == [0, 1] and 2 in barrier.left
+    out = buf.getvalue()
+    assert "[rank2] raised " in out and "ValueError: rank 2 gives up" in out
+    assert "notebook_launcher: rank 2 raised " in out and "waited at barrier #0" in out
+    assert out.splitlines()[-1].startswith("notebook_launcher: 3 ranks, ")
+    assert "failed: rank 2 raised" in out.splitlines()[-1]
+    assert "[rank0] work: 4/4 [100%]" in out
