@@ -397,8 +397,9 @@ class PartialState:
 
         The first ``len % num_processes`` processes get one item more. With
         ``apply_padding=True`` every process gets the same number of items, shorter shares
-        being padded with the last item of ``inputs`` (so gathered results can be trimmed
-        back to ``len(inputs)``). A dict is split value by value into a *new* dict.
+        repeating their own last item (or, for an empty share, the last item of
+        ``inputs``); drop the duplicates from the results afterwards. A dict is split value
+        by value into a *new* dict.
 
         Example::
 
@@ -559,14 +560,12 @@ def _split_value(value: Any, index: int, num: int, pad: bool, target: int) -> An
     if not pad or length == 0 or end - start >= target:
         return part
     missing = target - (end - start)
+    # Repeat the share's own last item (so a rank only redoes its own work); a rank with
+    # an empty share repeats the last item of the whole input.
+    last = part[-1:] if end > start else value[-1:]
     if isinstance(value, torch.Tensor):
-        last = value[-1:]
         return torch.cat([part, last.expand(missing, *last.shape[1:])], dim=0)
-    if isinstance(value, tuple):
-        return part + (value[-1],) * missing
-    if isinstance(value, list):
-        return part + [value[-1]] * missing
-    return part + value[-1:] * missing
+    return part + last * missing
 
 
 def _length(value: Any) -> int:

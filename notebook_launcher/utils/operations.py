@@ -42,8 +42,8 @@ from .. import state as _state
 from ..errors import DistributedOperationException
 
 # torch >= 2.10 renamed all_gather_into_tensor (which now warns) to all_gather_single.
-_all_gather_single: Callable[..., Any] = getattr(
-    dist, "all_gather_single", getattr(dist, "all_gather_into_tensor", None)
+_all_gather_single: Callable[..., Any] = (
+    getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 )
 
 #: Longest shape :func:`pad_across_processes` exchanges (torch allows at most 64 dims).
@@ -227,12 +227,11 @@ def send_to_device(
 # --------------------------------------------------------------------------------------------
 
 
-def _describe(data: Any, full: bool = True) -> Any:
+def _describe(data: Any) -> Any:
     """A picklable, printable description of ``data``'s structure: shapes and dtypes."""
 
     def leaf(t: torch.Tensor) -> str:
-        dtype = str(t.dtype).replace("torch.", "")
-        return f"{list(t.shape)} {dtype}" if full else f"{t.ndim}-dim {dtype}"
+        return f"{list(t.shape)} {str(t.dtype).replace('torch.', '')}"
 
     return recursively_apply(leaf, data)
 
@@ -260,39 +259,46 @@ def _all_gather_objects(obj: Any, num: int) -> list[Any]:
 
 
 def _raise_mismatch(op: str, descriptions: list[Any], what: str = "shapes") -> None:
-    ops = {d[0] for d in descriptions}
-    lines = [
-        f"Cannot apply {op} because the ranks disagree on its inputs. All {what} across "
-        "processes must match (use pad_across_processes() for tensors of different lengths)."
-        if len(ops) == 1
-        else "The ranks called different collective operations at the same point: "
-        + ", ".join(f"process {i}: {d[0]}" for i, d in enumerate(descriptions)),
-        "",
-        f"Operation: `notebook_launcher.utils.operations.{op}`",
-        f"Input {what}:",
-    ]
+    ops = [d[0] for d in descriptions]
+    if len(set(ops)) == 1:
+        headline = (
+            f"Cannot apply {op} because the ranks disagree on its inputs: all {what} across "
+            "processes must match (pad_across_processes() evens out tensor lengths)."
+        )
+    else:
+        headline = "The ranks called different collective operations at the same point: " + (
+            ", ".join(f"process {i}: {o}" for i, o in enumerate(ops))
+        )
+    lines = [headline, "", f"Operation: `notebook_launcher.utils.operations.{op}`"]
+    lines.append("Input shapes:" if what == "shapes" else f"Inputs ({what}):")
     lines += [f"  - Process {i}: {_format_description(d[1])}" for i, d in enumerate(descriptions)]
     raise DistributedOperationException("\n".join(lines))
 
 
-def _verify(op: str, description: Any, *, always: bool = True, what: str = "shapes") -> None:
-    """Make sure every rank calls ``op`` with the same ``description`` before the collective.
+def _verify(
+    op: str, description: Any, *, key: Any = None, always: bool = True, what: str = "shapes"
+) -> None:
+    """Make sure every rank calls ``op`` with matching inputs before the collective runs.
 
-    ``always``: run the cheap digest check outside debug mode too (ops where a mismatch
-    would abort, corrupt or hang). Debug mode exchanges the full descriptions every time.
+    Ranks must agree on ``key`` (default: ``description``); a mismatch raises
+    :class:`DistributedOperationException` on every rank, listing each rank's
+    ``description``. ``always``: run the cheap digest check outside debug mode too (for
+    ops where a mismatch would abort, corrupt or hang); debug mode exchanges the full
+    descriptions every time.
     """
     ps = _state.PartialState()
     if not ps.use_distributed:
         return
     item = (op, description)
+    mine_key = (op, description if key is None else key)
     if ps.debug:
-        descriptions = _all_gather_objects(item, ps.num_processes)
-        if any(d != item for d in descriptions):
-            _raise_mismatch(op, descriptions, what)
+        everything = _all_gather_objects((mine_key, item), ps.num_processes)
+        if any(k != mine_key for k, _ in everything):
+            _raise_mismatch(op, [i for _, i in everything], what)
         return
     if not (always and _checks_enabled()):
         return
-    mine = torch.tensor([_digest(item)], dtype=torch.int64, device=ps.device)
+    mine = torch.tensor([_digest(mine_key)], dtype=torch.int64, device=ps.device)
     everyone = torch.empty(ps.num_processes, dtype=torch.int64, device=ps.device)
     _all_gather_single(everyone, mine)
     if bool((everyone == mine).all()):
@@ -484,7 +490,7 @@ def pad_across_processes(
             if t.ndim > _MAX_DIMS:
                 raise ValueError(f"pad_across_processes supports up to {_MAX_DIMS} dims")
             if ps.debug:
-                _verify("pad_across_processes", _describe(t, full=False), what="ranks")
+                _verify("pad_across_processes", _describe(t), key=(t.ndim, t.dtype))
             info = torch.full((_MAX_DIMS + 1,), -1, dtype=torch.int64, device=ps.device)
             info[0] = t.ndim
             if t.ndim:
@@ -499,7 +505,7 @@ def pad_across_processes(
                 _raise_mismatch(
                     "pad_across_processes",
                     [("pad_across_processes", s) for s in shapes],
-                    "shapes (same number of dimensions)",
+                    "numbers of dimensions",
                 )
         d = dim + t.ndim if dim < 0 else dim
         if t.ndim == 0 or not 0 <= d < t.ndim:

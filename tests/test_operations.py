@@ -1,0 +1,262 @@
+"""Collective operations (``notebook_launcher.utils``) in one process and across 2 and 3 ranks.
+
+The same check function (``tests/_torchrun_target.py``) runs three ways: under
+``notebook_launcher``, under ``torchrun --nproc-per-node 2`` and as a plain single process,
+and must give the same observations as the table of expected values each time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import namedtuple
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from notebook_launcher import notebook_launcher
+from notebook_launcher.errors import DistributedOperationException
+from notebook_launcher.state import PartialState
+from notebook_launcher.utils import (
+    broadcast,
+    broadcast_object_list,
+    concatenate,
+    find_batch_size,
+    gather,
+    gather_object,
+    honor_type,
+    listify,
+    pad_across_processes,
+    recursively_apply,
+    reduce,
+    send_to_device,
+    set_seed,
+)
+
+try:  # tests/ as a package (tests/__init__.py) or as a plain directory on sys.path
+    from tests._torchrun_target import check_everything, expected
+except ImportError:  # pragma: no cover - depends on how pytest imported this file
+    from _torchrun_target import check_everything, expected  # type: ignore[no-redef]
+
+REPO = Path(__file__).resolve().parent.parent
+Pair = namedtuple("Pair", ["a", "b"])
+
+
+def _normal(data: Any) -> Any:
+    """JSON round trip: tuples become lists, as in the torchrun run's files."""
+    return json.loads(json.dumps(data))
+
+
+# --------------------------------------------------------------------------------------------
+# The same function, three ways
+# --------------------------------------------------------------------------------------------
+
+
+def test_check_function_in_a_plain_process() -> None:
+    assert _normal(check_everything()) == _normal(expected(0, 1))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_processes", [2, 3])
+def test_check_function_under_notebook_launcher(num_processes: int) -> None:
+    results = notebook_launcher(check_everything, num_processes=num_processes, dashboard=False)
+    assert [_normal(r) for r in results] == [
+        _normal(expected(r, num_processes)) for r in range(num_processes)
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(90)
+def test_check_function_under_torchrun(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env["GLOO_SOCKET_IFNAME"] = "lo"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        str(REPO / "tests" / "_torchrun_target.py"),
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=80)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert results == [_normal(expected(r, 2)) for r in range(2)]
+
+
+# --------------------------------------------------------------------------------------------
+# Single process
+# --------------------------------------------------------------------------------------------
+
+
+def test_operations_in_a_single_process() -> None:
+    t = torch.arange(6.0).reshape(2, 3).t()  # non-contiguous
+    nested = {"t": t, "l": [torch.ones(2)], "p": Pair(torch.zeros(1), torch.tensor(3))}
+    g = gather(nested)
+    assert g["t"] is t and isinstance(g["p"], Pair)
+    assert gather_object([1, "a"]) == [1, "a"]
+    assert gather_object({"x": 1}) == [{"x": 1}]
+    assert broadcast(nested) is nested
+    objs = [1, 2]
+    assert broadcast_object_list(objs) is objs
+    r = reduce(nested["t"], "sum", scale=2.0)
+    assert r.tolist() == (t * 2).tolist() and r.is_contiguous() and r is not t
+    assert reduce(torch.tensor([1, 2]), "max").tolist() == [1, 2]
+    assert reduce(torch.ones(2, requires_grad=True), "mean").requires_grad is False
+    assert pad_across_processes(t, dim=1).tolist() == t.tolist()
+    assert pad_across_processes(torch.tensor(1.0)).tolist() == 1.0
+    with pytest.raises(TypeError, match="floating-point tensors, got one of dtype torch.int64"):
+        reduce({"a": torch.ones(1), "b": torch.tensor([1, 2])}, "mean")
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        reduce(torch.ones(1), "avg")
+    with pytest.raises(TypeError, match="Unsupported type 'str'"):
+        gather({"a": "text"})
+    with pytest.raises(ValueError, match="from_process"):
+        broadcast(torch.ones(1), from_process=1)
+
+
+def test_nested_helpers() -> None:
+    data = {"a": [torch.ones(2, 3), (torch.zeros(2),)], "p": Pair(torch.ones(1), 5)}
+    doubled = recursively_apply(lambda x: x * 2, data)
+    assert isinstance(doubled["p"], Pair) and doubled["p"].b == 5
+    assert doubled["a"][0].tolist() == [[2.0] * 3] * 2
+    assert find_batch_size(data) == 2
+    assert listify(data["a"]) == [[[1.0] * 3] * 2, ([0.0, 0.0],)]
+    assert honor_type(Pair(1, 2), iter([3, 4])) == Pair(3, 4)
+    moved = send_to_device(data, "cpu", skip_keys="p")
+    assert moved["p"] is data["p"] and moved["a"][0].device.type == "cpu"
+    cat = concatenate(
+        [(torch.ones(1), {"x": torch.zeros(1, 2)}), (torch.zeros(2), {"x": torch.ones(1, 2)})]
+    )
+    assert cat[0].tolist() == [1.0, 0.0, 0.0] and cat[1]["x"].tolist() == [[0.0, 0.0], [1.0, 1.0]]
+    with pytest.raises(TypeError, match="concatenate joins tensors"):
+        concatenate([1, 2])
+
+
+def test_set_seed_seeds_every_generator() -> None:
+    import random
+
+    import numpy as np
+
+    torch_state, py_state, np_state = (
+        torch.get_rng_state(),
+        random.getstate(),
+        np.random.get_state(),
+    )
+    try:
+        set_seed(3)
+        first = (torch.rand(2).tolist(), random.random(), np.random.rand())
+        set_seed(3, device_specific=True)  # process index 0: the same seed
+        assert (torch.rand(2).tolist(), random.random(), np.random.rand()) == first
+    finally:
+        torch.set_rng_state(torch_state)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    assert PartialState().process_index == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Mismatches across ranks: an exception on every rank, never a hang or an abort
+# --------------------------------------------------------------------------------------------
+
+
+def _catch(fn: Any) -> str:
+    try:
+        fn()
+    except (DistributedOperationException, TypeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def _mismatch_worker() -> dict[str, str]:
+    r = PartialState().process_index
+    out = {
+        "gather": _catch(lambda: gather(torch.ones(2 + r, 3))),
+        "gather_nested": _catch(lambda: gather({"a": torch.ones(1)} if r else [torch.ones(1)])),
+        "reduce": _catch(lambda: reduce(torch.ones(1 + r), "sum")),
+        "reduce_dtype": _catch(
+            lambda: reduce(torch.ones(2, dtype=torch.float64 if r else torch.float32))
+        ),
+        "broadcast": _catch(lambda: broadcast(torch.ones(3 - r))),
+        "objects": _catch(lambda: broadcast_object_list([None] * (r + 1))),
+        "pad_ndim": _catch(lambda: pad_across_processes(torch.ones([2] * (r + 1)))),
+        "reduce_int_mean": _catch(lambda: reduce(torch.tensor([r]), "mean")),
+        "different_ops": _catch(lambda: gather(torch.ones(1)) if r == 0 else reduce(torch.ones(1))),
+    }
+    # After all that, the group still works: nothing was left half-done.
+    out["after"] = str(gather(torch.tensor([r])).tolist())
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("debug_env", [None, "ACCELERATE_DEBUG_MODE", "NOTEBOOK_LAUNCHER_DEBUG"])
+def test_mismatches_raise_on_every_rank(
+    monkeypatch: pytest.MonkeyPatch, debug_env: str | None
+) -> None:
+    if debug_env is not None:
+        monkeypatch.setenv(debug_env, "true" if debug_env.startswith("ACC") else "1")
+    results = notebook_launcher(_mismatch_worker, num_processes=2, dashboard=False)
+    for r, out in enumerate(results):
+        for key in ("gather", "reduce", "broadcast"):
+            assert out[key].startswith("DistributedOperationException: Cannot apply"), (key, out)
+            assert "Process 0: " in out[key] and "Process 1: " in out[key]
+        assert "Process 0: [2, 3] float32\n  - Process 1: [3, 3] float32" in out["gather"]
+        assert "Process 0: [[1] float32]\n  - Process 1: {a: [1] float32}" in out["gather_nested"]
+        assert "Process 0: ([1] float32, sum)\n  - Process 1: ([2] float32, sum)" in out["reduce"]
+        assert "float64" in out["reduce_dtype"]
+        assert "Process 0: ([3] float32, 0)\n  - Process 1: ([2] float32, 0)" in out["broadcast"]
+        assert "list lengths" in out["objects"] and "Process 1: (2, 0)" in out["objects"]
+        assert "Process 0: [2]" in out["pad_ndim"] and "Process 1: [2, 2]" in out["pad_ndim"]
+        assert out["reduce_int_mean"].startswith("TypeError: reduce(..., reduction='mean')")
+        assert "called different collective operations" in out["different_ops"]
+        assert "process 0: gather, process 1: reduce" in out["different_ops"]
+        assert out["after"] == "[0, 1]", r
+
+
+def _debug_only_worker() -> list[str]:
+    state = PartialState()
+    r = state.process_index
+    assert state.debug
+    # gather_object tolerates anything, but calling it against a different op on another
+    # rank is caught in debug mode before any data moves.
+    return [
+        _catch(lambda: gather_object([r]) if r != 1 else gather(torch.ones(1))),
+        str(gather_object([r])),
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_debug_mode_checks_every_collective_on_three_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "1")
+    results = notebook_launcher(_debug_only_worker, num_processes=3, dashboard=False)
+    for message, after in results:
+        assert "process 0: gather_object, process 1: gather, process 2: gather_object" in message
+        assert after == "[0, 1, 2]"
+
+
+def _uncaught_mismatch() -> None:
+    gather(torch.ones(1 + PartialState().process_index))
+
+
+@pytest.mark.timeout(60)
+def test_uncaught_mismatch_reaches_the_caller_as_distributed_operation_exception() -> None:
+    with pytest.raises(DistributedOperationException, match="Process 1: \\[2\\] float32"):
+        notebook_launcher(_uncaught_mismatch, num_processes=2, dashboard=False)
