@@ -252,7 +252,8 @@ def _serve(
         from .errors import SerializationError
 
         err = SerializationError(
-            f"rank {spec.rank} returned {type(result).__qualname__}, which cannot be pickled "
+            f"rank {spec.rank} returned a {type(result).__module__}.{type(result).__qualname__}"
+            ", which cannot be pickled "
             f"back to the notebook ({type(exc).__name__}: {exc}). Return plain data, tensors "
             "or numbers; save anything else to a file and return its path."
         )

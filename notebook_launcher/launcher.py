@@ -44,7 +44,8 @@ from .errors import (
 from .errors import WorkerDied as WorkerDiedError
 from .ui import View, create_view
 
-_STDERR_TAIL_LINES = 30
+_STDERR_TAIL_LINES = 400
+_DIED_REPORT_LINES = 25
 
 
 def notebook_launcher(
@@ -220,6 +221,7 @@ class _Run:
         self.stopping = False
         self.interrupted = False
         self.failed = False
+        self.cause: tuple[RankFailure, str] | None = None
         self._view_broken = False
 
     def on_event(self, event: Event) -> None:
@@ -277,7 +279,7 @@ class _Run:
                     proc.pid,
                     exitcode=code,
                     signal_name=sig,
-                    message="".join(self.stderr_tail[proc.rank]),
+                    message=_last_words(self.stderr_tail[proc.rank]),
                     time=now,
                 ),
                 None,
@@ -303,13 +305,16 @@ class _Run:
         if died:
             return died[0], "died"
         collateral = sorted(real, key=_t)
-        if self.finished_at:
-            return collateral[0], "left"
+        if self.finished_at:  # waiting ranks lost a peer that had simply returned
+            rank = min(self.finished_at, key=self.finished_at.__getitem__)
+            left = RankFailure(rank, "left", time=self.finished_at[rank])
+            self.failures.append(left)
+            return left, "left"
         return collateral[0], "raised"
 
     def finish(self) -> None:
         wall = time.time() - self.t0
-        cause = self.root_cause()
+        self.cause = cause = self.root_cause()
         n = len(self.specs)
         if self.interrupted:
             summary = f"Interrupted after {wall:.1f}s: all {n} ranks stopped."
@@ -328,7 +333,7 @@ class _Run:
             pass
 
     def outcome(self) -> list[Any]:
-        cause = self.root_cause()
+        cause = self.cause
         if cause is None:
             missing = [s.rank for s in self.specs if s.rank not in self.results]
             if missing:  # cannot happen without a failure record; never return a short list
@@ -342,17 +347,19 @@ class _Run:
         n = len(self.specs)
         if kind == "left":
             left = sorted(self.finished_at, key=self.finished_at.__getitem__)
-            waiting = sorted({f.rank for f in self.failures if f.kind == "raised"})
+            stuck = sorted((f for f in self.failures if f.kind == "raised"), key=_t)
+            first = stuck[0]
+            got = first.message.strip().splitlines()[0] if first.message else ""
             err: BaseException = ProcessGroupMismatch(
-                f"rank(s) {left} returned from the function while rank(s) {waiting} still "
-                f"waited for them in a collective or barrier (the waiting rank got: "
-                f"{failure.exc_type}: {failure.message.strip().splitlines()[0] if failure.message else ''}). "
-                "Every rank must call the same collectives (barrier, all_reduce, "
-                "wait_for_everyone, gather...) in the same order; look for one inside an "
-                "`if` that only some ranks take.\n" + report.summary(),
+                f"rank(s) {left} returned from the function while rank(s) "
+                f"{sorted({f.rank for f in stuck})} still waited for them in a collective or "
+                f"barrier (rank {first.rank} got {first.exc_type}: {got[:200]}). Every rank "
+                "must call the same collectives (barrier, all_reduce, wait_for_everyone, "
+                "gather...) in the same order; look for one inside an `if` that only some "
+                "ranks take, or a rank that returns early.\n" + report.summary(),
                 report,
             )
-            err.__cause__ = RemoteTraceback(failure.rank, failure.traceback)
+            err.__cause__ = RemoteTraceback(first.rank, first.traceback)
             return err
         if kind == "died":
             tail = failure.message.strip()
@@ -383,6 +390,15 @@ class _Run:
         except AttributeError:
             pass
         return exc
+
+
+def _last_words(lines: deque[str]) -> str:
+    """What a dead rank wrote last; from its fatal-error banner (segfault) when there is one."""
+    text = list(lines)
+    for i in range(len(text) - 1, -1, -1):
+        if text[i].startswith("Fatal Python error"):
+            return "".join(text[i : i + _DIED_REPORT_LINES])
+    return "".join(text[-_DIED_REPORT_LINES:])
 
 
 def _t(f: RankFailure) -> float:
