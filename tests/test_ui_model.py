@@ -342,3 +342,25 @@ def test_ui_and_progress_never_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", (out.stdout, out.stderr)
+
+
+def test_notebook_cells_are_named_like_ipython_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Compiler:
+        def format_code_name(self, name: str) -> tuple[str, str] | None:
+            return ("Cell", "In[7]") if name == "/tmp/ipykernel_1/42.py" else None
+
+    class Shell:
+        compile = Compiler()
+
+    class FakeIPython:
+        @staticmethod
+        def get_ipython() -> Shell:
+            return Shell()
+
+    monkeypatch.setitem(sys.modules, "IPython", FakeIPython)  # type: ignore[arg-type]
+    m = fold([started(1)])
+    m.apply(BarrierEnter(rank=0, index=0, location="/tmp/ipykernel_1/42.py:3", kind="k", time=T0))
+    assert m.ranks[0].barrier is not None and m.ranks[0].barrier.location == "In[7]:3"
+    assert m.barriers[0].location == "In[7]:3"
+    m.apply(BarrierEnter(rank=0, index=1, location="train.py:9", kind="k", time=T0))
+    assert m.barriers[1].location == "train.py:9"

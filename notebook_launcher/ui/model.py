@@ -20,6 +20,7 @@ show "elapsed" or "waiting for" take ``now`` so tests need no real clock.
 from __future__ import annotations
 
 import re
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -70,6 +71,21 @@ def clean_line(text: str) -> str:
         segments = [s for s in body.split("\r") if s]
         body = segments[-1] if segments else ""
     return body
+
+
+def notebook_cell_location(location: str) -> str:
+    """``/tmp/ipykernel_7/123.py:14`` -> ``In[2]:14`` when this process's IPython compiled
+    that cell (workers keep the kernel's file names); anything else is left as it is."""
+    path, sep, line = location.rpartition(":")
+    ipython = sys.modules.get("IPython")
+    if not sep or ipython is None:
+        return location
+    try:
+        shell = ipython.get_ipython()
+        named = shell.compile.format_code_name(path) if shell is not None else None
+    except Exception:  # noqa: BLE001 - a nicer name is optional
+        return location
+    return f"{named[1]}:{line}" if named else location
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -456,13 +472,14 @@ class LaunchModel:
 
     def _on_BarrierEnter(self, e: BarrierEnter) -> list[Change]:
         s = self.rank(e.rank)
-        s.barrier = BarrierWait(index=e.index, location=e.location, kind=e.kind, since=e.time)
+        location = notebook_cell_location(e.location)
+        s.barrier = BarrierWait(index=e.index, location=location, kind=e.kind, since=e.time)
         if s.status in (STARTING, RUNNING):
             s.status = WAITING
         rec = self.barriers.get(e.index)
         if rec is None:
             rec = self.barriers[e.index] = BarrierRecord(index=e.index, kind=e.kind)
-        rec.locations[e.rank] = e.location
+        rec.locations[e.rank] = location
         rec.arrived[e.rank] = e.time
         return [("rank", e.rank), ("barriers",)]
 
@@ -550,4 +567,5 @@ __all__ = [
     "fmt_duration",
     "fmt_number",
     "fmt_rate",
+    "notebook_cell_location",
 ]
