@@ -367,9 +367,11 @@ class DataLoaderShard(DataLoader):
         self.iteration = 0
         self.end_of_dataloader = False
         self.in_progress = False
-        #: generator state at the start of the current epoch (what a checkpoint saves mid-epoch)
-        self.epoch_start_generator_state: torch.Tensor | None = None
+        # generator states at the start of the current epoch (what a checkpoint saves mid-epoch)
+        self._epoch_start_states: dict[str, torch.Tensor] = {}
         self._base_kwargs = kwargs
+        # the loader a skip_first_batches copy stands in for: it takes over the epoch count
+        self._parent: DataLoaderShard | None = None
 
     # ----------------------------------------------------------------- state tracking
     @property
@@ -408,16 +410,23 @@ class DataLoaderShard(DataLoader):
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
+    def _generators(self) -> dict[str, torch.Generator]:
+        gens: dict[str, torch.Generator] = {}
+        if self.synchronized_generator is not None:
+            gens["sampler"] = self.synchronized_generator
+        if self.generator is not None and self.generator is not self.synchronized_generator:
+            gens["loader"] = self.generator
+        return gens
+
     def _sync_generator(self) -> None:
         gen = self.synchronized_generator
-        if gen is None:
-            return
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if gen is not None and distributed:
             device = _state().device if dist.get_backend() == "nccl" else torch.device("cpu")
             state = gen.get_state().to(device)
             dist.broadcast(state, src=0)
             gen.set_state(state.cpu())
-        self.epoch_start_generator_state = gen.get_state()
+        self._epoch_start_states = {k: g.get_state() for k, g in self._generators().items()}
 
     def _to_device(self, batch: Any) -> Any:
         if self.device is None:
@@ -452,30 +461,29 @@ class DataLoaderShard(DataLoader):
                 index += 1
                 current = upcoming
             self.iteration += 1
+            if self._parent is not None:
+                self._parent.iteration = self.iteration
         finally:
             self.end()
 
     # ----------------------------------------------------------------- checkpointing
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint needs to replay this loader's order: epoch and generator state."""
-        gen = self.synchronized_generator
-        if gen is None:
-            gen_state = None
-        elif self.in_progress and self.epoch_start_generator_state is not None:
-            gen_state = self.epoch_start_generator_state
+        """What a checkpoint needs to replay this loader's order: epoch and generator states.
+
+        Saved mid-epoch, the generators' states are those of the start of the epoch, so that a
+        resumed run replays the same order and ``skip_first_batches`` skips what was done.
+        """
+        if self.in_progress:
+            generators = dict(self._epoch_start_states)
         else:
-            gen_state = gen.get_state()
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        return {
-            "iteration": self.iteration,
-            "generator_state": gen_state,
-            "sampler_epoch": getattr(sampler, "epoch", None),
-        }
+            generators = {k: g.get_state() for k, g in self._generators().items()}
+        return {"iteration": self.iteration, "generators": generators}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.iteration = int(state["iteration"])
-        if self.synchronized_generator is not None and state.get("generator_state") is not None:
-            self.synchronized_generator.set_state(state["generator_state"])
+        for name, gen in self._generators().items():
+            if name in state.get("generators", {}):
+                gen.set_state(state["generators"][name])
 
 
 def _seed_from_global_rng() -> int:
@@ -517,6 +525,12 @@ def prepare_data_loader(
         process_index = state.process_index if process_index is None else process_index
     assert num_processes is not None and process_index is not None
     kwargs = _loader_kwargs(dataloader)
+    if kwargs.get("generator") is None:
+        # Every new iterator draws a worker base seed from the loader's generator, or from the
+        # global RNG without one. A private generator (seeded from the global RNG, saved in
+        # checkpoints) keeps that draw out of the global stream, so a run resumed mid-epoch
+        # sees the same global RNG (dropout...) as the uninterrupted run.
+        kwargs["generator"] = torch.Generator().manual_seed(_seed_from_global_rng())
     dataset = dataloader.dataset
     synchronized: torch.Generator | None = None
     remainder = -1
@@ -652,6 +666,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
                 **kwargs,
             )
         new.iteration = dataloader.iteration
+        new._parent = dataloader
         return new
     kwargs = _loader_kwargs(dataloader)
     if isinstance(dataloader.dataset, IterableDataset):

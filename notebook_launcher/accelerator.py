@@ -1,0 +1,1171 @@
+"""The ``Accelerator``: Accelerate's training API on top of this package's state.
+
+Data flow of one training step on each rank (inside a launched worker)::
+
+    for batch in loader:                  # DataLoaderShard: this rank's share, on the device;
+                                          #   tells GradientState when the last batch comes
+        with accelerator.accumulate(model):   # sync_gradients = step % N == 0 or last batch;
+                                              #   DDP.no_sync() on the other steps
+            loss = model(batch)               # model: DDP(module), forward under autocast
+            accelerator.backward(loss)        # loss / N, GradScaler under fp16
+            optimizer.step()                  # AcceleratedOptimizer: only when sync_gradients
+            scheduler.step()                  # AcceleratedScheduler: only after a real step
+            optimizer.zero_grad()             # only when sync_gradients
+
+Process control (``wait_for_everyone``, ``main_process_first``, ``print``...) is delegated to
+:class:`~notebook_launcher.state.PartialState`, so barriers show on the dashboard. With no
+launcher and no process group, everything works as a single process.
+
+Example::
+
+    from notebook_launcher.accelerator import Accelerator
+
+    def train():
+        accelerator = Accelerator(gradient_accumulation_steps=2)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+        accelerator.save_model(model, "out")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from . import checkpointing
+from .data_loader import DataLoaderShard, prepare_data_loader
+from .data_loader import skip_first_batches as _skip_first_batches
+from .state import AcceleratorState, DistributedType, GradientState
+from .utils.dataclasses import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    KwargsHandler,
+    ProjectConfiguration,
+)
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# ------------------------------------------------------------------------------- wrappers
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """An optimizer that steps (and zeroes gradients) only when gradients are synced.
+
+    Under fp16 it steps through the ``GradScaler`` and records in ``step_was_skipped`` whether
+    the scaler skipped the step (inf/NaN gradients). Everything else is the wrapped optimizer's:
+    ``param_groups``, ``state``, ``defaults``, ``state_dict``...
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        device_placement: bool = True,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        # Deliberately no super().__init__: this object is a view of ``optimizer``.
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.gradient_state = GradientState()
+        self.device_placement = device_placement
+        self._is_overflow = False
+        self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
+        self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        if not self.gradient_state.sync_gradients:
+            return None
+        if self.scaler is None:
+            self._is_overflow = False
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        scale_before = self.scaler.get_scale()
+        result = (
+            self.scaler.step(self.optimizer, closure)
+            if closure
+            else self.scaler.step(self.optimizer)
+        )
+        self.scaler.update()
+        self._is_overflow = self.scaler.get_scale() < scale_before
+        return result
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last ``step`` was skipped by the GradScaler (inf/NaN gradients)."""
+        return self._is_overflow
+
+    @property
+    def is_overflow(self) -> bool:
+        return self._is_overflow
+
+    def train(self) -> None:
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "gradient_state"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.gradient_state = GradientState()
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+class AcceleratedScheduler:
+    """A learning-rate scheduler that steps only after a real optimizer step.
+
+    On non-sync steps of gradient accumulation it does not step (with ``adjust_scheduler`` it
+    bumps the step counter so torch does not warn); after a step the GradScaler skipped it does
+    not step either. Without ``split_batches`` it steps ``num_processes`` times per optimizer
+    step, like Accelerate: a schedule written for one process over the whole dataset then
+    ends at the same point when ``n`` ranks each see ``1/n`` of the batches.
+    """
+
+    def __init__(
+        self,
+        scheduler: Any,
+        optimizers: Any,
+        step_with_optimizer: bool = True,
+        split_batches: bool = False,
+    ) -> None:
+        self.scheduler = scheduler
+        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
+        self.split_batches = split_batches
+        self.step_with_optimizer = step_with_optimizer
+        self.gradient_state = GradientState()
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            if self.gradient_state.adjust_scheduler and hasattr(self.scheduler, "_step_count"):
+                self.scheduler._step_count += 1
+            return
+        for opt in self.optimizers:
+            if getattr(opt, "step_was_skipped", False):
+                return
+        if self.split_batches:
+            self.scheduler.step(*args, **kwargs)
+            return
+        for _ in range(AcceleratorState().num_processes):
+            total = getattr(self.scheduler, "total_steps", None)
+            if total is not None and self.scheduler._step_count > total:
+                break
+            self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> Any:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> Any:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def get_lr(self) -> Any:
+        return self.scheduler.get_lr()
+
+    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        return self.scheduler.print_lr(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
+
+
+def _convert_to_fp32(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+        return value.float()
+    if isinstance(value, dict):
+        return type(value)({k: _convert_to_fp32(v) for k, v in value.items()})
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_convert_to_fp32(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_convert_to_fp32(v) for v in value)
+    return value
+
+
+def _autocast_forward(forward: Callable[..., Any], autocast: Callable[[], Any]) -> Any:
+    @functools.wraps(forward)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with autocast():
+            out = forward(*args, **kwargs)
+        return _convert_to_fp32(out)
+
+    wrapped._notebook_launcher_autocast = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+# ---------------------------------------------------------------------------- Accelerator
+
+
+class Accelerator:
+    """Accelerate's ``Accelerator``, for DDP on CPU (gloo) and GPU (nccl).
+
+    Args:
+        device_placement: move prepared models and batches to ``accelerator.device``.
+        split_batches: shorthand for ``DataLoaderConfiguration(split_batches=...)``.
+        mixed_precision: ``"no"``, ``"bf16"`` (CPU and GPU) or ``"fp16"`` (GPU); ``None`` reads
+            ``ACCELERATE_MIXED_PRECISION`` (set by ``notebook_launcher(mixed_precision=...)``).
+        gradient_accumulation_steps: batches per optimizer step (or pass
+            ``gradient_accumulation_plugin``, not both).
+        cpu: run on the CPU even if CUDA is available.
+        dataloader_config: how ``prepare`` shards DataLoaders.
+        project_dir / project_config: default directory of ``save_state``.
+        step_scheduler_with_optimizer: step prepared schedulers only with real optimizer steps.
+        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+            ``AutocastKwargs``.
+
+    Example::
+
+        accelerator = Accelerator(mixed_precision="bf16")
+        model, optimizer = accelerator.prepare(model, optimizer)
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend: Any = None,
+        even_batches: bool | None = None,
+        dispatch_batches: bool | None = None,
+        use_seedable_sampler: bool | None = None,
+    ) -> None:
+        if project_config is not None:
+            self.project_configuration = project_config
+        else:
+            self.project_configuration = ProjectConfiguration(
+                project_dir=os.fspath(project_dir) if project_dir is not None else None
+            )
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            self.project_configuration.set_directories(os.fspath(project_dir))
+
+        self.ddp_handler: DistributedDataParallelKwargs | None = None
+        self.scaler_handler: GradScalerKwargs | None = None
+        self.autocast_handler: AutocastKwargs | None = None
+        for handler in kwargs_handlers or []:
+            if not isinstance(handler, KwargsHandler):
+                raise TypeError(f"unsupported kwargs handler: {handler!r}")
+            for attr, cls in (
+                ("ddp_handler", DistributedDataParallelKwargs),
+                ("scaler_handler", GradScalerKwargs),
+                ("autocast_handler", AutocastKwargs),
+            ):
+                if isinstance(handler, cls):
+                    if getattr(self, attr) is not None:
+                        raise ValueError(f"you can only pass one {cls.__name__} in kwargs_handlers")
+                    setattr(self, attr, handler)
+                    break
+            else:
+                raise TypeError(f"unsupported kwargs handler: {type(handler).__name__}")
+
+        self.state = AcceleratorState(
+            mixed_precision=mixed_precision,
+            cpu=cpu,
+            deepspeed_plugin=deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin,
+            megatron_lm_plugin=megatron_lm_plugin,
+            _from_accelerator=True,
+        )
+
+        if gradient_accumulation_plugin is not None:
+            if gradient_accumulation_steps != 1:
+                raise ValueError(
+                    "You can only pass one of `gradient_accumulation_steps` and "
+                    "`gradient_accumulation_plugin`. Put the number of steps in the plugin: "
+                    "GradientAccumulationPlugin(num_steps=...)."
+                )
+        else:
+            gradient_accumulation_plugin = GradientAccumulationPlugin(
+                num_steps=gradient_accumulation_steps
+            )
+        self.gradient_state = GradientState(
+            gradient_accumulation_plugin=gradient_accumulation_plugin
+        )
+
+        legacy = {
+            "split_batches": split_batches,
+            "even_batches": even_batches,
+            "dispatch_batches": dispatch_batches,
+            "use_seedable_sampler": use_seedable_sampler,
+        }
+        given = {k: v for k, v in legacy.items() if v is not None}
+        if dataloader_config is not None and given:
+            raise ValueError(
+                f"pass {sorted(given)} inside dataloader_config=DataLoaderConfiguration(...), "
+                "not both as arguments and a dataloader_config"
+            )
+        if dataloader_config is None:
+            dataloader_config = DataLoaderConfiguration(**given)
+        self.dataloader_config = dataloader_config
+        if dataloader_config.dispatch_batches:
+            raise NotImplementedError(
+                "dispatch_batches=True is not supported: every rank reads its own share of "
+                "the data. Leave it at None/False."
+            )
+
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = rng_types
+        self.log_with = log_with
+        self.dynamo_backend = dynamo_backend
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+
+        self.scaler: torch.amp.GradScaler | None = None
+        self.native_amp = self.state.mixed_precision in ("fp16", "bf16")
+        if self.state.mixed_precision == "fp16":
+            if self.device.type != "cuda":
+                raise ValueError("mixed_precision='fp16' needs a CUDA GPU; use 'bf16' on CPU")
+            scaler_kwargs: dict[str, Any] = (
+                self.scaler_handler.to_kwargs() if self.scaler_handler else {}
+            )
+            self.scaler = torch.amp.GradScaler("cuda", **scaler_kwargs)
+
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoader] = []
+        self._custom_objects: list[Any] = []
+        self._save_model_state_pre_hooks: list[Callable[..., Any]] = []
+        self._load_model_state_pre_hooks: list[Callable[..., Any]] = []
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.state.mixed_precision
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.plugin_kwargs.update({"num_steps": int(value)})
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this step syncs gradients (and steps the optimizer)."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped by the fp16 GradScaler."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # -------------------------------------------------------------- process control
+    def wait_for_everyone(self) -> None:
+        """Barrier across ranks (reported to the dashboard); no-op in a single process."""
+        self.state.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        with self.state.main_process_first():
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        with self.state.local_main_process_first():
+            yield
+
+    def on_main_process(self, function: F | None = None) -> F:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: F | None = None) -> F:
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: F | None = None) -> F:
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function: F | None = None, local_process_index: int | None = None
+    ) -> F:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        with self.state.split_between_processes(inputs, apply_padding=apply_padding) as part:
+            yield part
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once (on the main process)."""
+        self.state.print(*args, **kwargs)
+
+    def set_trigger(self) -> None:
+        """Raise this rank's flag; the next :meth:`check_trigger` is True on every rank.
+
+        Example::
+
+            if loss.isnan():
+                accelerator.set_trigger()
+            if accelerator.check_trigger():
+                break
+        """
+        self.flag_tensor = torch.tensor(1, device=self.device)
+        self.state.set_trigger()
+
+    def check_trigger(self) -> bool:
+        """True on every rank if any rank called :meth:`set_trigger` since the last check.
+
+        A collective: call it on every rank.
+        """
+        fired = self.state.check_trigger()
+        self.flag_tensor = torch.tensor(0, device=self.device)
+        return fired
+
+    # ------------------------------------------------------------------- prepare
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and DataLoaders; returned in the given order.
+
+        Models go to the device (and into DDP when distributed), optimizers and schedulers are
+        wrapped to step only with synced gradients, DataLoaders are sharded across ranks.
+        Other objects pass through unchanged. Schedulers are prepared after optimizers, so
+        they can be given in any order.
+
+        Example::
+
+            model, optimizer, loader, scheduler = accelerator.prepare(
+                model, optimizer, loader, scheduler)
+        """
+        if device_placement is None:
+            device_placement = [self.device_placement] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"device_placement has {len(device_placement)} entries for {len(args)} objects"
+            )
+        # Module.to() moves parameters in place (same Parameter objects), so optimizers built
+        # before prepare keep pointing at the model's parameters.
+        result: list[Any] = list(args)
+        for i, obj in enumerate(args):
+            if isinstance(obj, torch.nn.Module):
+                result[i] = self.prepare_model(obj, device_placement=device_placement[i])
+            elif isinstance(obj, torch.optim.Optimizer):
+                result[i] = self.prepare_optimizer(obj, device_placement=device_placement[i])
+            elif isinstance(obj, DataLoader):
+                result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
+        for i, obj in enumerate(args):
+            if _is_scheduler(obj):
+                result[i] = self.prepare_scheduler(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def prepare_model(
+        self,
+        model: torch.nn.Module,
+        device_placement: bool | None = None,
+        evaluation_mode: bool = False,
+    ) -> torch.nn.Module:
+        """Move ``model`` to the device, add autocast for mixed precision, wrap it in DDP.
+
+        With ``evaluation_mode=True`` the model is not wrapped in DDP (inference only).
+        """
+        if device_placement is None:
+            device_placement = self.device_placement
+        self._models.append(model)
+        if device_placement:
+            model = model.to(self.device)
+        if self.native_amp and "_original_forward" not in model.__dict__:
+            # Like Accelerate: forward runs under autocast and returns fp32 outputs, also
+            # outside ``accelerator.autocast()``. ``unwrap_model(keep_fp32_wrapper=False)``
+            # takes it off again.
+            original = model.forward
+            model.__dict__["_original_forward"] = original
+            model.__dict__["forward"] = _autocast_forward(original, self.autocast)
+        if (
+            not evaluation_mode
+            and self.use_distributed
+            and any(p.requires_grad for p in model.parameters())
+        ):
+            kwargs = self.ddp_handler.to_kwargs() if self.ddp_handler else {}
+            if self.device.type == "cuda":
+                kwargs.setdefault("device_ids", [self.device.index or 0])
+                kwargs.setdefault("output_device", self.device.index or 0)
+            model = DistributedDataParallel(model, **kwargs)
+            self._models[-1] = model
+        return model
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
+        """Wrap ``optimizer`` so it steps only when gradients are synced."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        if device_placement is None:
+            device_placement = self.device_placement
+        wrapped = AcceleratedOptimizer(
+            optimizer, device_placement=device_placement, scaler=self.scaler
+        )
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap a learning-rate scheduler so it steps only after real optimizer steps."""
+        if isinstance(scheduler, AcceleratedScheduler):
+            return scheduler
+        optimizer = getattr(scheduler, "optimizer", None)
+        optimizers = [
+            opt for opt in self._optimizers if optimizer is opt or optimizer is opt.optimizer
+        ] or list(self._optimizers)
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(
+        self, data_loader: DataLoader, device_placement: bool | None = None
+    ) -> DataLoaderShard:
+        """Shard ``data_loader`` across ranks (see :mod:`notebook_launcher.data_loader`)."""
+        if isinstance(data_loader, DataLoaderShard):
+            return data_loader
+        if device_placement is None:
+            device_placement = self.device_placement
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=config.split_batches,
+            put_on_device=device_placement,
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+        """The loader without its first ``num_batches`` batches (to resume mid-epoch)."""
+        return _skip_first_batches(dataloader, num_batches)
+
+    # ------------------------------------------------------------------- training
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by the accumulation steps, scaled under fp16."""
+        steps = self.gradient_accumulation_steps
+        if steps > 1:
+            loss = loss / steps
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def _do_sync(self) -> None:
+        gs = self.gradient_state
+        if gs.sync_with_dataloader and gs.end_of_dataloader:
+            self.step = 0
+            gs._set_sync_gradients(True)
+        else:
+            self.step += 1
+            gs._set_sync_gradients((self.step % gs.num_steps) == 0)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip the gradient all-reduce in the block (DDP's ``no_sync``; no-op otherwise)."""
+        context: Callable[[], Any] = contextlib.nullcontext
+        if self.use_distributed:
+            context = getattr(model, "no_sync", context)
+        with context():
+            yield
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One batch of gradient accumulation: sync only every N-th batch or at the end.
+
+        Example::
+
+            with accelerator.accumulate(model):
+                accelerator.backward(loss)
+                optimizer.step()      # real step only when accelerator.sync_gradients
+        """
+        self._do_sync()
+        allow_sync = self.sync_gradients or (
+            self.use_distributed and self.gradient_state.sync_each_batch
+        )
+        with contextlib.ExitStack() as stack:
+            if not allow_sync:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Make the next backward of ``model`` all-reduce even inside ``no_sync``."""
+        if not self.use_distributed or not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        old = model.require_backward_grad_sync
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync = old
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Any:
+        """Context manager: autocast to the mixed-precision dtype (no-op for ``"no"``).
+
+        Example::
+
+            with accelerator.autocast():
+                out = model(x)
+        """
+        handler = autocast_handler or self.autocast_handler or AutocastKwargs()
+        if self.mixed_precision == "no" or not handler.enabled:
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.mixed_precision == "bf16" else torch.float16
+        kwargs: dict[str, Any] = {}
+        if handler.cache_enabled is not None:
+            kwargs["cache_enabled"] = handler.cache_enabled
+        return torch.autocast(device_type=self.device.type, dtype=dtype, **kwargs)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Unscale the gradients of fp16 training (before clipping); no-op otherwise."""
+        if self.scaler is None:
+            return
+        if optimizer is None:
+            optimizers: list[Any] = list(self._optimizers)
+        elif isinstance(optimizer, (list, tuple)):
+            optimizers = list(optimizer)
+        else:
+            optimizers = [optimizer]
+        for opt in optimizers:
+            while isinstance(opt, AcceleratedOptimizer):
+                opt = opt.optimizer
+            self.scaler.unscale_(opt)
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2
+    ) -> torch.Tensor:
+        """Unscale (fp16) then ``torch.nn.utils.clip_grad_norm_``; returns the total norm."""
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Unscale (fp16) then ``torch.nn.utils.clip_grad_value_``."""
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # ----------------------------------------------------------------- collectives
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a nest of tensors) from every rank along dim 0."""
+        from .utils.operations import gather
+
+        return gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """:meth:`gather`, minus the samples duplicated to even out the last batch.
+
+        Example::
+
+            for x, y in eval_loader:
+                preds = accelerator.gather_for_metrics(model(x).argmax(-1))
+            # concatenated over the loop: exactly len(eval_dataset) predictions
+        """
+        from .utils.operations import gather_object
+
+        if not use_gather_object and not _all_tensors(input_data):
+            use_gather_object = True
+        data = gather_object(input_data) if use_gather_object else self.gather(input_data)
+        gs = self.gradient_state
+        if not gs.end_of_dataloader:
+            return data
+        remainder = gs.remainder
+        if remainder == -1:
+            logger.info(
+                "The dataset has no length: returning every gathered sample; drop the "
+                "duplicates of the last batch yourself."
+            )
+            return data
+        if remainder > 0:
+            if use_gather_object:
+                return data[:remainder]
+            return _map_tensors(lambda t: t[:remainder], data)
+        return data
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce ``tensor`` across ranks (``"sum"``, ``"mean"`` or ``"none"``)."""
+        from .utils.operations import reduce
+
+        return reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad ``tensor`` along ``dim`` to the largest size on any rank (before a gather)."""
+        from .utils.operations import pad_across_processes
+
+        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    # ------------------------------------------------------------------- models
+    def unwrap_model(
+        self,
+        model: torch.nn.Module,
+        keep_fp32_wrapper: bool = True,
+        keep_torch_compile: bool = True,
+    ) -> torch.nn.Module:
+        """The user's module: without DDP (and ``torch.compile``, and autocast if asked)."""
+        while isinstance(model, DistributedDataParallel):
+            model = model.module
+        if not keep_torch_compile and hasattr(model, "_orig_mod"):
+            model = model._orig_mod  # type: ignore[assignment]
+        inner = getattr(model, "_orig_mod", model)
+        while isinstance(inner, DistributedDataParallel):
+            inner = inner.module
+        if not keep_fp32_wrapper and "_original_forward" in inner.__dict__:
+            original = inner.__dict__.pop("_original_forward")
+            inner.__dict__.pop("forward", None)
+            if getattr(original, "__func__", None) is not getattr(type(inner), "forward", None):
+                inner.__dict__["forward"] = original
+        return model
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The state dict of the (unwrapped) model."""
+        if unwrap:
+            model = self.unwrap_model(model)
+        return model.state_dict()
+
+    # ------------------------------------------------------------------- saving
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` once (on the main process), atomically.
+
+        Example::
+
+            accelerator.save({"epoch": epoch}, "meta.pt")
+        """
+        if self.is_main_process:
+            checkpointing.save(obj, f, safe_serialization=safe_serialization)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Save the unwrapped weights to ``save_directory``, once, after a barrier.
+
+        One ``model.safetensors``, or ``model-0000k-of-0000N.safetensors`` shards plus
+        ``model.safetensors.index.json`` above ``max_shard_size``; loadable with
+        ``safetensors.torch.load_file``. Tied weights are stored once (see
+        :mod:`notebook_launcher.checkpointing`). Every rank returns once the files exist.
+
+        Example::
+
+            accelerator.save_model(model, "out", max_shard_size="1GB")
+        """
+        directory = os.fspath(save_directory)
+        if os.path.isfile(directory):
+            raise ValueError(f"save_directory {directory!r} should be a directory, not a file")
+        state_dict = self.get_state_dict(model)
+        self.wait_for_everyone()
+        if self.is_main_process:
+            checkpointing.save_model_files(
+                state_dict,
+                directory,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+        self.wait_for_everyone()
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Also save/load these objects (anything with ``state_dict``/``load_state_dict``)."""
+        bad = [
+            o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+        ]
+        if bad:
+            raise ValueError(
+                "register_for_checkpointing needs objects with state_dict() and "
+                f"load_state_dict(); got {[type(o).__name__ for o in bad]}"
+            )
+        self._custom_objects.extend(objects)
+
+    def _checkpoint_dir(self, output_dir: str | os.PathLike[str] | None, loading: bool) -> str:
+        config = self.project_configuration
+        if output_dir is not None:
+            return os.fspath(output_dir)
+        if config.automatic_checkpoint_naming and config.project_dir is not None:
+            base = os.path.join(config.project_dir, "checkpoints")
+            if not loading:
+                return os.path.join(base, f"checkpoint_{config.iteration}")
+            found = sorted(
+                (d for d in os.listdir(base) if d.startswith("checkpoint_") and d[11:].isdigit()),
+                key=lambda d: int(d[11:]),
+            )
+            if not found:
+                raise FileNotFoundError(f"no checkpoint in {base}")
+            return os.path.join(base, found[-1])
+        raise ValueError(
+            "pass a directory, or use ProjectConfiguration(project_dir=..., "
+            "automatic_checkpoint_naming=True)"
+        )
+
+    def save_state(
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
+        """Save models, optimizers, schedulers, scaler, custom objects and per-rank RNG states.
+
+        All ranks must call it. Everything is written to ``<output_dir>.incomplete`` and
+        renamed to ``output_dir`` when complete, so an interrupted save never looks complete.
+        Returns the directory.
+
+        Example::
+
+            accelerator.save_state("ckpt")
+            ...
+            accelerator.load_state("ckpt")   # continues bit-identically
+        """
+        output_dir = self._checkpoint_dir(output_dir, loading=False)
+        config = self.project_configuration
+        self.wait_for_everyone()
+        if self.is_main_process:
+            checkpointing.start_staging(output_dir)
+            if config.automatic_checkpoint_naming and config.total_limit is not None:
+                _prune_checkpoints(os.path.dirname(os.path.abspath(output_dir)), config.total_limit)
+        self.wait_for_everyone()
+        staging = checkpointing.staging_dir(output_dir)
+        if self.is_main_process:
+            models = [self.get_state_dict(m) for m in self._models]
+            for hook in self._save_model_state_pre_hooks:
+                hook(self._models, models, staging)
+            checkpointing.save_main_state(
+                staging,
+                models=models,
+                optimizers=[o.state_dict() for o in self._optimizers],
+                schedulers=[s.state_dict() for s in self._schedulers],
+                scaler=self.scaler.state_dict() if self.scaler is not None else None,
+                custom_objects=self._custom_objects,
+                safe_serialization=safe_serialization,
+            )
+        rank_states = checkpointing.rng_state()
+        rank_states["step"] = self.step
+        rank_states["dataloaders"] = [
+            dl.state_dict() for dl in self._dataloaders if isinstance(dl, DataLoaderShard)
+        ]
+        checkpointing.save_rank_state(staging, self.process_index, rank_states)
+        self.wait_for_everyone()
+        if self.is_main_process:
+            checkpointing.commit_staging(
+                output_dir, self.num_processes, {"step": self.step, "iteration": config.iteration}
+            )
+        self.wait_for_everyone()
+        if config.automatic_checkpoint_naming:
+            config.iteration += 1
+        return output_dir
+
+    def load_state(
+        self, input_dir: str | os.PathLike[str] | None = None, **load_model_func_kwargs: Any
+    ) -> None:
+        """Restore what :meth:`save_state` saved (call it on every rank, after ``prepare``).
+
+        Raises ``ValueError`` for a directory that is not a complete checkpoint.
+        """
+        input_dir = self._checkpoint_dir(input_dir, loading=True)
+        manifest = checkpointing.read_manifest(input_dir)
+        strict = load_model_func_kwargs.get("strict", True)
+        for i, model in enumerate(self._models):
+            for stem, ext in (("model", "safetensors"), ("pytorch_model", "bin")):
+                path = os.path.join(input_dir, checkpointing.indexed_name(stem, i, ext))
+                if os.path.exists(path):
+                    break
+            else:
+                raise ValueError(f"checkpoint {input_dir!r} has no weights for model {i}")
+            for hook in self._load_model_state_pre_hooks:
+                hook(self._models, input_dir)
+            state = checkpointing.load_model_state_dict(path)
+            self.unwrap_model(model).load_state_dict(state, strict=strict)
+        for i, opt in enumerate(self._optimizers):
+            path = os.path.join(input_dir, checkpointing.indexed_name("optimizer", i, "bin"))
+            opt.load_state_dict(checkpointing.load_torch(path))
+        for i, sched in enumerate(self._schedulers):
+            path = os.path.join(input_dir, checkpointing.indexed_name("scheduler", i, "bin"))
+            sched.load_state_dict(checkpointing.load_torch(path, trusted=True))
+        if self.scaler is not None:
+            path = os.path.join(input_dir, checkpointing.SCALER_NAME)
+            self.scaler.load_state_dict(checkpointing.load_torch(path))
+        for i, obj in enumerate(self._custom_objects):
+            import pickle
+
+            with open(os.path.join(input_dir, f"{checkpointing.CUSTOM_NAME}_{i}.pkl"), "rb") as f:
+                obj.load_state_dict(pickle.load(f))
+        states = checkpointing.load_rank_state(input_dir, self.process_index)
+        if states is None:
+            logger.warning(
+                "checkpoint %s was saved by %s processes and has no RNG state for rank %s; "
+                "RNG states not restored",
+                input_dir,
+                manifest.get("num_processes"),
+                self.process_index,
+            )
+        else:
+            checkpointing.set_rng_state(states)
+            self.step = int(states.get("step", 0))
+            shards = [dl for dl in self._dataloaders if isinstance(dl, DataLoaderShard)]
+            for dl, dl_state in zip(shards, states.get("dataloaders", []), strict=False):
+                dl.load_state_dict(dl_state)
+        if self.project_configuration.automatic_checkpoint_naming:
+            self.project_configuration.iteration = int(manifest.get("iteration", 0)) + 1
+
+    def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """``hook(models, state_dicts, output_dir)`` runs before models are saved."""
+        self._save_model_state_pre_hooks.append(hook)
+        return _Handle(self._save_model_state_pre_hooks, hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
+        """``hook(models, input_dir)`` runs before models are loaded."""
+        self._load_model_state_pre_hooks.append(hook)
+        return _Handle(self._load_model_state_pre_hooks, hook)
+
+    # ------------------------------------------------------------------- cleanup
+    def free_memory(self, *objects: Any) -> list[Any]:
+        """Drop the Accelerator's references to prepared objects, collect garbage.
+
+        Returns a list of ``None`` as long as ``objects``, to rebind your names to::
+
+            model, optimizer = accelerator.free_memory(model, optimizer)
+        """
+        self._models = []
+        self._optimizers = []
+        self._schedulers = []
+        self._dataloaders = []
+        self._custom_objects = []
+        self.step = 0
+        released: list[Any] = [None] * len(objects)
+        del objects
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return released
+
+    def clear(self, *objects: Any) -> list[Any]:
+        """Alias of :meth:`free_memory`."""
+        return self.free_memory(*objects)
+
+    def end_training(self) -> None:
+        """Accelerate compatibility: finish trackers (none here) and wait for every rank."""
+        self.wait_for_everyone()
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(device={self.device}, num_processes={self.num_processes}, "
+            f"mixed_precision={self.mixed_precision!r}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+class _Handle:
+    def __init__(self, hooks: list[Callable[..., Any]], hook: Callable[..., Any]) -> None:
+        self._hooks = hooks
+        self._hook = hook
+
+    def remove(self) -> None:
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
+
+
+def _is_scheduler(obj: Any) -> bool:
+    lr_scheduler = torch.optim.lr_scheduler
+    classes: tuple[type, ...] = (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)
+    return isinstance(obj, classes)
+
+
+def _all_tensors(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, dict):
+        return all(_all_tensors(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return all(_all_tensors(v) for v in data)
+    return False
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], data: Any) -> Any:
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, dict):
+        return type(data)({k: _map_tensors(fn, v) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_map_tensors(fn, v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_map_tensors(fn, v) for v in data)
+    return data
+
+
+def _prune_checkpoints(base: str, total_limit: int) -> None:
+    found = sorted(
+        (d for d in os.listdir(base) if d.startswith("checkpoint_") and d[11:].isdigit()),
+        key=lambda d: int(d[11:]),
+    )
+    while len(found) + 1 > total_limit and found:
+        shutil.rmtree(os.path.join(base, found.pop(0)), ignore_errors=True)
+
+
+__all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "Accelerator"]

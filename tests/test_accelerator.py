@@ -1,0 +1,491 @@
+"""The Accelerator: single-process behaviour here, equivalence and resume on real CPU ranks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo  # noqa: F401 - LR schedulers import it lazily, and importing it sets
+import torch.nn.functional as F  # TORCHINDUCTOR_CACHE_DIR: do it before the env guard looks
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader, TensorDataset
+
+from notebook_launcher import notebook_launcher
+from notebook_launcher._events import BarrierEnter
+from notebook_launcher.accelerator import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    Accelerator,
+)
+from notebook_launcher.data_loader import DataLoaderShard
+from notebook_launcher.state import DistributedType, GradientState
+from notebook_launcher.utils.dataclasses import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def mlp(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def data(n: int = 48) -> TensorDataset:
+    g = torch.Generator().manual_seed(1234)
+    return TensorDataset(torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g))
+
+
+# ----------------------------------------------------------------------- single process
+
+
+def test_prepare_single_process_keeps_order_and_types() -> None:
+    acc = Accelerator()
+    assert acc.distributed_type == DistributedType.NO and acc.num_processes == 1
+    assert acc.is_main_process and acc.is_local_main_process and acc.is_last_process
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    loader = DataLoader(data(), batch_size=4)
+    other = {"not": "prepared"}
+    out = acc.prepare(sched, loader, other, model, opt)
+    assert isinstance(out[0], AcceleratedScheduler) and out[0].scheduler is sched
+    assert isinstance(out[1], DataLoaderShard)
+    assert out[2] is other
+    assert out[3] is model  # no DDP in a single process
+    assert isinstance(out[4], AcceleratedOptimizer) and out[4].optimizer is opt
+    assert isinstance(out[4], torch.optim.Optimizer)
+    assert out[0].optimizers == [out[4]]
+    assert acc.prepare(model) is model
+    assert acc.unwrap_model(model) is model
+
+
+def test_gradient_accumulation_arguments() -> None:
+    with pytest.raises(ValueError, match="only pass one of"):
+        Accelerator(
+            gradient_accumulation_steps=2,
+            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2),
+        )
+    acc = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=3))
+    assert acc.gradient_accumulation_steps == 3
+    gs = acc.gradient_state
+    assert (gs.adjust_scheduler, gs.sync_with_dataloader, gs.sync_each_batch) == (True, True, False)
+    with pytest.raises(ValueError, match="num_steps"):
+        GradientAccumulationPlugin(num_steps=0)
+
+
+def test_dataloader_arguments() -> None:
+    with pytest.raises(ValueError, match="dataloader_config"):
+        Accelerator(split_batches=True, dataloader_config=DataLoaderConfiguration())
+    with pytest.raises(NotImplementedError, match="dispatch_batches"):
+        Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    acc = Accelerator(split_batches=True)
+    assert acc.split_batches and acc.even_batches and not acc.use_seedable_sampler
+    assert DataLoaderConfiguration() == DataLoaderConfiguration(
+        split_batches=False, dispatch_batches=None, even_batches=True, use_seedable_sampler=False
+    )
+
+
+def test_accumulate_syncs_every_n_and_at_end_of_dataloader() -> None:
+    acc = Accelerator(gradient_accumulation_steps=3)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    loader = DataLoader(data(14), batch_size=2)  # 7 batches
+    model, opt, sched, loader = acc.prepare(model, opt, sched, loader)
+    pattern, weights_changed, lrs = [], [], []
+    for x, y in loader:
+        before = [p.detach().clone() for p in model.parameters()]
+        with acc.accumulate(model):
+            acc.backward(F.mse_loss(model(x), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        pattern.append(acc.sync_gradients)
+        weights_changed.append(
+            any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+        )
+        lrs.append(sched.get_last_lr()[0])
+    assert pattern == [False, False, True, False, False, True, True]
+    assert weights_changed == pattern
+    # the scheduler stepped once per optimizer step (one process): 1/2, 1/3, 1/4
+    assert lrs == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.05, 0.1 / 3, 0.025])
+
+
+def test_backward_divides_by_accumulation_steps() -> None:
+    acc = Accelerator(gradient_accumulation_steps=4)
+    w = torch.nn.Parameter(torch.tensor(1.0))
+    acc.backward(w * 8)
+    assert w.grad is not None and w.grad.item() == 2.0
+
+
+def test_bf16_autocast_on_cpu() -> None:
+    acc = Accelerator(mixed_precision="bf16")
+    assert acc.mixed_precision == "bf16"
+    with acc.autocast():
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+    model = acc.prepare(torch.nn.Linear(4, 4))
+    x = torch.randn(3, 4)
+    out = model(x)  # forward runs under autocast, outputs come back as fp32
+    assert out.dtype == torch.float32
+    expected = F.linear(x.bfloat16(), model.weight.bfloat16(), model.bias.bfloat16()).float()
+    assert torch.equal(out, expected)
+    plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
+    assert "forward" not in plain.__dict__
+    assert torch.allclose(plain(x), x @ plain.weight.t() + plain.bias)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal of fp16")
+def test_fp16_needs_a_gpu() -> None:
+    with pytest.raises(ValueError, match="fp16"):
+        Accelerator(mixed_precision="fp16")
+
+
+@needs_cuda
+def test_fp16_grad_scaler_on_gpu() -> None:
+    acc = Accelerator(mixed_precision="fp16")
+    assert acc.scaler is not None and acc.device.type == "cuda"
+    model = mlp().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    x = torch.randn(4, 8, device="cuda")
+    acc.backward(model(x).sum())
+    scale = acc.scaler.get_scale()
+    # gradients are scaled; clip_grad_norm_ unscales them first
+    norm = acc.clip_grad_norm_(model.parameters(), 1e9)
+    assert torch.isfinite(norm)
+    opt.step()
+    assert not acc.optimizer_step_was_skipped
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    opt.step()
+    assert acc.optimizer_step_was_skipped and acc.scaler.get_scale() < scale
+
+
+@needs_cuda
+def test_cuda_placement() -> None:
+    acc = Accelerator()
+    model, loader = acc.prepare(mlp(), DataLoader(data(8), batch_size=4))
+    assert next(model.parameters()).device.type == "cuda"
+    assert all(x.device.type == "cuda" for x, _ in loader)
+
+
+def test_clip_grad() -> None:
+    acc = Accelerator()
+    w = torch.nn.Parameter(torch.zeros(4))
+    w.grad = torch.tensor([3.0, 4.0, 0.0, 0.0])
+    assert acc.clip_grad_norm_([w], 1.0).item() == pytest.approx(5.0)
+    assert torch.allclose(w.grad, torch.tensor([0.6, 0.8, 0.0, 0.0]))
+    w.grad = torch.tensor([3.0, -4.0, 0.5, 0.0])
+    acc.clip_grad_value_([w], 1.0)
+    assert w.grad.tolist() == [1.0, -1.0, 0.5, 0.0]
+
+
+def test_single_process_collectives_and_trigger() -> None:
+    acc = Accelerator()
+    t = torch.arange(3.0)
+    assert torch.equal(acc.gather(t), t)
+    assert torch.equal(acc.reduce(t), t)
+    assert torch.equal(acc.pad_across_processes(t), t)
+    assert acc.check_trigger() is False
+    acc.set_trigger()
+    assert acc.check_trigger() is True
+    assert acc.check_trigger() is False
+    acc.wait_for_everyone()
+
+
+class Tied(torch.nn.Module):
+    def __init__(self, bias: bool = False) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=bias)
+        self.head.weight = self.embed.weight
+
+
+def test_save_model_tied_weights_single_process(tmp_path: Path) -> None:
+    acc = Accelerator()
+    model = acc.prepare(Tied())
+    acc.save_model(model, tmp_path / "out")
+    saved = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert list(saved) == ["embed.weight"]
+    fresh = Tied()
+    missing = fresh.load_state_dict(saved, strict=False)  # the alias is the same tensor
+    assert missing.missing_keys == ["head.weight"]
+    assert torch.equal(fresh.head.weight, model.embed.weight)
+    with pytest.raises(ValueError, match="not a file"):
+        (tmp_path / "f").write_text("")
+        acc.save_model(model, tmp_path / "f")
+
+
+def test_save_state_automatic_naming_and_limit(tmp_path: Path) -> None:
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2
+    )
+    acc = Accelerator(project_config=config)
+    model = acc.prepare(mlp())
+    dirs = [acc.save_state() for _ in range(3)]
+    assert [os.path.basename(d) for d in dirs] == [f"checkpoint_{i}" for i in range(3)]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_1", "checkpoint_2"]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    acc.load_state()  # the latest
+    assert torch.equal(model[0].weight, mlp()[0].weight)
+    assert acc.save_iteration == 3
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        os.makedirs(tmp_path / "empty")
+        acc.load_state(tmp_path / "empty")
+
+
+def test_free_memory() -> None:
+    acc = Accelerator()
+    model, opt = acc.prepare(mlp(), torch.optim.SGD(mlp().parameters(), lr=1))
+    assert acc._models and acc._optimizers
+    assert acc.free_memory(model, opt) == [None, None]
+    assert not acc._models and not acc._optimizers and acc.step == 0
+
+
+# --------------------------------------------------------------------------- real ranks
+
+
+def _equivalence_worker() -> dict[str, Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    acc = Accelerator(gradient_accumulation_steps=2)
+    model = mlp(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loader = DataLoader(data(48), batch_size=4)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    calls = {"n": 0}
+
+    # unannotated on purpose: DDP rejects a `bucket` annotation other than dist.GradBucket,
+    # and this module's annotations are strings
+    def counting_allreduce(state, bucket):  # type: ignore[no-untyped-def]
+        state["n"] += 1
+        return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+    model.register_comm_hook(calls, counting_allreduce)
+    steps = []
+    for x, y in loader:
+        with acc.accumulate(model):
+            before = calls["n"]
+            acc.backward(F.mse_loss(model(x), y))
+            grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+            ranks_grads = acc.gather(grads[None])
+            steps.append(
+                {
+                    "sync": acc.sync_gradients,
+                    "allreduces": calls["n"] - before,
+                    "grads_equal": bool(torch.allclose(ranks_grads[0], ranks_grads[1])),
+                }
+            )
+            opt.step()
+            opt.zero_grad()
+    acc.set_trigger() if acc.process_index == 1 else None
+    triggered = acc.check_trigger()
+    reduced = acc.reduce(torch.tensor([acc.process_index + 1.0]), reduction="sum")
+    padded = acc.pad_across_processes(torch.ones(acc.process_index + 1))
+    return {
+        "state": {k: v.detach().clone() for k, v in acc.unwrap_model(model).state_dict().items()},
+        "steps": steps,
+        "triggered": triggered,
+        "reduced": reduced.item(),
+        "padded": padded.tolist(),
+    }
+
+
+@pytest.mark.timeout(60)
+def test_accumulate_on_two_ranks_equals_full_batch_training() -> None:
+    results = notebook_launcher(_equivalence_worker, num_processes=2, dashboard=False)
+    # single process reference: 3 optimizer steps on the full 16-sample batch
+    ref = mlp(0)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    x, y = data(48).tensors
+    for s in range(3):
+        F.mse_loss(ref(x[16 * s : 16 * (s + 1)]), y[16 * s : 16 * (s + 1)]).backward()
+        opt.step()
+        opt.zero_grad()
+    for r in results:
+        for name, value in ref.state_dict().items():
+            torch.testing.assert_close(r["state"][name], value, rtol=1e-5, atol=1e-6)
+    steps = results[0]["steps"]
+    assert [s["sync"] for s in steps] == [False, True] * 3
+    for s in steps:
+        if s["sync"]:
+            assert s["allreduces"] >= 1 and s["grads_equal"]
+        else:  # no_sync really skipped the all-reduce: local gradients differ
+            assert s["allreduces"] == 0 and not s["grads_equal"]
+    assert [r["triggered"] for r in results] == [True, True]
+    assert [r["reduced"] for r in results] == [3.0, 3.0]
+    assert [r["padded"] for r in results] == [[1.0, 0.0], [1.0, 1.0]]
+
+
+def _parts(acc: Accelerator, seed: int) -> tuple[Any, ...]:
+    torch.manual_seed(seed * 10 + acc.process_index)  # ranks differ, as in real runs
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 12), torch.nn.Dropout(0.3), torch.nn.ReLU(), torch.nn.Linear(12, 1)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    g = torch.Generator().manual_seed(7)
+    ds = TensorDataset(torch.randn(36, 6, generator=g), torch.randn(36, 1, generator=g))
+    loader = DataLoader(ds, batch_size=3, shuffle=True)
+    return acc.prepare(model, opt, sched, loader)
+
+
+def _train(acc: Accelerator, parts: tuple[Any, ...], loader: Iterable[Any], stop: int = -1) -> None:
+    model, opt, sched, _ = parts
+    for i, (x, y) in enumerate(loader):
+        with acc.accumulate(model):
+            acc.backward(F.mse_loss(model(x), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        if i + 1 == stop:
+            return
+
+
+def _weights(acc: Accelerator, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in acc.unwrap_model(model).state_dict().items()}
+
+
+def _resume_worker(tmp: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    acc = Accelerator(gradient_accumulation_steps=2)  # A: 3 epochs, uninterrupted
+    parts = _parts(acc, seed=0)
+    for _ in range(3):
+        _train(acc, parts, parts[3])
+    out["A"] = _weights(acc, parts[0])
+    out["A_lr"] = parts[2].get_last_lr()
+
+    acc = Accelerator(gradient_accumulation_steps=2)  # B: 1 epoch, save, 4 batches, save
+    parts = _parts(acc, seed=0)
+    _train(acc, parts, parts[3])
+    acc.save_state(os.path.join(tmp, "epoch"))
+    model, opt, sched, loader = parts
+    for i, (x, y) in enumerate(loader):
+        with acc.accumulate(model):
+            acc.backward(F.mse_loss(model(x), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        if i == 3:
+            acc.save_state(os.path.join(tmp, "mid"))
+            break
+
+    acc = Accelerator(gradient_accumulation_steps=2)  # C: other init, resume at epoch 1
+    parts = _parts(acc, seed=5)
+    acc.load_state(os.path.join(tmp, "epoch"))
+    for _ in range(2):
+        _train(acc, parts, parts[3])
+    out["C"] = _weights(acc, parts[0])
+    out["C_lr"] = parts[2].get_last_lr()
+
+    acc = Accelerator(gradient_accumulation_steps=2)  # D: resume mid-epoch 1
+    parts = _parts(acc, seed=6)
+    acc.load_state(os.path.join(tmp, "mid"))
+    _train(acc, parts, acc.skip_first_batches(parts[3], 4))
+    _train(acc, parts, parts[3])
+    out["D"] = _weights(acc, parts[0])
+    out["files"] = sorted(os.listdir(os.path.join(tmp, "mid")))
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_save_load_state_resumes_bit_identically(tmp_path: Path) -> None:
+    results = notebook_launcher(
+        _resume_worker, args=(str(tmp_path),), num_processes=2, dashboard=False
+    )
+    for r in results:
+        for name, value in r["A"].items():
+            assert torch.equal(r["C"][name], value), f"epoch resume differs in {name}"
+            assert torch.equal(r["D"][name], value), f"mid-epoch resume differs in {name}"
+        assert r["C_lr"] == r["A_lr"]
+    assert results[0]["files"] == [
+        "checkpoint.json",
+        "model.safetensors",
+        "optimizer.bin",
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+        "scheduler.bin",
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["epoch", "mid"]  # no staging left behind
+
+
+class Recorder:
+    """A dashboard that keeps every event."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def handle(self, event: Any) -> None:
+        self.events.append(event)
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _metrics_worker(out_dir: str, n: int) -> dict[str, Any]:
+    acc = Accelerator()
+    model = acc.prepare(Tied(bias=True))
+    acc.save_model(model, out_dir, max_shard_size=100)  # 160 + 40 bytes: two shards
+    acc.wait_for_everyone()
+    with acc.main_process_first():
+        pass
+    loader = acc.prepare(DataLoader(torch.arange(n), batch_size=2))
+    preds = []
+    for batch in loader:
+        preds += acc.gather_for_metrics(batch * 10).tolist()
+    if acc.process_index == acc.num_processes - 1:
+        acc.set_trigger()
+    return {"preds": preds, "trigger": acc.check_trigger(), "files": sorted(os.listdir(out_dir))}
+
+
+@pytest.mark.timeout(60)
+def test_three_ranks_metrics_save_model_and_barrier_events(tmp_path: Path) -> None:
+    view = Recorder()
+    out = str(tmp_path / "model")
+    results = notebook_launcher(_metrics_worker, args=(out, 13), num_processes=3, dashboard=view)
+    for r in results:
+        assert r["preds"] == [10 * i for i in range(13)]  # 13 = not a multiple of 3 x 2
+        assert r["trigger"] is True
+        # every rank returns after the files exist (the main process wrote them once)
+        assert r["files"] == sorted(os.listdir(out))
+    assert sorted(os.listdir(out)) == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
+    # plain safetensors loads the shards; the tied head is stored once
+    merged: dict[str, torch.Tensor] = {}
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        merged.update(load_file(os.path.join(out, name)))
+    assert sorted(merged) == ["embed.weight", "head.bias"]
+    # the Accelerator's barriers reach the dashboard, on every rank, at the user's line
+    kinds = {(e.rank, e.kind) for e in view.events if isinstance(e, BarrierEnter)}
+    for rank in range(3):
+        assert (rank, "wait_for_everyone") in kinds
+        assert (rank, "main_process_first") in kinds
+    locations = {e.location for e in view.events if isinstance(e, BarrierEnter)}
+    assert any(loc.startswith("test_accelerator.py:") for loc in locations)
+
+
+def test_prepare_in_parent_without_launcher_is_single_process() -> None:
+    # the kernel's own process: no launcher, no process group
+    acc = Accelerator()
+    model, opt, loader = acc.prepare(
+        mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1), DataLoader(data(10), batch_size=4)
+    )
+    assert not torch.distributed.is_initialized()
+    assert [len(x) for x, _ in loader] == [4, 4, 2]
+    assert GradientState().active_dataloader is None
