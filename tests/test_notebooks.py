@@ -1,0 +1,107 @@
+"""The teaching notebooks run top to bottom under nbval, on the shipped kernelspec.
+
+Each notebook runs in its own ``pytest --nbval`` subprocess with the "notebook-launcher"
+kernelspec installed into a temporary prefix (found through ``JUPYTER_PATH``), so the
+suite's one command (``pytest``) checks them without installing anything anywhere, and
+the mode (strict or lax) can differ per notebook. Strict mode compares every cell's output
+with the stored one after ``notebooks/sanitize.cfg``, except cells tagged
+``nbval-ignore-output`` (dashboards); every notebook also asserts what it teaches.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import notebook_launcher
+from notebook_launcher._kernelspec import DISPLAY_NAME, KERNEL_NAME, install
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])
+
+#: nbval mode per notebook: "--nbval" (strict) unless listed here.
+LAX: dict[str, str] = {}
+
+
+def test_notebooks_are_the_four_of_the_course() -> None:
+    assert NOTEBOOKS == [
+        "01_quickstart.ipynb",
+        "02_execution_process.ipynb",
+        "03_training.ipynb",
+        "04_debugging.ipynb",
+    ]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_in_step_with_its_source(name: str) -> None:
+    """The .ipynb holds the cells of notebooks/_build.py, the shipped kernel, and outputs."""
+    sys.path.insert(0, str(NOTEBOOK_DIR))
+    try:
+        import _build  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(NOTEBOOK_DIR))
+    stored = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    built = _build.build(name)
+    assert [(c["cell_type"], c["source"]) for c in stored["cells"]] == [
+        (c["cell_type"], c["source"]) for c in built.cells
+    ], f"{name} differs from notebooks/_build.py: run `python notebooks/_build.py {name}`"
+    assert stored["metadata"]["kernelspec"] == {
+        "name": KERNEL_NAME,
+        "display_name": DISPLAY_NAME,
+        "language": "python",
+    }
+    code_cells = [c for c in stored["cells"] if c["cell_type"] == "code"]
+    assert all(c["execution_count"] is not None for c in code_cells), f"{name} was not executed"
+
+
+@pytest.fixture(scope="module")
+def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    prefix = tmp_path_factory.mktemp("kernel-prefix")
+    install(prefix=str(prefix))
+    return str(prefix / "share" / "jupyter")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_under_nbval(
+    name: str, jupyter_path: str, kernel_env: dict[str, str], tmp_path: Path
+) -> None:
+    mode = LAX.get(name, "--nbval")
+    pythonpath = [PACKAGE_PARENT, *filter(None, kernel_env.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {
+        **kernel_env,
+        "JUPYTER_PATH": jupyter_path,  # finds the kernelspec installed for this test run
+        "PYTHONPATH": os.pathsep.join(pythonpath),  # the kernel imports the code under test
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            mode,
+            "--nbval-kernel-name",
+            KERNEL_NAME,
+            "--nbval-sanitize-with",
+            str(NOTEBOOK_DIR / "sanitize.cfg"),
+            "--rootdir",
+            str(ROOT),
+            str(NOTEBOOK_DIR / name),
+        ],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=140,
+    )
+    assert done.returncode == 0, f"nbval failed on {name}:\n{done.stdout}\n{done.stderr}"
+    assert " passed" in done.stdout and " failed" not in done.stdout
