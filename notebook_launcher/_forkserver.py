@@ -100,6 +100,9 @@ def _fork_worker(
 
 def main() -> None:
     die_with_parent(int(sys.argv[2]))
+    # Jupyter interrupts the kernel's whole process group: that is for the workers
+    # (they reset SIGINT when forked), not for the server that outlives launches.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
     _preload()
     try:

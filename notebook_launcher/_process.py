@@ -269,7 +269,7 @@ class ForkServer:
         self._sock = ours
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
-        self._buffer = b""
+        self._dead = False
         msg, _ = _recv_msg(self._sock)
         if msg != ("ready",):
             raise LaunchError(f"the forkserver failed to start: {msg!r}")
@@ -282,7 +282,7 @@ class ForkServer:
         return self._sock.fileno()
 
     def alive(self) -> bool:
-        return self._popen.poll() is None
+        return not self._dead and self._popen.poll() is None
 
     def fork(self, fds: list[int], has_listen: bool) -> int:
         with self._lock:
@@ -300,10 +300,11 @@ class ForkServer:
     def drain(self, timeout: float = 0.0) -> None:
         """Read any exit reports waiting on the socket (waits up to ``timeout``)."""
         with self._lock:
-            while wait([self._sock], timeout):
+            while not self._dead and wait([self._sock], timeout):
                 try:
                     msg, _ = _recv_msg(self._sock)
-                except EOFError:
+                except (EOFError, OSError):
+                    self._dead = True  # it died: its children died with it (SIGKILL)
                     return
                 self._note(msg)
                 timeout = 0.0
@@ -315,7 +316,7 @@ class ForkServer:
 
     def wait_returncode(self, pid: int, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
-        while pid not in self._exits and time.monotonic() < deadline:
+        while pid not in self._exits and not self._dead and time.monotonic() < deadline:
             self.drain(min(0.05, max(0.0, deadline - time.monotonic())))
         return self._exits.pop(pid, None)
 

@@ -1,0 +1,55 @@
+"""A stand-in kernel for tests that signal or kill the launching process itself.
+
+Usage: python _launch_script.py MODE METHOD
+  MODE "interrupt": launch 2 ranks (rank 0 asleep in Python, rank 1 blocked in a C++
+  barrier); the test sends SIGINT; print what the caller saw, then prove the process
+  is clean (no children, same handlers) and can launch again.
+  MODE "orphan": launch 2 ranks that sleep; the test SIGKILLs this process and checks
+  that the workers die with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+
+def blocked(_: str) -> None:
+    import torch.distributed as dist
+
+    print(f"ready {os.getpid()}", flush=True)
+    if dist.get_rank() == 0:
+        time.sleep(120)
+    dist.barrier()  # rank 1 waits here, inside C++, where SIGINT cannot reach Python
+
+
+def children() -> list[int]:
+    kids: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            kids += [int(p) for p in f.read().split()]
+    return kids
+
+
+def main() -> None:
+    mode, method = sys.argv[1], sys.argv[2]
+    from notebook_launcher import _process, notebook_launcher
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
+    t0 = time.monotonic()
+    try:
+        notebook_launcher(blocked, (mode,), 2, start_method=method, dashboard=False)
+    except KeyboardInterrupt:
+        print(f"KeyboardInterrupt after {time.monotonic() - t0:.2f}s", flush=True)
+    after = {s: signal.getsignal(s) for s in handlers}
+    allowed = {_process.forkserver_pid()}
+    print("leftover children:", sorted(set(children()) - allowed), flush=True)
+    print("handlers restored:", after == handlers, flush=True)
+    print("again:", notebook_launcher(lambda: 1, (), 2, start_method=method, dashboard=False))
+    _process.shutdown_forkserver()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Launches from inside a real ipykernel, with the function defined in the kernel's __main__."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def kernel(kernel_env: dict[str, str]) -> Iterator[object]:
+    km, kc = jupyter_client.manager.start_new_kernel(
+        kernel_name="python3", env={**kernel_env, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT)
+    )
+    try:
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def run_cell(kc: object, code: str, timeout: float = 60) -> tuple[str, dict]:
+    """Execute ``code``; return (all stream text, the execute_reply content)."""
+    msg_id = kc.execute(textwrap.dedent(code))  # type: ignore[attr-defined]
+    text = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)  # type: ignore[attr-defined]
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            text.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            text.append("\n".join(msg["content"]["traceback"]))
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=timeout)  # type: ignore[attr-defined]
+    return "".join(text), reply["content"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_launch_from_a_live_kernel(kernel: object, method: str) -> None:
+    out, reply = run_cell(
+        kernel,
+        f"""
+        from notebook_launcher import notebook_launcher
+
+        class Scale:                      # a class defined in a cell travels too
+            def __init__(self, k): self.k = k
+
+        def train(x):
+            import torch.distributed as dist
+            print("hello from", dist.get_rank())
+            return Scale(x * (dist.get_rank() + 1)).k
+
+        print("RESULT", notebook_launcher(train, args=(3,), num_processes=2,
+                                          start_method={method!r}, dashboard=False))
+        """,
+    )
+    assert reply["status"] == "ok", out
+    assert "RESULT [3, 6]" in out
+    assert "[rank0] hello from 0" in out and "[rank1] hello from 1" in out
+    # Re-running the cell with a new definition ships the new code, never a stale one.
+    out, reply = run_cell(
+        kernel,
+        f"""
+        def train(x):
+            return "new definition"
+
+        print("RESULT", notebook_launcher(train, args=(3,), num_processes=2,
+                                          start_method={method!r}, dashboard=False))
+        """,
+    )
+    assert "RESULT ['new definition', 'new definition']" in out, out
+    # A failing rank: the user's exception type, the kernel stays usable.
+    out, reply = run_cell(
+        kernel,
+        f"""
+        def bad():
+            import os
+            if os.environ["RANK"] == "1":
+                raise ZeroDivisionError("rank one divides by zero")
+        try:
+            notebook_launcher(bad, num_processes=2, start_method={method!r}, dashboard=False)
+        except ZeroDivisionError as e:
+            print("CAUGHT", type(e).__name__, e)
+        print("AFTER", notebook_launcher(lambda: 7, num_processes=2,
+                                         start_method={method!r}, dashboard=False))
+        """,
+    )
+    assert "CAUGHT ZeroDivisionError rank one divides by zero" in out, out
+    assert "AFTER [7, 7]" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_uncaught_failure_shows_the_rank_traceback(kernel: object) -> None:
+    out, reply = run_cell(
+        kernel,
+        """
+        from notebook_launcher import notebook_launcher
+        def bad():
+            import os
+            if os.environ["RANK"] == "1":
+                raise ValueError("shown to the user")
+        notebook_launcher(bad, num_processes=2, dashboard=False)
+        """,
+    )
+    assert reply["status"] == "error" and reply["ename"] == "ValueError"
+    assert "Traceback from rank 1" in out
+    assert 'raise ValueError("shown to the user")' in out
+    assert "Raised on rank 1 of 2" in out
