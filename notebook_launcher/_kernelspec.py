@@ -35,7 +35,14 @@ _PYTHON_PLACEHOLDERS = {"python", "python3"}
 
 def template_path() -> Path:
     """Path of the packaged ``kernel.json`` template."""
-    return _TEMPLATE_DIR / "kernel.json"
+    path = _TEMPLATE_DIR / "kernel.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: notebook_launcher was installed without its package data "
+            "(pyproject.toml must list '_kernel_template/*.json' under "
+            "[tool.setuptools.package-data]); reinstall it from a fixed build"
+        )
+    return path
 
 
 def kernel_json(executable: str | None = None) -> dict[str, Any]:

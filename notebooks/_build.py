@@ -102,7 +102,8 @@ def quickstart() -> list[Any]:
             def hello(scale):
                 rank = dist.get_rank()
                 world_size = dist.get_world_size()
-                total = torch.tensor([rank + 1.0])
+                device = "cuda" if torch.cuda.is_available() else "cpu"  # this rank's GPU, or the CPU
+                total = torch.tensor([rank + 1.0], device=device)
                 dist.all_reduce(total)  # sum over all ranks; every rank receives it
                 print(f"rank {rank} of {world_size}: the sum is {total.item()}")
                 return {"rank": rank, "pid": os.getpid(), "total": total.item() * scale}

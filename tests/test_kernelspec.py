@@ -48,6 +48,14 @@ def test_kernel_json_names_the_interpreter() -> None:
         _kernelspec.install(user=True, prefix="/nonexistent")
 
 
+def test_missing_template_names_the_packaging_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_kernelspec, "_TEMPLATE_DIR", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"_kernel_template/\*\.json"):
+        _kernelspec.kernel_json()
+
+
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "notebook_launcher", *args],
