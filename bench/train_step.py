@@ -1,0 +1,176 @@
+"""Step time of an Accelerator-prepared DDP MLP vs the same loop written by hand with DDP.
+
+Both loops run in the *same* launch (2 CPU workers on gloo by default), on the same data,
+interleaved round by round (ABBA order) so that machine noise hits both alike:
+
+* hand-written: ``DistributedDataParallel(model)``, a ``DataLoader`` with a
+  ``DistributedSampler``, ``loss.backward()``, ``optimizer.step()``, ``zero_grad()``;
+* Accelerator: ``accelerator.prepare(model, optimizer, DataLoader(..., shuffle=True))``,
+  ``accelerator.backward(loss)``, the same optimizer calls; and a third variant that also
+  wraps each step in ``accelerator.accumulate(model)`` (1 step: sync every batch).
+
+Reported: per-step time (max over ranks, since a DDP step is as slow as its slowest rank),
+median and best over rounds, and the ratio Accelerator / hand-written as the median of the
+per-round ratios (robust on a shared, noisy machine), of the medians and of the bests.
+Target <= 1.05.
+
+Run::
+
+    python bench/train_step.py                    # defaults: 2 workers, 1 thread each
+    python bench/train_step.py --hidden 2048 --rounds 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def make_model(width: int, hidden: int, classes: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(width, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Linear(hidden, classes),
+    )
+
+
+def bench_worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
+    """Runs on every rank: returns this rank's seconds per step for each variant and round."""
+    from notebook_launcher.accelerator import Accelerator
+
+    torch.set_num_threads(cfg["threads"])
+    g = torch.Generator().manual_seed(1)
+    n = cfg["steps"] * cfg["batch_size"] * dist.get_world_size()
+    dataset = TensorDataset(
+        torch.randn(n, cfg["width"], generator=g),
+        torch.randint(0, cfg["classes"], (n,), generator=g),
+    )
+
+    # hand-written DDP
+    hand_model = DistributedDataParallel(make_model(cfg["width"], cfg["hidden"], cfg["classes"]))
+    hand_opt = torch.optim.SGD(hand_model.parameters(), lr=0.01)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    hand_loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler)
+
+    # Accelerator
+    accelerator = Accelerator()
+    acc_model = make_model(cfg["width"], cfg["hidden"], cfg["classes"])
+    acc_opt = torch.optim.SGD(acc_model.parameters(), lr=0.01)
+    acc_loader = DataLoader(dataset, batch_size=cfg["batch_size"], shuffle=True)
+    acc_model, acc_opt, acc_loader = accelerator.prepare(acc_model, acc_opt, acc_loader)
+
+    epoch = {"hand": 0}
+
+    def hand() -> int:
+        sampler.set_epoch(epoch["hand"])
+        epoch["hand"] += 1
+        steps = 0
+        for x, y in hand_loader:
+            loss = F.cross_entropy(hand_model(x), y)
+            loss.backward()
+            hand_opt.step()
+            hand_opt.zero_grad()
+            steps += 1
+        return steps
+
+    def accel() -> int:
+        steps = 0
+        for x, y in acc_loader:
+            loss = F.cross_entropy(acc_model(x), y)
+            accelerator.backward(loss)
+            acc_opt.step()
+            acc_opt.zero_grad()
+            steps += 1
+        return steps
+
+    def accel_accumulate() -> int:
+        steps = 0
+        for x, y in acc_loader:
+            with accelerator.accumulate(acc_model):
+                loss = F.cross_entropy(acc_model(x), y)
+                accelerator.backward(loss)
+                acc_opt.step()
+                acc_opt.zero_grad()
+            steps += 1
+        return steps
+
+    variants = {"hand": hand, "accelerator": accel, "accumulate": accel_accumulate}
+    for fn in variants.values():  # warm-up: allocator, DDP buckets, thread pools
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(cfg["rounds"]):
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            dist.barrier()
+            start = time.perf_counter()
+            steps = variants[name]()
+            elapsed = time.perf_counter() - start
+            times[name].append(elapsed / steps)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num-processes", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20, help="steps per round and variant")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    args = parser.parse_args()
+    cfg = {k: v for k, v in vars(args).items() if k != "num_processes"}
+
+    from notebook_launcher import notebook_launcher
+
+    results = notebook_launcher(
+        bench_worker, args=(cfg,), num_processes=args.num_processes, dashboard=False
+    )
+    per_round = {
+        name: [max(r[name][i] for r in results) for i in range(args.rounds)] for name in results[0]
+    }
+    med = {name: statistics.median(v) for name, v in per_round.items()}
+    best = {name: min(v) for name, v in per_round.items()}
+
+    def paired(name: str) -> float:
+        # each round measures both loops back to back: the ratio within a round cancels the
+        # slow drift of a shared machine's load; the median drops the rounds a burst hit
+        return statistics.median(
+            a / h for a, h in zip(per_round[name], per_round["hand"], strict=True)
+        )
+
+    print(
+        f"MLP {args.width}-{args.hidden}-{args.hidden}-{args.classes}, batch {args.batch_size}/rank, "
+        f"{args.num_processes} CPU workers x {args.threads} thread(s), "
+        f"{args.rounds} rounds x {args.steps} steps (slowest rank per round)"
+    )
+    print("                            median ms/step   best ms/step")
+    for name, label in (
+        ("hand", "hand-written DDP"),
+        ("accelerator", "Accelerator"),
+        ("accumulate", "Accelerator + accumulate"),
+    ):
+        print(f"  {label:<25} {med[name] * 1e3:12.3f} {best[name] * 1e3:14.3f}")
+    for name, label in (("accelerator", "Accelerator"), ("accumulate", "Accelerator+accumulate")):
+        print(
+            f"  ratio {label} / hand: median of per-round ratios {paired(name):.3f}, "
+            f"of medians {med[name] / med['hand']:.3f}, of bests {best[name] / best['hand']:.3f}"
+        )
+    print("  target: <= 1.05")
+
+
+if __name__ == "__main__":
+    main()
