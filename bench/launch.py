@@ -1,0 +1,129 @@
+"""Launch overhead and failure latency, against peers measured in the same run.
+
+    python bench/launch.py [--reps 20]
+
+Prints, for 2 CPU workers running a trivial function with one barrier (warm):
+  * notebook_launcher (fork)         vs hand-written torch.multiprocessing (fork) + gloo
+  * notebook_launcher (forkserver)   vs hand-written torch.multiprocessing (spawn) + gloo
+  * Accelerate's notebook_launcher, when it is installed
+and the time from a rank raising to the exception reaching the caller.
+Targets (issue 2): fork launch <= 1.2x the hand-written fork baseline; failure <= 0.3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as tmp  # noqa: E402
+
+from notebook_launcher import _process, notebook_launcher  # noqa: E402
+from notebook_launcher.ui import NullView  # noqa: E402
+
+
+def trivial() -> int:
+    dist.barrier()
+    return dist.get_rank()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _handwritten_worker(rank: int, world: int, port: int) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def handwritten(method: str) -> None:
+    tmp.start_processes(
+        _handwritten_worker, args=(2, _free_port()), nprocs=2, start_method=method, join=True
+    )
+
+
+def ours(method: str) -> None:
+    notebook_launcher(trivial, (), 2, start_method=method, use_port="auto", dashboard=NullView())
+
+
+def accelerate_launch() -> None:
+    from accelerate import notebook_launcher as acc_launcher  # type: ignore[import-not-found]
+
+    acc_launcher(trivial, (), num_processes=2, use_port=str(_free_port()))
+
+
+def timeit(fn: object, reps: int, *args: object) -> float:
+    fn(*args)  # type: ignore[operator]  # warm: imports, forkserver start, page cache
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn(*args)  # type: ignore[operator]
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def raise_at(path: str) -> None:
+    if dist.get_rank() == 1:
+        time.sleep(0.05)
+        with open(path, "w") as f:
+            f.write(repr(time.time()))
+        raise ValueError("measured failure")
+    dist.barrier()
+
+
+def failure_latency(method: str, reps: int) -> float:
+    path = f"/tmp/nl_bench_raise_{os.getpid()}"
+    lat = []
+    for _ in range(reps):
+        try:
+            notebook_launcher(raise_at, (path,), 2, start_method=method, dashboard=NullView())
+        except ValueError:
+            caught = time.time()
+        with open(path) as f:
+            lat.append(caught - float(f.read()))
+    os.unlink(path)
+    return statistics.median(lat)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=20)
+    reps = parser.parse_args().reps
+    rows = []
+    base_fork = timeit(handwritten, reps, "fork")
+    our_fork = timeit(ours, reps, "fork")
+    rows.append(("fork: notebook_launcher", our_fork, "hand-written mp fork", base_fork))
+    base_spawn = timeit(handwritten, max(3, reps // 4), "spawn")
+    our_fs = timeit(ours, reps, "forkserver")
+    rows.append(("CUDA-safe: notebook_launcher forkserver", our_fs, "hand-written spawn", base_spawn))
+    try:
+        acc = timeit(accelerate_launch, reps)
+        rows.append(("fork: notebook_launcher", our_fork, "Accelerate notebook_launcher", acc))
+    except ImportError:
+        print("(Accelerate not installed: no comparison with it)")
+    print(f"launch-to-return, 2 CPU ranks, one barrier, median of {reps} warm runs")
+    for name, ours_t, peer, peer_t in rows:
+        print(
+            f"  {name:42s} {ours_t * 1e3:8.1f} ms | {peer:30s} {peer_t * 1e3:8.1f} ms"
+            f" | ratio {ours_t / peer_t:5.2f}x"
+        )
+    for method in ("fork", "forkserver"):
+        lat = failure_latency(method, max(5, reps // 2))
+        print(f"rank raises -> exception in caller ({method}): median {lat * 1e3:.1f} ms")
+    _process.shutdown_forkserver()
+
+
+if __name__ == "__main__":
+    main()
