@@ -275,22 +275,33 @@ def execution_process() -> list[Any]:
         ),
         md(
             """
-            ## 2. Printing once: `state.print`
+            ## 2. Printing once: `state.print`, and one progress bar
 
             A plain `print` runs on every rank, so a log line appears once per rank.
-            `state.print(...)` prints on the main process only. To prove it, each rank
-            captures what it printed and returns it.
+            `state.print(...)` prints once per machine, on the local main process. The same
+            idea gives a single progress bar instead of one per rank:
+            `tqdm(..., disable=not state.is_local_main_process)`.
+
+            To prove it, each rank captures what it printed and reports whether its bar was
+            shown.
             """
         ),
         code(
             """
+            from tqdm.auto import tqdm
+
+
             def print_once():
                 state = PartialState()
                 captured = io.StringIO()
                 with contextlib.redirect_stdout(captured):
                     print(f"plain print from rank {state.process_index}")
                     state.print("state.print: epoch 1 finished")
-                return captured.getvalue()
+                bar = tqdm(range(20), desc="epoch 1", disable=not state.is_local_main_process)
+                bar_shown = not bar.disable
+                for _ in bar:
+                    time.sleep(0.01)
+                return {"printed": captured.getvalue(), "bar_shown": bar_shown}
 
 
             printed = notebook_launcher(print_once, num_processes=2)
@@ -299,11 +310,13 @@ def execution_process() -> list[Any]:
         ),
         code(
             """
-            for rank, text in enumerate(printed):
-                print(f"--- rank {rank} printed:\\n{text}", end="")
+            for rank, seen in enumerate(printed):
+                print(f"--- rank {rank} printed:\\n{seen['printed']}", end="")
+                print(f"    and showed a progress bar: {seen['bar_shown']}")
 
-            assert printed[0].count("state.print") == 1
-            assert "state.print" not in printed[1]
+            assert printed[0]["printed"].count("state.print") == 1
+            assert "state.print" not in printed[1]["printed"]
+            assert [p["bar_shown"] for p in printed] == [True, False]
             """
         ),
         md(
