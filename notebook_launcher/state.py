@@ -65,6 +65,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _TRUE = ("1", "true", "yes", "on", "y", "t")
 _MIXED_PRECISIONS = ("no", "fp16", "bf16")
 _INIT_KWARGS = ("backend", "timeout", "init_method", "pg_options")
+#: Barriers shorter than this (seconds) are not reported to the dashboard (see ``_barrier``).
+_BARRIER_QUIET = 0.02
 
 
 class DistributedType(str, enum.Enum):
@@ -127,6 +129,14 @@ def _check_mixed_precision(value: str | None, cuda: bool, source: str) -> str:
     return mp
 
 
+def _barrier_quiet_from_env() -> float:
+    value = os.environ.get("NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS")
+    try:
+        return max(float(value), 0.0) / 1000 if value is not None else _BARRIER_QUIET
+    except ValueError:
+        return _BARRIER_QUIET
+
+
 def _env_int(*keys: str, default: int) -> int:
     for key in keys:
         value = os.environ.get(key)
@@ -182,6 +192,7 @@ class PartialState:
     _created_group: bool
     _trigger: bool
     _init_kwargs: dict[str, Any]
+    _barrier_quiet: float
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
         self.__dict__ = self._shared_state
@@ -268,20 +279,45 @@ class PartialState:
     # ---- barriers -------------------------------------------------------------------------
 
     def _barrier(self, kind: str) -> None:
+        """``dist.barrier()``, reported to the launcher's dashboard when it is noticeable.
+
+        Outside a launched worker this is a bare barrier. Inside one, on gloo, the barrier
+        runs asynchronously and is waited for ``_barrier_quiet`` seconds (env
+        ``NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS``, default 20): a barrier that completes
+        within that time is not reported (no front end could show it, and two pipe
+        messages per barrier would cost more than the barrier itself); one that does not
+        emits ``BarrierEnter`` (with the time the rank entered) and, once everybody
+        arrived, ``BarrierExit``. With a quiet period of 0, and on nccl (whose timed
+        waits are not safe to interrupt), every barrier is reported.
+        """
         if self.distributed_type not in _DISTRIBUTED_TYPES:
             return
+        nccl = self.backend is not None and "nccl" in self.backend
         kwargs: dict[str, Any] = {}
-        if self.device.type == "cuda" and self.backend is not None and "nccl" in self.backend:
+        if nccl and self.device.type == "cuda":
             kwargs["device_ids"] = [self.device.index or 0]
         if not _runtime.active():
             dist.barrier(**kwargs)
             return
-        rank = self.process_index
         index = _runtime.next_barrier_index()
+        entered = time.time()
+        quiet = self._shared_state.get("_barrier_quiet", _BARRIER_QUIET)
+        work = None
+        if quiet > 0 and not nccl:
+            work = dist.barrier(async_op=True, **kwargs)
+            try:
+                work.wait(timeout=timedelta(seconds=quiet))
+                return
+            except RuntimeError as exc:
+                if "timed out" not in str(exc).lower():
+                    raise
         location = _runtime.caller_location()
-        _runtime.emit(BarrierEnter(rank, index, location, kind, time.time()))
-        dist.barrier(**kwargs)
-        _runtime.emit(BarrierExit(rank, index, location, time.time()))
+        _runtime.emit(BarrierEnter(self.process_index, index, location, kind, entered))
+        if work is None:
+            dist.barrier(**kwargs)
+        else:
+            work.wait()
+        _runtime.emit(BarrierExit(self.process_index, index, location, time.time()))
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this call (a no-op in a single process).
@@ -536,6 +572,7 @@ def _build_partial_state(
         "_created_group": created,
         "_trigger": False,
         "_init_kwargs": init_kwargs,
+        "_barrier_quiet": _barrier_quiet_from_env(),
     }
 
 

@@ -444,7 +444,10 @@ def _read_log(path: Path) -> list[tuple[str, int, float]]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_processes", [2, 3])
-def test_process_control_across_ranks(tmp_path: Path, num_processes: int) -> None:
+def test_process_control_across_ranks(
+    tmp_path: Path, num_processes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS", "0")  # report every barrier
     view = Recorder()
     results = notebook_launcher(
         _process_control_worker, args=(str(tmp_path),), num_processes=num_processes, dashboard=view
@@ -533,3 +536,31 @@ def test_process_control_across_ranks(tmp_path: Path, num_processes: int) -> Non
             assert mine_exits[e.index].time >= e.time
     waits = {e.location for e in enters if e.kind == "wait_for_everyone"}
     assert len(waits) == 1  # every rank waited at the same line
+
+
+def _slow_main_worker() -> float:
+    state = PartialState()
+    for _ in range(3):
+        state.wait_for_everyone()  # fast barriers: usually not worth a dashboard event
+    if state.is_main_process:
+        time.sleep(0.5)  # the others wait for rank 0 at the next line
+    arrived = time.time()
+    state.wait_for_everyone()
+    return arrived
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_waiting_at_a_barrier_is_reported_with_its_call_site() -> None:
+    view = Recorder()
+    arrived = notebook_launcher(_slow_main_worker, num_processes=3, dashboard=view)
+    enters = [e for e in view.events if isinstance(e, BarrierEnter)]
+    exits = {(e.rank, e.index): e for e in view.events if isinstance(e, BarrierExit)}
+    line = _slow_main_worker.__code__.co_firstlineno + 7
+    for rank in (1, 2):
+        slow = [e for e in enters if e.rank == rank and e.index == 3]
+        assert len(slow) == 1, enters
+        assert (slow[0].location, slow[0].kind) == (f"test_state.py:{line}", "wait_for_everyone")
+        assert slow[0].time <= arrived[0]  # it entered before rank 0 even arrived
+        assert exits[(rank, 3)].time >= arrived[0] and exits[(rank, 3)].location == slow[0].location
+    for e in enters:  # whatever else was reported is consistent
+        assert exits[(e.rank, e.index)].time >= e.time and e.index <= 3
