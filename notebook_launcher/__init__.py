@@ -1,6 +1,18 @@
-"""notebook_launcher: launch a PyTorch function on N ranks from a live Jupyter kernel."""
+"""notebook_launcher: launch a PyTorch function on N ranks from a live Jupyter kernel.
+
+Accelerate's names, so code written for it runs after changing the import::
+
+    from notebook_launcher import notebook_launcher, Accelerator, PartialState
+
+Importing the package does not import torch: the names that need it (the state,
+the Accelerator, the plugins) load on first use, so the kernel extension and the
+dashboard start fast.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     DistributedOperationException,
@@ -13,11 +25,47 @@ from .errors import (
 )
 from .launcher import notebook_launcher
 
+if TYPE_CHECKING:
+    from .accelerator import Accelerator
+    from .state import AcceleratorState, DistributedType, GradientState, PartialState
+    from .utils.dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin
+
 __version__ = "0.1.0"
 
+_LAZY = {
+    "Accelerator": "notebook_launcher.accelerator",
+    "AcceleratorState": "notebook_launcher.state",
+    "DistributedType": "notebook_launcher.state",
+    "GradientState": "notebook_launcher.state",
+    "PartialState": "notebook_launcher.state",
+    "DataLoaderConfiguration": "notebook_launcher.utils.dataclasses",
+    "GradientAccumulationPlugin": "notebook_launcher.utils.dataclasses",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'notebook_launcher' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
 __all__ = [
+    "Accelerator",
+    "AcceleratorState",
+    "DataLoaderConfiguration",
     "DistributedOperationException",
+    "DistributedType",
+    "GradientAccumulationPlugin",
+    "GradientState",
     "LaunchError",
+    "PartialState",
     "PreflightError",
     "ProcessGroupMismatch",
     "RankFailedError",

@@ -1,0 +1,45 @@
+"""The public surface is small and pinned; the UI never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import notebook_launcher
+
+EXPECTED = {
+    "Accelerator",
+    "AcceleratorState",
+    "DataLoaderConfiguration",
+    "DistributedOperationException",
+    "DistributedType",
+    "GradientAccumulationPlugin",
+    "GradientState",
+    "LaunchError",
+    "PartialState",
+    "PreflightError",
+    "ProcessGroupMismatch",
+    "RankFailedError",
+    "SerializationError",
+    "WorkerDied",
+    "__version__",
+    "notebook_launcher",
+}
+
+
+def test_all_is_pinned_and_resolvable() -> None:
+    assert set(notebook_launcher.__all__) == EXPECTED
+    for name in EXPECTED:
+        assert getattr(notebook_launcher, name) is not None
+
+
+def _modules_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_ui_and_package_import_do_not_import_torch() -> None:
+    assert "torch" not in _modules_after("import notebook_launcher.ui")
+    assert "torch" not in _modules_after("import notebook_launcher")
+    assert "torch" not in _modules_after("import notebook_launcher.ipython_extension")
