@@ -45,7 +45,7 @@ from ._events import ProgressUpdate
 MIN_INTERVAL = 0.1
 
 _rank: int | None = None
-_bar_ids = itertools.count()
+_bar_ids = itertools.count()  # only uniqueness within a process matters
 _lock = threading.Lock()
 _original_new: Any = None  # tqdm.std.tqdm.__dict__["__new__"] while installed
 _event_classes: dict[type, type] = {}
@@ -194,13 +194,12 @@ def install(rank: int) -> None:
 
     A no-op when tqdm is not installed. Idempotent (a second call just changes the rank).
     """
-    global _rank, _original_new, _bar_ids
+    global _rank, _original_new
     try:
         import tqdm.std
     except ImportError:
         return
     _rank = rank
-    _bar_ids = itertools.count()
     base = tqdm.std.tqdm
     if _original_new is None:
         _original_new = base.__dict__["__new__"]
