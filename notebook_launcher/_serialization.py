@@ -74,8 +74,8 @@ def dumps_checked(obj: Any, what: str, rank: int | None = None) -> bytes:
         ) from exc
 
 
-def payload_size_warning(nbytes: int) -> str | None:
-    if nbytes <= LARGE_PAYLOAD_BYTES:
+def payload_size_warning(nbytes: int, limit: int | None = None) -> str | None:
+    if nbytes <= (LARGE_PAYLOAD_BYTES if limit is None else limit):
         return None
     return (
         f"The launched function and its arguments pickle to {nbytes / 2**20:.0f} MiB: each "

@@ -31,6 +31,10 @@ class SerializationError(LaunchError, TypeError):
     """Something could not be shipped between the kernel and a worker."""
 
 
+class LargePayloadWarning(UserWarning):
+    """The launched function (with what it captures) is large: every worker gets a copy."""
+
+
 class DistributedOperationException(RuntimeError):
     """Ranks called a collective with incompatible inputs (shapes, dtypes, order)."""
 
@@ -148,6 +152,7 @@ __all__ = [
     "DistributedOperationException",
     "LaunchError",
     "LaunchFailure",
+    "LargePayloadWarning",
     "PreflightError",
     "ProcessGroupMismatch",
     "RankFailedError",

@@ -21,6 +21,7 @@ from ._events import (
     Output,
     WorkerDied,
     WorkerFailed,
+    WorkerFinished,
     WorkerStopped,
 )
 from ._process import WorkerGroup, WorkerProcess
@@ -32,6 +33,7 @@ from ._serialization import (
 )
 from ._worker import WorkerSpec
 from .errors import (
+    LargePayloadWarning,
     LaunchError,
     LaunchFailure,
     ProcessGroupMismatch,
@@ -165,7 +167,7 @@ def _task(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: 
     data = dumps_checked((function, args, kwargs), "the launched function and its args")
     note = payload_size_warning(len(data))
     if note:
-        warnings.warn(note, ResourceWarning, stacklevel=3)
+        warnings.warn(note, LargePayloadWarning, stacklevel=3)
     return data
 
 

@@ -273,3 +273,43 @@ def test_closure_works_with_fork_without_pickling() -> None:
         return lock.locked()
 
     assert notebook_launcher(uses_lock, (), 2, dashboard=Recorder()) == [False, False]
+
+
+def test_large_captured_object_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    from notebook_launcher import _serialization
+    from notebook_launcher.errors import LargePayloadWarning
+
+    monkeypatch.setattr(_serialization, "LARGE_PAYLOAD_BYTES", 1 << 20)
+    big = b"z" * (2 << 20)
+
+    def uses_big() -> int:
+        return len(big)
+
+    with pytest.warns(LargePayloadWarning, match="pickle to 2 MiB"):
+        out = notebook_launcher(uses_big, (), 2, start_method="forkserver", dashboard=Recorder())
+    assert out == [2 << 20, 2 << 20]
+
+
+def state_view() -> tuple:
+    from notebook_launcher import PartialState
+
+    s = PartialState()
+    return (s.process_index, s.num_processes, str(s.distributed_type), s.mixed_precision)
+
+
+def test_mixed_precision_and_world_reach_the_workers_state() -> None:
+    out = notebook_launcher(state_view, (), 2, mixed_precision="bf16", dashboard=Recorder())
+    assert [o[:2] for o in out] == [(0, 2), (1, 2)]
+    assert all("MULTI_CPU" in o[2] and o[3] == "bf16" for o in out)
+
+
+def exits_cleanly() -> None:
+    import sys
+
+    sys.exit(0 if os.environ["RANK"] == "1" else None)
+
+
+def test_sys_exit_zero_is_a_clean_end() -> None:
+    rec = Recorder()
+    assert notebook_launcher(exits_cleanly, (), 2, dashboard=rec) == [None, None]
+    assert sorted(e.rank for e in rec.of(WorkerFinished)) == [0, 1]
