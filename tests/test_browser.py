@@ -184,7 +184,7 @@ def test_dashboard_renders_live_in_jupyterlab(lab: dict[str, Any]) -> None:
             done = page.locator(".jp-OutputArea-output", has_text="ALL DONE")
             samples: list[Any] = []
             t0 = time.monotonic()
-            mid_shot = False
+            mid_shot = waiting_shot = False
             while done.count() == 0 and time.monotonic() - t0 < 60:
                 sample = page.evaluate(BARS)
                 samples.append(sample)
@@ -194,6 +194,11 @@ def test_dashboard_renders_live_in_jupyterlab(lab: dict[str, Any]) -> None:
                         path=str(ARTIFACTS / "dashboard_live.png")
                     )
                     mid_shot = True
+                if not waiting_shot and any("waiting at" in row["info"] for row in sample):
+                    page.locator(".nl-dashboard").screenshot(
+                        path=str(ARTIFACTS / "dashboard_waiting.png")
+                    )
+                    waiting_shot = True
                 time.sleep(0.05)
             assert done.count() == 1, f"the notebook did not finish; server log: {lab['log']}"
 
@@ -231,5 +236,8 @@ def test_dashboard_renders_live_in_jupyterlab(lab: dict[str, Any]) -> None:
             }
             partial = widths - {"0%", "100%", ""}
             assert len(partial) >= 2, sorted(widths)
+            # rank 1 is slower: rank 0 was seen waiting at the barrier, with its location
+            infos = {row["info"] for sample in samples for row in sample}
+            assert any("● waiting at In[1]:14 for " in i for i in infos), sorted(infos)
         finally:
             browser.close()

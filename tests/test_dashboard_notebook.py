@@ -106,7 +106,7 @@ def test_saved_widget_state_shows_both_bars_of_both_ranks_done(
             p = state[progress]
             shown.append((p["description"], p["value"], p["max"], p["bar_style"]))
             assert re.match(
-                r"(2/2|20/20) \[100%\] [\d.]+it/s in [\d.]+s", _text(state[stats]["value"])
+                r"(2/2|20/20) \[100%\] [\d.]+(it/s|s/it) in [\d.]+s", _text(state[stats]["value"])
             )
         assert shown == [("epoch", 2.0, 2.0, "success"), ("↳ step", 20.0, 20.0, "success")]
 

@@ -34,11 +34,16 @@ def events() -> Iterator[list[Any]]:
 
 
 def bars(events: list[Any]) -> dict[int, list[ProgressUpdate]]:
+    """The updates of each bar, in the order the bars appeared (bar ids are only unique)."""
     out: dict[int, list[ProgressUpdate]] = {}
     for e in events:
         if isinstance(e, ProgressUpdate):
             out.setdefault(e.bar_id, []).append(e)
     return out
+
+
+def nth(events: list[Any], i: int) -> list[ProgressUpdate]:
+    return list(bars(events).values())[i]
 
 
 def test_every_tqdm_name_reports_and_draws_nothing(
@@ -85,7 +90,7 @@ def test_nested_bars_levels_postfix_and_units(events: list[Any]) -> None:
     for _ in tqdm.tqdm(range(2048), unit="B", unit_scale=2):
         pass
     by_id = bars(events)
-    epoch, step1, step2, scaled = (by_id[k] for k in sorted(by_id))
+    epoch, step1, step2, scaled = by_id.values()
     assert [(e.level, e.unit) for e in (epoch[0], step1[0], scaled[0])] == [
         (0, "ep"),
         (1, "it"),
@@ -125,7 +130,7 @@ def test_coalescing_tight_loops_and_refresh_floods(events: list[Any]) -> None:
     for updates in by_id.values():
         assert len(updates) <= 3 + 11 * seconds, (len(updates), seconds)
         assert updates[-1].closed and updates[-1].n == updates[-1].total
-    assert by_id[1][-1].postfix == "i=2999"
+    assert nth(events, 1)[-1].postfix == "i=2999"
 
 
 def test_final_state_always_sent(events: list[Any]) -> None:
@@ -143,7 +148,8 @@ def test_final_state_always_sent(events: list[Any]) -> None:
     b3.close()
     finals = [(u[-1].desc, u[-1].n, u[-1].total, u[-1].closed) for u in bars(events).values()]
     assert finals == [("", 4, 10, True), ("boom", 2, 5, True), ("reset", 1, 7, True)]
-    assert sum(1 for e in events if e.closed and e.bar_id == 0) == 1
+    first = nth(events, 0)[0].bar_id
+    assert sum(1 for e in events if e.closed and e.bar_id == first) == 1
 
 
 def test_uninstall_restores_tqdm(capsys: pytest.CaptureFixture[str]) -> None:
@@ -196,8 +202,13 @@ def _train(steps: int) -> int:
             pass
     for _ in tqdm.tqdm(range(3), desc="main only", disable=not state.is_local_main_process):
         pass
+    # barriers are reported when they take noticeable time (> 20 ms): make them wait
     with state.main_process_first():
+        if state.is_main_process:
+            time.sleep(0.3)  # rank 1 waits for this
         print(f"rank {state.process_index} in main_process_first", flush=True)
+    if not state.is_main_process:
+        time.sleep(0.3)  # rank 0 waits for this
     state.wait_for_everyone()
     return state.process_index
 
@@ -220,17 +231,17 @@ def test_two_ranks_report_their_bars_and_barriers() -> None:
         assert shown == expected
         # tqdm drew nothing into the rank's stderr
         assert not [t for _, stream, t in s.output.lines if stream == "stderr"]
-    # main_process_first: rank 1 waits once, then everybody meets at wait_for_everyone
-    records = sorted(model.barriers.values(), key=lambda b: b.index)
-    assert [(sorted(b.arrived), b.kind) for b in records] == [
-        ([1], "main_process_first"),
-        ([0, 1], "wait_for_everyone"),
-    ] or [(sorted(b.arrived), b.kind) for b in records] == [
-        ([0, 1], "main_process_first"),
-        ([0, 1], "wait_for_everyone"),
+        assert [t for _, _, t in s.output.lines] == [f"rank {r} in main_process_first"]
+    # main_process_first: rank 1 waited for rank 0; then rank 0 waited at wait_for_everyone
+    records = [model.barriers[i] for i in sorted(model.barriers)]
+    assert [(b.index, sorted(b.arrived), b.kind) for b in records] == [
+        (0, [1], "main_process_first"),
+        (1, [0], "wait_for_everyone"),
     ]
-    assert all(b.location.startswith("test_progress.py:") for b in records)
-    assert model.finished is not None and model.finished.ok
+    for b in records:
+        assert b.completed is not None and b.arrived_ranks(model.rank_ids) == [0, 1]
+        assert b.location.startswith("test_progress.py:") and b.took() >= 0.25  # type: ignore[operator]
+    assert model.finished is not None and model.finished.ok and model.alerts() == []
     updates = [e for e in rec.events if isinstance(e, ProgressUpdate)]
     assert len(updates) < 100  # 2 ranks x 5 bars: a handful of events each, not 2000
 
@@ -242,6 +253,7 @@ def _leave_early(_: int) -> None:
     for _ in tqdm.tqdm(range(4), desc="work"):
         pass
     if state.process_index == 2:
+        time.sleep(0.2)  # the others are waiting (and have said so) by now
         raise ValueError("rank 2 gives up")
     state.wait_for_everyone()
 
@@ -256,10 +268,15 @@ def test_three_ranks_one_leaves_while_the_others_wait() -> None:
     assert m.ranks[2].status == FAILED and m.ranks[2].exc_type.endswith("ValueError")
     assert {m.ranks[0].status, m.ranks[1].status} <= {STOPPED, FAILED}
     (barrier,) = m.barriers.values()
-    assert sorted(barrier.arrived) == [0, 1] and 2 in barrier.left
+    assert sorted(barrier.arrived) == [0, 1] and list(barrier.left) == [2]
+    assert barrier.completed is None and barrier.kind == "wait_for_everyone"
     out = buf.getvalue()
     assert "[rank2] raised " in out and "ValueError: rank 2 gives up" in out
-    assert "notebook_launcher: rank 2 raised " in out and "waited at barrier #0" in out
-    assert out.splitlines()[-1].startswith("notebook_launcher: 3 ranks, ")
-    assert "failed: rank 2 raised" in out.splitlines()[-1]
     assert "[rank0] work: 4/4 [100%]" in out
+    (alert,) = [ln for ln in out.splitlines() if "waited at barrier" in ln]
+    assert (
+        alert.startswith("notebook_launcher: rank 2 raised ")
+        and "ValueError while rank(s) 0, 1" in alert
+    )
+    last = out.splitlines()[-1]
+    assert last.startswith("notebook_launcher: 3 ranks, ") and "failed: rank 2 raised" in last

@@ -143,7 +143,7 @@ def test_whole_successful_run() -> None:
         ]
         assert [line for _, _, line in s.output.lines] == [f"hello from {r}"]
     (rec,) = m.barriers.values()
-    assert rec.complete(m.rank_ids) and rec.location == "train.py:12" and not rec.left
+    assert rec.completed == T0 + 6 + 3 and rec.location == "train.py:12" and not rec.left
     assert sorted(rec.arrived) == [0, 1, 2] and rec.missing(m.rank_ids) == []
     assert m.summary_line() == "3 ranks, 11.0s: ok"
     assert m.root_cause() is None and m.alerts() == []
@@ -364,3 +364,38 @@ def test_notebook_cells_are_named_like_ipython_does(monkeypatch: pytest.MonkeyPa
     assert m.barriers[0].location == "In[7]:3"
     m.apply(BarrierEnter(rank=0, index=1, location="train.py:9", kind="k", time=T0))
     assert m.barriers[1].location == "train.py:9"
+
+
+def test_quiet_barriers_and_racing_events() -> None:
+    """Workers report only barriers that take time; events of different ranks race."""
+    m = fold(
+        [
+            started(3),
+            *[WorkerStarted(rank=r, local_rank=r, pid=r, device="cpu", time=T0) for r in range(3)],
+        ]
+    )
+    # rank 0 waited, ranks 1 and 2 came late and passed at once (they sent nothing)
+    m.apply(BarrierEnter(rank=0, index=0, location="a.py:1", kind="wait_for_everyone", time=T0 + 1))
+    assert m.barriers[0].missing(m.rank_ids) == [1, 2]
+    # rank 1 returned and its end reached the parent before rank 0's exit did
+    m.apply(WorkerFinished(rank=1, time=T0 + 2.1))
+    assert m.barriers[0].left == {1: "returned"} and len(m.alerts()) == 1
+    m.apply(BarrierExit(rank=0, index=0, location="a.py:1", time=T0 + 2))
+    rec = m.barriers[0]
+    assert rec.completed == T0 + 2 and rec.left == {} and m.alerts() == []
+    assert rec.arrived_ranks(m.rank_ids) == [0, 1, 2] and rec.missing(m.rank_ids) == []
+    assert rec.took() == pytest.approx(1.0)
+    # rank 2 fails; ranks 0's enter of the next barrier arrives after that failure
+    m.apply(
+        WorkerFailed(
+            rank=2, exc_type="KeyError", message="k", traceback="", collateral=False, time=T0 + 3
+        )
+    )
+    m.apply(
+        BarrierEnter(rank=0, index=1, location="a.py:2", kind="wait_for_everyone", time=T0 + 2.9)
+    )
+    assert m.barriers[1].left == {1: "returned", 2: "raised KeyError"}
+    assert m.alerts() == [
+        "rank 1 returned while rank(s) 0 waited at barrier #1 (a.py:2)",
+        "rank 2 raised KeyError while rank(s) 0 waited at barrier #1 (a.py:2)",
+    ]

@@ -6,7 +6,14 @@ import io
 
 import pytest
 
-from notebook_launcher._events import BarrierEnter, Event, Output, WorkerStarted
+from notebook_launcher._events import (
+    BarrierEnter,
+    BarrierExit,
+    Event,
+    Output,
+    WorkerFinished,
+    WorkerStarted,
+)
 from notebook_launcher.ui.text import TextView
 
 from .test_ui_model import T0, bar, script, started
@@ -54,8 +61,9 @@ def test_failed_run_names_the_rank_and_the_barrier_it_left() -> None:
     lines = render(script(2, fail_rank=1), interval=100.0).splitlines()
     assert lines[-4:] == [
         "[rank1] raised ValueError: boom",
-        "notebook_launcher: rank 1 raised ValueError while rank(s) 0 waited at barrier #0 (train.py:12)",
         "[rank0] stopped: rank 1 failed",
+        # shown once it held alert_delay (1 s), or at the end as here
+        "notebook_launcher: rank 1 raised ValueError while rank(s) 0 waited at barrier #0 (train.py:12)",
         "notebook_launcher: 2 ranks, 10.0s: failed: rank 1 raised ValueError: boom",
     ]
 
@@ -130,3 +138,33 @@ def test_stderr_lines_go_to_stderr_and_tails_are_kept(capsys: pytest.CaptureFixt
     captured = capsys.readouterr()
     assert captured.out == "[rank0] out bold\n[rank1] no newline\n"
     assert captured.err == "[rank1] 100%\n[rank1] half\n"
+
+
+def test_alert_waits_out_a_race_and_then_shows() -> None:
+    buf = io.StringIO()
+    clock = Clock()
+    view = TextView(buf, clock=clock, alert_delay=1.0)
+    for e in [
+        started(2),
+        *[WorkerStarted(rank=r, local_rank=r, pid=r, device="cpu", time=T0) for r in (0, 1)],
+    ]:
+        view.handle(e)
+    view.handle(BarrierEnter(rank=0, index=0, location="a.py:1", kind="wait_for_everyone", time=T0))
+    view.handle(WorkerFinished(rank=1, time=T0 + 0.1))  # raced ahead of rank 0's exit
+    clock.t = T0 + 0.5
+    view.tick()
+    view.handle(BarrierExit(rank=0, index=0, location="a.py:1", time=T0 + 0.05))
+    clock.t = T0 + 3
+    view.tick()
+    assert "left" not in buf.getvalue() and "returned while" not in buf.getvalue()
+    view.handle(
+        BarrierEnter(rank=0, index=1, location="a.py:2", kind="wait_for_everyone", time=T0 + 3)
+    )
+    clock.t = T0 + 3.5
+    view.tick()
+    assert "returned while" not in buf.getvalue()
+    clock.t = T0 + 4.1
+    view.tick()
+    assert buf.getvalue().splitlines()[-1] == (
+        "notebook_launcher: rank 1 returned while rank(s) 0 waited at barrier #1 (a.py:2)"
+    )

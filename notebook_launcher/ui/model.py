@@ -189,7 +189,12 @@ class BarrierWait:
 
 @dataclass
 class BarrierRecord:
-    """One barrier (the ``index``-th barrier of every rank), for the barrier summary."""
+    """One barrier (the ``index``-th barrier of every rank), for the barrier summary.
+
+    Workers report only barriers that take noticeable time (a rank that passes at once
+    sends nothing), so ``arrived`` holds the ranks that *waited*; once any rank reports
+    leaving, the barrier has ``completed`` and every rank must have arrived.
+    """
 
     index: int
     kind: str
@@ -197,6 +202,7 @@ class BarrierRecord:
     arrived: dict[int, float] = field(default_factory=dict)  # rank -> enter time
     exited: dict[int, float] = field(default_factory=dict)  # rank -> exit time
     left: dict[int, str] = field(default_factory=dict)  # rank -> why it left the run instead
+    completed: float | None = None  # when the first rank reported leaving it
 
     @property
     def location(self) -> str:
@@ -210,11 +216,18 @@ class BarrierRecord:
     def waiting(self) -> list[int]:
         return sorted(r for r in self.arrived if r not in self.exited)
 
+    def arrived_ranks(self, ranks: list[int]) -> list[int]:
+        return list(ranks) if self.completed is not None else sorted(self.arrived)
+
     def missing(self, ranks: list[int]) -> list[int]:
+        if self.completed is not None:
+            return []
         return [r for r in ranks if r not in self.arrived]
 
-    def complete(self, ranks: list[int]) -> bool:
-        return all(r in self.exited for r in ranks)
+    def took(self) -> float | None:
+        if self.completed is None or not self.arrived:
+            return None
+        return max(self.exited.values(), default=self.completed) - min(self.arrived.values())
 
 
 class OutputBuffer:
@@ -257,6 +270,7 @@ class RankState:
     exitcode: int | None = None
     signal_name: str | None = None
     stop_reason: str = ""
+    end_reason: str = ""  # "returned", "raised ValueError", "died (SIGKILL)", ...
 
     def elapsed(self, now: float) -> float | None:
         if self.started is None:
@@ -481,6 +495,12 @@ class LaunchModel:
             rec = self.barriers[e.index] = BarrierRecord(index=e.index, kind=e.kind)
         rec.locations[e.rank] = location
         rec.arrived[e.rank] = e.time
+        if rec.completed is None:
+            # ranks that already left the run will never come (their end may be reported
+            # before the waiting rank's enter: events of different ranks race)
+            for other in self.ranks.values():
+                if other.ended is not None and other.rank not in rec.arrived:
+                    rec.left.setdefault(other.rank, other.end_reason)
         return [("rank", e.rank), ("barriers",)]
 
     def _on_BarrierExit(self, e: BarrierExit) -> list[Change]:
@@ -492,6 +512,9 @@ class LaunchModel:
         rec = self.barriers.get(e.index)
         if rec is not None:
             rec.exited[e.rank] = e.time
+            if rec.completed is None:
+                rec.completed = e.time
+            rec.left.clear()  # it completed: everybody came (an end seen first was a race)
         return [("rank", e.rank), ("barriers",)]
 
     def _end_rank(self, rank: int, status: str, time: float, why: str) -> list[Change]:
@@ -500,11 +523,16 @@ class LaunchModel:
         # the first real ending wins.
         if s.status in ENDED and not (s.status == STOPPED and status in (FAILED, DIED)):
             return []
-        s.status, s.ended = status, time
+        s.status, s.ended, s.end_reason = status, time, why
         s.barrier = None
         changes: list[Change] = [("rank", rank)]
         for rec in self.barriers.values():
-            if rec.waiting() and rank not in rec.arrived and rank not in rec.left:
+            if (
+                rec.completed is None
+                and rec.waiting()
+                and rank not in rec.arrived
+                and rank not in rec.left
+            ):
                 rec.left[rank] = why
                 changes.append(("barriers",))
         return changes

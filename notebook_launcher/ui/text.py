@@ -54,6 +54,7 @@ class TextView:
         *,
         progress: bool = True,
         interval: float = 5.0,
+        alert_delay: float = 1.0,
         clock: Callable[[], float] = time.time,
         model: LaunchModel | None = None,
     ) -> None:
@@ -64,7 +65,9 @@ class TextView:
         self.model = model if model is not None else LaunchModel()
         self._last_line: dict[int, float] = {}  # rank -> time of its last progress line
         self._dirty: set[int] = set()  # ranks whose progress changed since their last line
-        self._alerts_shown = 0
+        self.alert_delay = alert_delay
+        self._alerts_seen: dict[str, float] = {}  # alert -> when the model first had it
+        self._alerts_shown: set[str] = set()
         self._closed = False
 
     @property
@@ -112,11 +115,13 @@ class TextView:
         elif isinstance(event, (WorkerFailed, WorkerDied, WorkerStopped)):
             state = self.model.ranks[event.rank]
             self._write(f"[rank{event.rank}] {state.outcome()}\n")
-        self._show_alerts()
+        self._show_alerts(now)
 
     def tick(self) -> None:
         if self.progress and not self._closed:
-            self._periodic(self.clock())
+            now = self.clock()
+            self._periodic(now)
+            self._show_alerts(now)
             self.stream.flush()
 
     def close(self) -> None:
@@ -176,15 +181,19 @@ class TextView:
             self._dirty.discard(rank)
             self._write(f"[rank{rank}] {self.rank_line(state, now)}\n")
 
-    def _show_alerts(self) -> None:
-        alerts = self.model.alerts()
-        for alert in alerts[self._alerts_shown :]:
-            self._write(f"notebook_launcher: {alert}\n")
-        self._alerts_shown = len(alerts)
+    def _show_alerts(self, now: float, final: bool = False) -> None:
+        """Print "rank k left while others waited" once it held ``alert_delay`` seconds (or
+        at the end): events of different ranks race, and a barrier that completes right
+        after clears a premature one."""
+        for alert in self.model.alerts():
+            first = self._alerts_seen.setdefault(alert, now)
+            if alert not in self._alerts_shown and (final or now - first >= self.alert_delay):
+                self._alerts_shown.add(alert)
+                self._write(f"notebook_launcher: {alert}\n")
 
     def _finish(self) -> None:
         if self.progress:
-            self._show_alerts()
+            self._show_alerts(self.clock(), final=True)
         self._write(f"notebook_launcher: {self.model.summary_line()}\n")
         self.stream.flush()
 

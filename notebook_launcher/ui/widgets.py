@@ -310,12 +310,12 @@ class WidgetView:
         records = sorted(m.barriers.values(), key=lambda b: b.index)
         hidden = max(0, len(records) - keep)
         for rec in records[hidden:]:
-            arrived = ", ".join(str(r) for r in sorted(rec.arrived)) or "-"
+            arrived = ", ".join(str(r) for r in rec.arrived_ranks(ranks)) or "-"
             missing = rec.missing(ranks)
             colour = "#2e7d32"
-            if rec.complete(ranks):
-                took = max(rec.exited.values()) - min(rec.arrived.values())
-                state = f"passed ({fmt_duration(took)})"
+            took = rec.took()
+            if rec.completed is not None:
+                state = f"passed ({fmt_duration(took)})" if took is not None else "passed"
             elif rec.left:
                 colour = RED
                 state = "; ".join(f"rank {r} {why}" for r, why in sorted(rec.left.items()))
