@@ -226,8 +226,7 @@ def execution_process() -> list[Any]:
             import time
             from pathlib import Path
 
-            from notebook_launcher import notebook_launcher
-            from notebook_launcher.state import PartialState
+            from notebook_launcher import PartialState, notebook_launcher
 
             workdir = Path(tempfile.mkdtemp(prefix="execution-process-"))
             """
@@ -624,9 +623,8 @@ def training() -> list[Any]:
             import torch
             from torch.utils.data import DataLoader, TensorDataset
 
-            from notebook_launcher import notebook_launcher
-            from notebook_launcher.accelerator import Accelerator
-            from notebook_launcher.utils.dataclasses import GradientAccumulationPlugin
+            from notebook_launcher import Accelerator, notebook_launcher
+            from notebook_launcher.utils import GradientAccumulationPlugin
 
             N_FEATURES = 8
 
@@ -845,12 +843,11 @@ def debugging() -> list[Any]:
             """
             import os
             import signal
+            import time
 
             import torch.distributed as dist
 
-            from notebook_launcher import notebook_launcher
-            from notebook_launcher.errors import ProcessGroupMismatch, WorkerDied
-            from notebook_launcher.state import PartialState
+            from notebook_launcher import PartialState, ProcessGroupMismatch, WorkerDied, notebook_launcher
             from notebook_launcher.ui.widgets import WidgetView
             """
         ),
@@ -944,9 +941,9 @@ def debugging() -> list[Any]:
             ## 3. A rank skips a barrier
 
             Every rank must reach every barrier (and every collective) in the same order. Here
-            only rank 0 calls `wait_for_everyone()`; rank 1 returns straight away. Rank 0 would
-            wait forever; the launcher notices that rank 1 left while rank 0 still waits for
-            it, stops rank 0, and raises `ProcessGroupMismatch`. The dashboard's barrier table
+            only rank 0 calls `wait_for_everyone()`; rank 1 does something else and returns.
+            Rank 0 would wait forever; the launcher notices that rank 1 left while rank 0 still
+            waits for it, stops rank 0, and raises `ProcessGroupMismatch`. The dashboard's barrier table
             shows the barrier rank 0 was stuck in, the line of the cell it was called from,
             and which rank never arrived.
 
@@ -960,7 +957,9 @@ def debugging() -> list[Any]:
                 state = PartialState()
                 if state.is_main_process:
                     state.wait_for_everyone()  # rank 0 waits here ...
-                return state.process_index  # ... but rank 1 never calls it
+                else:
+                    time.sleep(0.5)  # ... while rank 1 does something else ...
+                return state.process_index  # ... and returns without ever calling it
 
 
             dashboard = WidgetView()
