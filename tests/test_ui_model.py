@@ -271,6 +271,8 @@ def test_bar_text() -> None:
         and fmt_rate(None, "it") == "?it/s"
         and fmt_rate(250.0, "it") == "250it/s"
     )
+    rates = [fmt_rate(x, "B") for x in (12_345.0, 6_462_718.0, 2.5e9)]
+    assert rates == ["12.3kB/s", "6.46MB/s", "2.5GB/s"]
     assert [fmt_duration(x) for x in (0.04, 59.9, 65, 3723, None, -1)] == [
         "0.0s",
         "59.9s",

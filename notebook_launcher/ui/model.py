@@ -112,7 +112,14 @@ def fmt_rate(rate: float | None, unit: str) -> str:
         return f"?{unit}/s"
     if rate < 1:
         return f"{1 / rate:.2f}s/{unit}"
-    return f"{rate:.1f}{unit}/s" if rate < 100 else f"{rate:.0f}{unit}/s"
+    if rate < 100:
+        return f"{rate:.1f}{unit}/s"
+    if rate < 10_000:
+        return f"{rate:.0f}{unit}/s"
+    for div, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if rate >= div:
+            return f"{rate / div:.3g}{prefix}{unit}/s"
+    return f"{rate:.0f}{unit}/s"
 
 
 @dataclass

@@ -154,6 +154,24 @@ def _pane_html(buf: OutputBuffer, labels: bool, tail: str = "", traceback: str =
     return f"<div style='{PANE_STYLE}'><pre style='{PRE_STYLE}'>{chr(10).join(lines)}</pre></div>"
 
 
+_DASHBOARD_CLASS: Any = None
+
+
+def _dashboard_class(W: Any) -> Any:
+    """A ``VBox`` whose ``text/plain`` is a stable line (not a repr of every child)."""
+    global _DASHBOARD_CLASS
+    if _DASHBOARD_CLASS is None:
+
+        class Dashboard(W.VBox):
+            plain_text = "notebook_launcher: starting"
+
+            def __repr__(self) -> str:
+                return str(self.plain_text)
+
+        _DASHBOARD_CLASS = Dashboard
+    return _DASHBOARD_CLASS
+
+
 class WidgetView:
     """The ipywidgets dashboard. See the module docstring for what it shows.
 
@@ -187,7 +205,7 @@ class WidgetView:
         self.barriers = W.HTML(value="")
         self.tabs = W.Tab(children=(), layout=W.Layout(margin="6px 0 0 0"))
         self.summary = W.HTML(value="")
-        self.root = W.VBox(
+        self.root = _dashboard_class(W)(
             [self.header, self.alerts, self.ranks_box, self.barriers, self.tabs, self.summary]
         )
         self.root.add_class("nl-dashboard")
@@ -202,10 +220,11 @@ class WidgetView:
         self._last_flush = float("-inf")
         self._last_output_flush = float("-inf")
         self._closed = False
+        self._display: Any = None
         if display:
             from IPython.display import display as ipy_display
 
-            ipy_display(self.root)
+            self._display = ipy_display(self.root, display_id=True)
 
     # -- View protocol ---------------------------------------------------------------------
     def handle(self, event: Event) -> None:
@@ -224,6 +243,10 @@ class WidgetView:
         self._dirty |= {("output", rank) for rank, _, _ in self.model.flush_tails()}
         self.flush(self.clock(), force=True)
         self._closed = True
+        # what a viewer without widgets (GitHub, nbconvert, a text console) shows: the summary
+        self.root.plain_text = f"notebook_launcher: {self.model.summary_line()}"
+        if self._display is not None:
+            self._display.update(self.root)
 
     # -- drawing ---------------------------------------------------------------------------
     def flush(self, now: float, force: bool = False, ticking: bool = False) -> None:
