@@ -68,19 +68,17 @@ def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(prefix / "share" / "jupyter")
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_under_nbval(
-    name: str, jupyter_path: str, kernel_env: dict[str, str], tmp_path: Path
-) -> None:
-    mode = LAX.get(name, "--nbval")
+def _nbval(
+    path: Path, mode: str, jupyter_path: str, kernel_env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """``pytest <mode> path`` in a subprocess, on the kernelspec found in ``jupyter_path``."""
     pythonpath = [PACKAGE_PARENT, *filter(None, kernel_env.get("PYTHONPATH", "").split(os.pathsep))]
     env = {
         **kernel_env,
         "JUPYTER_PATH": jupyter_path,  # finds the kernelspec installed for this test run
         "PYTHONPATH": os.pathsep.join(pythonpath),  # the kernel imports the code under test
     }
-    done = subprocess.run(
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -94,14 +92,47 @@ def test_notebook_runs_under_nbval(
             "--nbval-sanitize-with",
             str(NOTEBOOK_DIR / "sanitize.cfg"),
             "--rootdir",
-            str(ROOT),
-            str(NOTEBOOK_DIR / name),
+            str(path.parent if path.parent != NOTEBOOK_DIR else ROOT),
+            str(path),
         ],
-        cwd=str(tmp_path),
+        cwd=str(cwd),
         env=env,
         capture_output=True,
         text=True,
         timeout=140,
     )
+
+
+@pytest.mark.timeout(60)
+def test_nbval_kernel_captures_fd_output_without_the_pytest_marker(
+    jupyter_path: str, kernel_env: dict[str, str], tmp_path: Path
+) -> None:
+    """notebooks/conftest.py starts nbval's kernel without PYTEST_CURRENT_TEST (pitfall 1)."""
+    cell = nbformat.v4.new_code_cell(
+        "import os, time\n"
+        "print(os.environ.get('PYTEST_CURRENT_TEST'))\n"
+        "_ = os.write(1, b'written to fd 1\\n')\n"
+        "time.sleep(0.2)",
+        execution_count=1,
+        outputs=[nbformat.v4.new_output("stream", name="stdout", text="None\nwritten to fd 1\n")],
+    )
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": DISPLAY_NAME}
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    nbformat.write(nb, folder / "fd_check.ipynb")
+    (folder / "conftest.py").write_text((NOTEBOOK_DIR / "conftest.py").read_text())
+    done = _nbval(folder / "fd_check.ipynb", "--nbval", jupyter_path, kernel_env, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_under_nbval(
+    name: str, jupyter_path: str, kernel_env: dict[str, str], tmp_path: Path
+) -> None:
+    mode = LAX.get(name, "--nbval")
+    done = _nbval(NOTEBOOK_DIR / name, mode, jupyter_path, kernel_env, tmp_path)
     assert done.returncode == 0, f"nbval failed on {name}:\n{done.stdout}\n{done.stderr}"
     assert " passed" in done.stdout and " failed" not in done.stdout
