@@ -280,3 +280,27 @@ def test_three_ranks_one_leaves_while_the_others_wait() -> None:
     )
     last = out.splitlines()[-1]
     assert last.startswith("notebook_launcher: 3 ranks, ") and "failed: rank 2 raised" in last
+
+
+def _chatty(_: int) -> int:
+    import sys
+
+    for _ in tqdm.tqdm(range(3), desc="quiet bar"):
+        pass
+    rank = int(os.environ["RANK"])
+    print(f"hello from {rank}", flush=True)
+    print(f"warning from {rank}", file=sys.stderr, flush=True)
+    return rank
+
+
+@pytest.mark.timeout(60)
+def test_dashboard_false_still_prints_rank_output_and_the_summary(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert notebook_launcher(_chatty, args=(0,), num_processes=2, dashboard=False) == [0, 1]
+    captured = capsys.readouterr()
+    out, err = captured.out.splitlines(), captured.err.splitlines()
+    assert sorted(out[:-1]) == ["[rank0] hello from 0", "[rank1] hello from 1"]
+    assert out[-1].startswith("notebook_launcher: 2 ranks, ") and out[-1].endswith(": ok")
+    assert sorted(err) == ["[rank0] warning from 0", "[rank1] warning from 1"]
+    assert "quiet bar" not in captured.out + captured.err  # no progress lines
