@@ -18,6 +18,7 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -58,20 +59,40 @@ def ours(method: str) -> None:
     notebook_launcher(trivial, (), 2, start_method=method, use_port="auto", dashboard=NullView())
 
 
+def trivial_accelerate() -> int:
+    # Accelerate's workers only get a process group once its state is created.
+    from accelerate import PartialState  # type: ignore[import-not-found]
+
+    state = PartialState()
+    state.wait_for_everyone()
+    return int(state.num_processes)
+
+
 def accelerate_launch() -> None:
     from accelerate import notebook_launcher as acc_launcher  # type: ignore[import-not-found]
 
-    acc_launcher(trivial, (), num_processes=2, use_port=str(_free_port()))
+    acc_launcher(trivial_accelerate, (), num_processes=2, use_port=str(_free_port()))
 
 
-def timeit(fn: object, reps: int, *args: object) -> float:
-    fn(*args)  # type: ignore[operator]  # warm: imports, forkserver start, page cache
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn(*args)  # type: ignore[operator]
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+Contender = tuple[Callable[..., None], tuple[object, ...]]
+
+
+def timeit(contenders: list[Contender], reps: int) -> list[float]:
+    """Median seconds per call of each contender, interleaved so that load on a shared
+    machine falls on all of them alike."""
+    for fn, args in contenders:
+        fn(*args)  # warm: imports, forkserver start, page cache
+    times: list[list[float]] = [[] for _ in contenders]
+    for rep in range(reps):
+        order = list(range(len(contenders)))
+        if rep % 2:
+            order.reverse()
+        for i in order:
+            fn, args = contenders[i]
+            t = time.perf_counter()
+            fn(*args)
+            times[i].append(time.perf_counter() - t)
+    return [statistics.median(t) for t in times]
 
 
 def raise_at(path: str) -> None:
@@ -102,17 +123,26 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     reps = parser.parse_args().reps
     rows = []
-    base_fork = timeit(handwritten, reps, "fork")
-    our_fork = timeit(ours, reps, "fork")
-    rows.append(("fork: notebook_launcher", our_fork, "hand-written mp fork", base_fork))
-    base_spawn = timeit(handwritten, max(3, reps // 4), "spawn")
-    our_fs = timeit(ours, reps, "forkserver")
-    rows.append(("CUDA-safe: notebook_launcher forkserver", our_fs, "hand-written spawn", base_spawn))
+    contenders: list[Contender] = [(ours, ("fork",)), (handwritten, ("fork",))]
     try:
-        acc = timeit(accelerate_launch, reps)
-        rows.append(("fork: notebook_launcher", our_fork, "Accelerate notebook_launcher", acc))
+        import accelerate  # type: ignore[import-not-found]  # noqa: F401
+
+        contenders.append((accelerate_launch, ()))
     except ImportError:
         print("(Accelerate not installed: no comparison with it)")
+    fork_times = timeit(contenders, reps)
+    our_fork = fork_times[0]
+    rows.append(("fork: notebook_launcher", our_fork, "hand-written mp fork", fork_times[1]))
+    if len(fork_times) > 2:
+        rows.append(
+            ("fork: notebook_launcher", our_fork, "Accelerate notebook_launcher", fork_times[2])
+        )
+    our_fs, base_spawn = timeit(
+        [(ours, ("forkserver",)), (handwritten, ("spawn",))], max(3, reps // 4)
+    )
+    rows.append(
+        ("CUDA-safe: notebook_launcher forkserver", our_fs, "hand-written spawn", base_spawn)
+    )
     print(f"launch-to-return, 2 CPU ranks, one barrier, median of {reps} warm runs")
     for name, ours_t, peer, peer_t in rows:
         print(

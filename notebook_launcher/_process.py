@@ -437,6 +437,8 @@ class WorkerGroup:
             fds += [fd for fd in (p.out_fd, p.err_fd) if fd is not None]
         if self._listen is not None and req.listen_fd is None:
             fds.append(self._listen.fileno())
+        if _forkserver is not None and not _forkserver._dead:
+            fds.append(_forkserver.fileno())  # so the server sees EOF when the kernel dies
         return fds
 
     # -- pump --------------------------------------------------------------------------

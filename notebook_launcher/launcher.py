@@ -5,6 +5,7 @@ This is the one module where the process side (``_process``) meets the UI (``ui`
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -161,8 +162,18 @@ def notebook_launcher(
     return run.outcome()
 
 
+#: Imported in the kernel before forking, so that every rank inherits them instead of
+#: importing them itself (tqdm's patch and the state module are used by most functions).
+_FORK_PRELOAD = ("notebook_launcher._progress", "tqdm.std", "notebook_launcher.state")
+
+
 def _task(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str) -> Any:
     if method == "fork":
+        for name in _FORK_PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
         return (function, args, kwargs)  # the child inherits it: nothing to pickle
     data = dumps_checked((function, args, kwargs), "the launched function and its args")
     note = payload_size_warning(len(data))
