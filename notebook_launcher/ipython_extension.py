@@ -6,8 +6,9 @@ puts nothing in the user's namespace and imports neither torch nor the launcher,
 start-up stays fast; ``%nl_info`` imports them when it runs.
 
 ``%nl_info`` prints what a student needs to know before a launch: the versions in use, the
-devices torch sees, how workers will be started, and whether that is still possible in this
-kernel (CUDA already initialised in the kernel rules out forking GPU workers).
+devices torch sees, how workers will be started (fork, or a forkserver once CUDA is
+initialised in the kernel), and whether the next launch would pass its preflight checks (no
+process group or ``PartialState`` created in the kernel itself).
 
 Example (in a notebook)::
 
@@ -24,6 +25,9 @@ import os
 import platform
 import sys
 from typing import Any
+
+from . import _preflight as preflight
+from .errors import PreflightError
 
 #: The magic's name (``%nl_info``).
 MAGIC_NAME = "nl_info"
@@ -53,7 +57,7 @@ def info_lines() -> list[str]:
         )
         if ok
     ]
-    cuda_initialised = torch.cuda.is_initialized()
+    method, reason = preflight.resolve_start_method(None, preflight.cuda_initialized())
     if cuda_devices:
         devices = f"{cuda_devices} CUDA device(s): " + ", ".join(
             torch.cuda.get_device_name(i) for i in range(cuda_devices)
@@ -67,15 +71,22 @@ def info_lines() -> list[str]:
         ("devices", devices),
         ("backends", ", ".join(backends) or "none (torch.distributed unavailable)"),
         ("workers", workers),
-        (
-            "CUDA in kernel",
-            "initialised: restart the kernel before launching GPU workers"
-            if cuda_initialised
-            else "not initialised (good: workers can be forked)",
-        ),
+        ("start method", f"{method} ({reason})"),
+        ("ready to launch", _launch_readiness()),
         ("in a worker", "yes" if os.environ.get("NOTEBOOK_LAUNCHER_WORKER") == "1" else "no"),
     ]
     return _format(lines)
+
+
+def _launch_readiness() -> str:
+    """``"yes"``, or the first preflight error the next launch from this kernel would raise."""
+    state = sys.modules.get("notebook_launcher.state")
+    try:
+        preflight.check_no_process_group_in_parent()
+        preflight.check_no_state_in_parent(getattr(state, "state_in_use", None))
+    except PreflightError as exc:
+        return f"no: {exc}"
+    return "yes"
 
 
 def _format(pairs: list[tuple[str, str]]) -> list[str]:

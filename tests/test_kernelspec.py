@@ -141,7 +141,9 @@ def _run(kc: Any, code: str) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_kernel_started_from_installed_spec_has_the_extension(kernel_from_spec: Any) -> None:
+def test_kernel_started_from_installed_spec_has_the_extension(
+    kernel_from_spec: Any, tmp_path: Path
+) -> None:
     kc = kernel_from_spec
     facts = json.loads(
         _run(
@@ -173,7 +175,18 @@ def test_kernel_started_from_installed_spec_has_the_extension(kernel_from_spec: 
     assert "gloo" in rows["backends"]
     assert rows["in a worker"] == "no"
     assert ("CUDA device" if torch.cuda.is_available() else "CPU only") in rows["devices"]
-    assert rows["CUDA in kernel"].startswith("not initialised")
+    assert rows["start method"] == "fork (fast, nothing to pickle)"
+    assert rows["ready to launch"] == "yes"
+
+    # A process group created in the kernel itself would break the next launch: %nl_info says so.
+    _run(
+        kc,
+        "import torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path}/store', rank=0, world_size=1)",
+    )
+    rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in _run(kc, "%nl_info").splitlines())
+    assert rows["ready to launch"].startswith("no: torch.distributed is already initialised")
+    _run(kc, "dist.destroy_process_group()")
 
     # The extension unloads and reloads like any other.
     _run(kc, "%unload_ext notebook_launcher.ipython_extension")
