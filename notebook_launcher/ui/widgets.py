@@ -158,15 +158,18 @@ _DASHBOARD_CLASS: Any = None
 
 
 def _dashboard_class(W: Any) -> Any:
-    """A ``VBox`` whose ``text/plain`` is a stable line (not a repr of every child)."""
+    """A ``VBox`` whose ``text/plain`` is one fixed line instead of a repr of every child.
+
+    That line is what nbval compares (it skips widget views) and what viewers without
+    widgets show; it is fixed at display time, so it says nothing that changes: a strict
+    nbval run of a cell that launches needs no sanitizing for the dashboard.
+    """
     global _DASHBOARD_CLASS
     if _DASHBOARD_CLASS is None:
 
         class Dashboard(W.VBox):
-            plain_text = "notebook_launcher: starting"
-
             def __repr__(self) -> str:
-                return str(self.plain_text)
+                return "notebook_launcher dashboard"
 
         _DASHBOARD_CLASS = Dashboard
     return _DASHBOARD_CLASS
@@ -220,11 +223,10 @@ class WidgetView:
         self._last_flush = float("-inf")
         self._last_output_flush = float("-inf")
         self._closed = False
-        self._display: Any = None
         if display:
             from IPython.display import display as ipy_display
 
-            self._display = ipy_display(self.root, display_id=True)
+            ipy_display(self.root)
 
     # -- View protocol ---------------------------------------------------------------------
     def handle(self, event: Event) -> None:
@@ -243,10 +245,6 @@ class WidgetView:
         self._dirty |= {("output", rank) for rank, _, _ in self.model.flush_tails()}
         self.flush(self.clock(), force=True)
         self._closed = True
-        # what a viewer without widgets (GitHub, nbconvert, a text console) shows: the summary
-        self.root.plain_text = f"notebook_launcher: {self.model.summary_line()}"
-        if self._display is not None:
-            self._display.update(self.root)
 
     # -- drawing ---------------------------------------------------------------------------
     def flush(self, now: float, force: bool = False, ticking: bool = False) -> None:
