@@ -26,6 +26,12 @@ Differences from Accelerate (defects fixed, names kept):
 * Re-initialising a state with settings that conflict with the existing ones raises
   ``ValueError`` naming both values (Accelerate silently keeps some of them).
 
+Barriers and the dashboard: inside a launched worker, every process-control barrier
+(``wait_for_everyone``, ``main_process_first``, ...) that keeps a rank waiting longer than
+a quiet period (20 ms; env ``NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS``, ``0`` = report all)
+sends ``BarrierEnter`` (call site, kind, time it entered) and ``BarrierExit`` to the
+parent. Shorter barriers cost nothing extra (``bench/barrier.py``).
+
 Example::
 
     from notebook_launcher import PartialState

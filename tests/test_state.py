@@ -431,6 +431,9 @@ def _process_control_worker(log_dir: str) -> dict[str, Any]:
         acc.set_trigger()
     out["trigger_after"] = acc.check_trigger()
     out["trigger_again"] = state.check_trigger()
+    # The launcher's group is the launcher's: destroying it from the function is a no-op.
+    acc.destroy_process_group()
+    out["group_kept"] = torch.distributed.is_initialized()
     return out
 
 
@@ -479,6 +482,7 @@ def test_process_control_across_ranks(
             f"local-last {r}" if r == n - 1 else None,
         ]
         assert res["dict_untouched"]
+        assert res["group_kept"]
         assert (res["trigger_before"], res["trigger_after"], res["trigger_again"]) == (
             False,
             True,
