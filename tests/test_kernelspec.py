@@ -105,6 +105,33 @@ def test_install_kernel_command_is_listed_by_jupyter(
     assert "not allowed with argument" in clash.stderr
 
 
+@pytest.mark.timeout(90)
+def test_install_kernel_into_an_environment_names_its_interpreter(
+    tmp_path: Path, kernel_env: dict[str, str]
+) -> None:
+    """In a virtual environment, ``--sys-prefix`` (also the default there) installs into it,
+    for its own interpreter."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site_packages = next((venv / "lib").glob("python*/site-packages"))
+    ours = [p for p in sys.path if p.endswith("site-packages")] + [PACKAGE_PARENT]
+    (site_packages / "outer.pth").write_text("\n".join(ours) + "\n")
+    python = venv / "bin" / "python"
+    spec_file = venv / "share" / "jupyter" / "kernels" / KERNEL_NAME / "kernel.json"
+    env = {k: v for k, v in kernel_env.items() if not k.startswith(("JUPYTER", "PYTHON"))}
+    for flags in (["--sys-prefix"], []):
+        spec_file.unlink(missing_ok=True)
+        done = subprocess.run(
+            [str(python), "-m", "notebook_launcher", "install-kernel", *flags],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(spec_file.read_text())["argv"] == [str(python), *EXPECTED_TAIL]
+
+
 @pytest.fixture
 def kernel_from_spec(tmp_path: Path, kernel_env: dict[str, str]) -> Iterator[Any]:
     from jupyter_client.kernelspec import KernelSpecManager
