@@ -250,8 +250,33 @@ def test_create_view_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(create_view(True), TextView)  # no IPython shell to show widgets in
     with pytest.raises(ValueError, match="dashboard must be"):
         create_view("fancy")
+
+    class Kernel:
+        pass
+
+    class ZMQInteractiveShell:  # what a notebook kernel's shell looks like from here
+        kernel = Kernel()
+
+    class TerminalInteractiveShell:
+        kernel = None
+
+    shells: list[object] = [ZMQInteractiveShell()]
+    fake_ipython = type(sys)("IPython")
+    fake_ipython.get_ipython = lambda: shells[0]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", fake_ipython)
+    import notebook_launcher.ui.widgets as widgets_module
+
+    shown: list[object] = []
+    monkeypatch.setattr(widgets_module, "WidgetView", lambda: shown.append(1) or NullView())
+    view = create_view("auto")
+    assert isinstance(view, _SafeView) and shown == [1]  # a notebook kernel: widgets
+    shells[0] = TerminalInteractiveShell()
+    assert isinstance(create_view("auto"), TextView)
+    assert isinstance(create_view(True), TextView)  # no kernel: nowhere to draw widgets
+    shells[0] = ZMQInteractiveShell()
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # ipywidgets missing: still a view
     assert isinstance(create_view(True, buf), TextView)
+    assert isinstance(create_view("auto", buf), TextView)
 
 
 def test_a_broken_widget_view_falls_back_to_text(capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,16 +77,33 @@ class _SafeView:
             self._fallback(exc)
 
 
-def in_notebook_kernel() -> bool:
-    """True inside an IPython kernel that talks to a front end (ZMQInteractiveShell)."""
-    ipython = sys.modules.get("IPython")
+def _shell() -> object | None:
+    ipython = sys.modules.get("IPython")  # never import IPython just to ask
     if ipython is None:
-        return False
+        return None
     try:
-        shell = ipython.get_ipython()
+        return ipython.get_ipython()
     except Exception:  # noqa: BLE001
+        return None
+
+
+def in_notebook_kernel() -> bool:
+    """True inside an IPython kernel that talks to a front end (a ``ZMQInteractiveShell``,
+    or a subclass such as Colab's)."""
+    shell = _shell()
+    if shell is None:
         return False
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+    zmqshell = sys.modules.get("ipykernel.zmqshell")
+    base = getattr(zmqshell, "ZMQInteractiveShell", None)
+    if base is not None and isinstance(shell, base):
+        return True
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _has_kernel() -> bool:
+    """An IPython shell with a kernel (widgets can reach a front end): not terminal IPython."""
+    shell = _shell()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def widgets_available() -> bool:
@@ -106,8 +123,9 @@ def create_view(
     """The view for this launch.
 
     ``"auto"``: the widget dashboard inside a notebook kernel with ipywidgets, else text.
-    ``True``/``"widgets"``: widgets whenever IPython and ipywidgets are there (else text,
-    no error). ``"text"``: the text view. ``False``: no dashboard, but rank output and the
+    ``True``/``"widgets"``: widgets in any IPython shell with a kernel (one a front end
+    can draw widgets for; not terminal IPython) when ipywidgets is there, else text with
+    no error. ``"text"``: the text view. ``False``: no dashboard, but rank output and the
     final summary are still printed as rank-prefixed text. ``interval`` is the text
     view's seconds between progress lines of one rank.
     """
@@ -117,15 +135,15 @@ def create_view(
         raise ValueError(
             f"dashboard must be True, False, 'auto', 'widgets' or 'text', not {dashboard!r}"
         )
-    want_widgets = dashboard in (True, "widgets") or (dashboard == "auto" and in_notebook_kernel())
-    if want_widgets and dashboard != "text" and widgets_available():
+    if dashboard == "auto":
+        want_widgets = in_notebook_kernel()
+    else:
+        want_widgets = dashboard in (True, "widgets") and _has_kernel()
+    if want_widgets and widgets_available():
         try:
-            from IPython import get_ipython
+            from .widgets import WidgetView
 
-            if get_ipython() is not None:
-                from .widgets import WidgetView
-
-                return _SafeView(WidgetView(), stream)
+            return _SafeView(WidgetView(), stream)
         except Exception as exc:  # noqa: BLE001 - never let the dashboard break a launch
             print(f"notebook_launcher: no dashboard ({exc!r}); using text", file=sys.stderr)
     return TextView(stream, interval=interval)
