@@ -33,6 +33,7 @@ from notebook_launcher.ui.model import (
     clean_line,
     fmt_duration,
     fmt_rate,
+    notebook_cell_traceback,
 )
 
 T0 = 1000.0
@@ -366,6 +367,14 @@ def test_notebook_cells_are_named_like_ipython_does(monkeypatch: pytest.MonkeyPa
     assert m.barriers[0].location == "In[7]:3"
     m.apply(BarrierEnter(rank=0, index=1, location="train.py:9", kind="k", time=T0))
     assert m.barriers[1].location == "train.py:9"
+    tb = (
+        'Traceback (most recent call last):\n  File "/work/x.py", line 239, in _serve\n'
+        '  File "/tmp/ipykernel_1/42.py", line 15, in train\nValueError: boom\n'
+    )
+    assert notebook_cell_traceback(tb) == (
+        'Traceback (most recent call last):\n  File "/work/x.py", line 239, in _serve\n'
+        "  Cell In[7], line 15, in train\nValueError: boom\n"
+    )
 
 
 def test_quiet_barriers_and_racing_events() -> None:

@@ -88,6 +88,23 @@ def notebook_cell_location(location: str) -> str:
     return f"{named[1]}:{line}" if named else location
 
 
+_TB_FILE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def notebook_cell_traceback(traceback: str) -> str:
+    """A worker's traceback with notebook cells named as IPython names them
+    (``File "/tmp/ipykernel_7/123.py", line 4`` -> ``Cell In[2], line 4``)."""
+
+    def name(match: re.Match[str]) -> str:
+        location = notebook_cell_location(f"{match.group(1)}:{match.group(2)}")
+        if location.startswith("In["):
+            cell, _, line = location.rpartition(":")
+            return f"Cell {cell}, line {line}"
+        return match.group(0)
+
+    return _TB_FILE.sub(name, traceback)
+
+
 def fmt_duration(seconds: float | None) -> str:
     """``3.2s``, ``1:05``, ``1:02:03``."""
     if seconds is None or seconds != seconds or seconds < 0:
@@ -603,4 +620,5 @@ __all__ = [
     "fmt_number",
     "fmt_rate",
     "notebook_cell_location",
+    "notebook_cell_traceback",
 ]

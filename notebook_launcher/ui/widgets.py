@@ -40,6 +40,7 @@ from .model import (
     OutputBuffer,
     RankState,
     fmt_duration,
+    notebook_cell_traceback,
     ranks_changed,
 )
 
@@ -370,7 +371,7 @@ class WidgetView:
         for r in sorted(ranks):
             s = m.ranks[r]
             tail = m.pending_tail(r, "stdout") or m.pending_tail(r, "stderr")
-            tb = s.traceback if m.finished is not None and s.status == FAILED else ""
+            tb = notebook_cell_traceback(s.traceback) if m.finished and s.status == FAILED else ""
             self.panes[r].value = _pane_html(s.output, labels=False, tail=tail, traceback=tb)
         if ranks:
             self.panes[None].value = _pane_html(m.combined, labels=True)
