@@ -2,10 +2,10 @@
 
 Each notebook runs in its own ``pytest --nbval`` subprocess with the "notebook-launcher"
 kernelspec installed into a temporary prefix (found through ``JUPYTER_PATH``), so the
-suite's one command (``pytest``) checks them without installing anything anywhere, and
-the mode (strict or lax) can differ per notebook. Strict mode compares every cell's output
-with the stored one after ``notebooks/sanitize.cfg``, except cells tagged
-``nbval-ignore-output`` (dashboards); every notebook also asserts what it teaches.
+suite's one command (``pytest``) checks them without installing anything anywhere. They
+run in strict mode: every cell's output is compared with the stored one after
+``notebooks/sanitize.cfg``, except cells tagged ``nbval-ignore-output`` (dashboards,
+``%nl_info``); every notebook also asserts what it teaches.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])
-
-#: nbval mode per notebook: "--nbval" (strict) unless listed here.
-LAX: dict[str, str] = {}
 
 
 def test_notebooks_are_the_four_of_the_course() -> None:
@@ -132,7 +129,6 @@ def test_nbval_kernel_captures_fd_output_without_the_pytest_marker(
 def test_notebook_runs_under_nbval(
     name: str, jupyter_path: str, kernel_env: dict[str, str], tmp_path: Path
 ) -> None:
-    mode = LAX.get(name, "--nbval")
-    done = _nbval(NOTEBOOK_DIR / name, mode, jupyter_path, kernel_env, tmp_path)
+    done = _nbval(NOTEBOOK_DIR / name, "--nbval", jupyter_path, kernel_env, tmp_path)
     assert done.returncode == 0, f"nbval failed on {name}:\n{done.stdout}\n{done.stderr}"
     assert " passed" in done.stdout and " failed" not in done.stdout
