@@ -594,7 +594,7 @@ def training() -> list[Any]:
             A small regression model, trained on two ranks the way Accelerate does it:
 
             1. `accelerator.prepare(...)` wraps the model for distributed training and gives
-               each rank its own share of every batch;
+               each rank its own part of the data;
             2. **gradient accumulation** (`GradientAccumulationPlugin`) adds up the gradients
                of several batches before each optimizer step;
             3. `accelerator.gather_for_metrics` collects the predictions of all ranks for
@@ -720,10 +720,10 @@ def training() -> list[Any]:
             """
             ## What each rank saw
 
-            The 512 training samples are split between the ranks (16 batches of 16 each per
-            epoch), so each rank saw 64 batches in 4 epochs, and with accumulation over 2
-            batches the optimizer stepped 32 times. Both ranks evaluated the same 50
-            predictions.
+            The 512 training samples are split between the ranks: 256 each per epoch, that
+            is 16 batches of 16. Over 4 epochs each rank saw 64 batches and, accumulating
+            over 2 batches, stepped its optimizer 32 times. Both ranks evaluated the same 50
+            gathered predictions.
             """
         ),
         code(
@@ -757,8 +757,9 @@ def training() -> list[Any]:
             """
             ## The saved files
 
-            `save_model` wrote the weights in shards of at most `max_shard_size` plus an
-            index that says which tensor lives in which shard. Only the main process writes.
+            `save_model` wrote the weights in shards of about `max_shard_size` each (a tensor
+            is never split), plus an index that says which tensor lives in which shard. Only
+            the main process writes; every rank waits until the files exist.
             """
         ),
         code(
@@ -942,10 +943,10 @@ def debugging() -> list[Any]:
 
             Every rank must reach every barrier (and every collective) in the same order. Here
             only rank 0 calls `wait_for_everyone()`; rank 1 does something else and returns.
-            Rank 0 would wait forever; the launcher notices that rank 1 left while rank 0 still
-            waits for it, stops rank 0, and raises `ProcessGroupMismatch`. The dashboard's barrier table
-            shows the barrier rank 0 was stuck in, the line of the cell it was called from,
-            and which rank never arrived.
+            Rank 0 would wait forever. Instead, the launcher sees that rank 1 returned while
+            rank 0 still waited for it, ends the launch and raises `ProcessGroupMismatch`,
+            naming rank 1. The dashboard's barrier table shows the barrier rank 0 was stuck
+            in, the line of the cell it was called from, and which rank never arrived.
 
             This time we create the dashboard ourselves and pass it in (`dashboard=`), so we
             can read what it showed afterwards.
