@@ -1,9 +1,9 @@
 """The dashboard in a real browser: JupyterLab on 127.0.0.1, headless Chromium via Playwright.
 
 Runs ``tests/notebooks_for_tests/dashboard.ipynb`` (2 ranks, an epoch bar and a step bar
-each, a barrier per epoch) with "Run All", samples the rendered bars while the launch
-runs, waits until they show completion, and saves screenshots to
-``artifacts/browser/`` (override with ``NOTEBOOK_LAUNCHER_ARTIFACTS``).
+each, a barrier per epoch; then a launch whose rank 1 raises) with "Run All", samples the
+rendered bars while the first launch runs, waits until the bars show completion, and
+saves screenshots to ``artifacts/browser/`` (override with ``NOTEBOOK_LAUNCHER_ARTIFACTS``).
 
 Needs ``apt-get install -y chromium`` and ``pip install jupyterlab playwright`` (never
 ``playwright install``: Debian's Chromium is driven by Playwright's bundled driver).
@@ -154,14 +154,16 @@ WAIT_NOTEBOOK_READY = """async () => {
             status: w.sessionContext.session?.kernel?.status};
 }"""
 
-BARS = """() => Array.from(document.querySelectorAll('.nl-dashboard .nl-rank')).map(row => ({
-    info: row.querySelector('.nl-info')?.textContent ?? '',
-    bars: Array.from(row.querySelectorAll('.widget-hprogress')).map(e => {
-        const bar = e.querySelector('.progress-bar'), lab = e.querySelector('.widget-label');
-        return {label: lab ? lab.textContent.trim() : '', width: bar ? bar.style.width : '',
-                success: !!bar && bar.classList.contains('progress-bar-success')};
-    }),
-}))"""
+DASHBOARDS = """() => Array.from(document.querySelectorAll('.nl-dashboard')).map(d =>
+    Array.from(d.querySelectorAll('.nl-rank')).map(row => ({
+        info: row.querySelector('.nl-info')?.textContent ?? '',
+        bars: Array.from(row.querySelectorAll('.widget-hprogress')).map(e => {
+            const bar = e.querySelector('.progress-bar'), lab = e.querySelector('.widget-label');
+            return {label: lab ? lab.textContent.trim() : '', width: bar ? bar.style.width : '',
+                    success: !!bar && bar.classList.contains('progress-bar-success'),
+                    danger: !!bar && bar.classList.contains('progress-bar-danger')};
+        }),
+    })))"""
 
 
 @pytest.mark.timeout(90)
@@ -186,7 +188,7 @@ def test_dashboard_renders_live_in_jupyterlab(lab: dict[str, Any]) -> None:
             t0 = time.monotonic()
             mid_shot = waiting_shot = False
             while done.count() == 0 and time.monotonic() - t0 < 60:
-                sample = page.evaluate(BARS)
+                sample = (page.evaluate(DASHBOARDS) or [[]])[0]  # the first launch's rows
                 samples.append(sample)
                 widths = [b["width"] for row in sample for b in row["bars"]]
                 if not mid_shot and any(w not in ("0%", "100%", "") for w in widths):
@@ -202,28 +204,52 @@ def test_dashboard_renders_live_in_jupyterlab(lab: dict[str, Any]) -> None:
                 time.sleep(0.05)
             assert done.count() == 1, f"the notebook did not finish; server log: {lab['log']}"
 
-            dashboard = page.locator(".nl-dashboard")
-            dashboard.scroll_into_view_if_needed()
+            ok_view, failed_view = page.locator(".nl-dashboard").all()
+            ok_view.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "lab_page.png"))
-            dashboard.screenshot(path=str(ARTIFACTS / "dashboard.png"))
+            ok_view.screenshot(path=str(ARTIFACTS / "dashboard.png"))
+            failed_view.scroll_into_view_if_needed()
+            failed_view.screenshot(path=str(ARTIFACTS / "dashboard_failed.png"))
 
-            rows = page.evaluate(BARS)
-            assert len(rows) == 2
-            for rank, row in enumerate(rows):
+            ok_rows, failed_rows = page.evaluate(DASHBOARDS)
+            assert len(ok_rows) == 2
+            for rank, row in enumerate(ok_rows):
                 assert row["info"].startswith(f"rank {rank} · pid ") and "● done" in row["info"]
                 assert [(b["label"], b["width"], b["success"]) for b in row["bars"]] == [
                     ("epoch", "100%", True),
                     ("↳ step", "100%", True),
                 ]
-            summary = page.locator(".nl-summary").inner_text()
+            summary = ok_view.locator(".nl-summary").inner_text()
             assert summary.startswith("✔ 2 ranks, ") and summary.endswith(": ok"), summary
-            barriers = page.locator(".nl-barriers").inner_text()
+            barriers = ok_view.locator(".nl-barriers").inner_text()
             assert barriers.count("wait_for_everyone") == 2 and barriers.count("passed") == 2
+
+            # the failed launch: red where it broke, the failing rank's pane open
+            assert [
+                [(b["label"], b["width"], b["success"], b["danger"]) for b in row["bars"]]
+                for row in failed_rows
+            ] == [
+                [("work", "100%", True, False)],
+                [("work", "50%", False, True)],
+            ]
+            summary = failed_view.locator(".nl-summary").inner_text()
+            assert summary.startswith("✘ 2 ranks, ") and summary.endswith(
+                "failed: rank 1 raised ValueError: rank 1 broke"
+            ), summary
+            assert (
+                "rank 1 raised ValueError while rank(s) 0 waited"
+                in failed_view.locator(".nl-alerts").inner_text()
+            )
+            pane = failed_view.locator(".nl-pane-1")
+            assert pane.is_visible() and "ValueError: rank 1 broke" in pane.inner_text()
+            assert not failed_view.locator(".nl-pane-0").is_visible()
+
             assert (
                 page.locator(".jp-OutputArea-output", has_text="Error displaying widget").count()
                 == 0
             )
-            assert page.locator(".jp-OutputArea-output", has_text="Traceback").count() == 0
+            # nothing but the dashboards: no tqdm text, no rank lines, no error output
+            assert page.locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
             assert not errors, errors
 
             # the bars moved while the cell ran: intermediate widths were rendered

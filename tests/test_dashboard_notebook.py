@@ -1,9 +1,10 @@
 """The dashboard in a real kernel: a notebook executed by nbclient, its saved widget state read back.
 
 ``tests/notebooks_for_tests/dashboard.ipynb`` launches 2 ranks, each with an epoch bar and a
-nested step bar (``from tqdm.auto import tqdm``) and a ``wait_for_everyone`` per epoch. The
-widget state nbclient stores in the notebook's metadata is what a front end would show
-after the run; the comm messages it recorded show the bars moved while the cell ran.
+nested step bar (``from tqdm.auto import tqdm``) and a ``wait_for_everyone`` per epoch; then
+a launch whose rank 1 raises while rank 0 waits at a barrier. The widget state nbclient
+stores in the notebook's metadata is what a front end would show after the run; the comm
+messages it recorded show the bars moved while the cell ran.
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ def _text(value: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", value))
 
 
+def _dashboard(nb: Any, cell: int) -> tuple[dict[str, Any], list[str]]:
+    """(widget states by model id, the dashboard's six parts) of the dashboard ``cell`` shows."""
+    state = {k: v["state"] for k, v in nb.metadata["widgets"][STATE_KEY]["state"].items()}
+    (display,) = nb.cells[cell].outputs  # the dashboard and nothing else: no tqdm, no rank lines
+    assert display["output_type"] == "display_data"
+    # what nbval compares, and viewers without widgets show: one fixed line
+    assert display["data"]["text/plain"] == "notebook_launcher dashboard"
+    return state, _kids(state, display["data"][VIEW_KEY]["model_id"])
+
+
+def _kids(state: dict[str, Any], model_id: str) -> list[str]:
+    return [c.removeprefix("IPY_MODEL_") for c in state[model_id].get("children", [])]
+
+
 @pytest.fixture(scope="module")
 def executed() -> tuple[RecordingClient, Any]:
     nb = nbformat.read(NOTEBOOK, as_version=4)
@@ -75,20 +90,12 @@ def test_saved_widget_state_shows_both_bars_of_both_ranks_done(
     executed: tuple[RecordingClient, Any],
 ) -> None:
     client, nb = executed
-    launch_cell = nb.cells[2]
-    assert "ALL DONE" in "".join(o.get("text", "") for o in nb.cells[3].outputs)
-    # the launch cell shows the dashboard and nothing else: no tqdm text, no rank lines
-    (display,) = launch_cell.outputs
-    assert display["output_type"] == "display_data"
-    # what nbval compares, and viewers without widgets show: one fixed line
-    assert display["data"]["text/plain"] == "notebook_launcher dashboard"
-    state = {k: v["state"] for k, v in nb.metadata["widgets"][STATE_KEY]["state"].items()}
+    assert "ALL DONE" in "".join(o.get("text", "") for o in nb.cells[4].outputs)
+    state, (header, alerts, ranks_box, barriers, tabs, summary) = _dashboard(nb, 2)
 
     def kids(model_id: str) -> list[str]:
-        return [c.removeprefix("IPY_MODEL_") for c in state[model_id].get("children", [])]
+        return _kids(state, model_id)
 
-    root = display["data"][VIEW_KEY]["model_id"]
-    header, alerts, ranks_box, barriers, tabs, summary = kids(root)
     assert _text(state[header]["value"]).startswith(
         "notebook_launcher · 2 ranks · fork · gloo · finished in "
     )
@@ -149,3 +156,37 @@ def test_bars_moved_while_the_cell_ran(executed: tuple[RecordingClient, Any]) ->
             d if isinstance(d, datetime) else datetime.fromisoformat(str(d)) for _, d in updates
         ]
         assert (times[-1] - times[0]).total_seconds() > 0.5  # spread over the run, not one burst
+
+
+@pytest.mark.timeout(120)
+def test_failed_launch_turns_red_and_opens_the_failing_rank(
+    executed: tuple[RecordingClient, Any],
+) -> None:
+    client, nb = executed
+    state, (header, alerts, ranks_box, barriers, tabs, summary) = _dashboard(nb, 3)
+    assert re.fullmatch(
+        r"✘ 2 ranks, [\d.]+s: failed: rank 1 raised ValueError: rank 1 broke",
+        _text(state[summary]["value"]),
+    )
+    assert re.fullmatch(
+        r"⚠ rank 1 raised ValueError while rank\(s\) 0 waited at barrier #0 \(In\[3\]:8\)",
+        _text(state[alerts]["value"]),
+    )
+    bars = {}
+    infos = {}
+    for rank, row in enumerate(_kids(state, ranks_box)):
+        info, bars_box = _kids(state, row)
+        infos[rank] = _text(state[info]["value"])
+        ((progress, _stats),) = [_kids(state, b) for b in _kids(state, bars_box)]
+        p = state[progress]
+        bars[rank] = (p["description"], p["value"], p["max"], p["bar_style"])
+    assert bars == {0: ("work", 20.0, 20.0, "success"), 1: ("work", 10.0, 20.0, "danger")}
+    # rank 0 is stopped, or its barrier fails first as fallout of rank 1's end
+    assert re.search(r"● (stopped: another rank failed|raised \w+ \(collateral\))", infos[0])
+    assert "● raised ValueError: rank 1 broke" in infos[1]
+    table = _text(state[barriers]["value"])
+    assert "#0In[3]:8wait_for_everyone01rank 1 raised ValueError" in table
+    t = state[tabs]
+    assert t["titles"][t["selected_index"]] == "rank 1"  # the failing rank's pane opened
+    pane = _text(state[_kids(state, tabs)[2]]["value"])
+    assert "Cell In[3], line 6, in broken" in pane and pane.endswith("ValueError: rank 1 broke")

@@ -222,7 +222,8 @@ def test_first_real_ending_wins_and_collateral_is_not_the_root_cause() -> None:
     )
     m.apply(WorkerDied(rank=1, pid=5, exitcode=1, signal_name=None, time=T0 + 2))
     m.apply(WorkerDied(rank=0, pid=4, exitcode=1, signal_name=None, time=T0 + 3))
-    assert m.ranks[0].status == FAILED and m.ranks[0].outcome().endswith("(collateral)")
+    assert m.ranks[0].status == FAILED
+    assert m.ranks[0].outcome() == "raised RuntimeError (collateral)"
     assert m.root_cause() is m.ranks[1]
     assert m.ranks[1].outcome() == "died: exit code 1"
 
@@ -410,3 +411,24 @@ def test_quiet_barriers_and_racing_events() -> None:
         "rank 1 returned while rank(s) 0 waited at barrier #1 (a.py:2)",
         "rank 2 raised KeyError while rank(s) 0 waited at barrier #1 (a.py:2)",
     ]
+
+
+def test_outcome_is_one_short_line() -> None:
+    m = fold([started(2)])
+    m.apply(
+        WorkerFailed(
+            rank=0,
+            exc_type="ValueError",
+            message="x" * 300 + "\nmore",
+            traceback="",
+            collateral=False,
+            time=T0,
+        )
+    )
+    m.apply(
+        WorkerFailed(
+            rank=1, exc_type="KeyError", message="", traceback="", collateral=False, time=T0
+        )
+    )
+    assert m.ranks[0].outcome() == "raised ValueError: " + "x" * 157 + "..."
+    assert m.ranks[1].outcome() == "raised KeyError"

@@ -307,8 +307,12 @@ class RankState:
     def outcome(self) -> str:
         """One phrase for the end of this rank: ``done``, ``raised ValueError: x``, ..."""
         if self.status == FAILED:
-            extra = " (collateral)" if self.collateral else ""
-            return f"raised {self.exc_type}: {self.message}{extra}"
+            if self.collateral:  # fallout of another rank's end: its message is noise
+                return f"raised {self.exc_type} (collateral)"
+            message = self.message.strip().splitlines()[0] if self.message.strip() else ""
+            if len(message) > 160:
+                message = message[:157] + "..."
+            return f"raised {self.exc_type}: {message}" if message else f"raised {self.exc_type}"
         if self.status == DIED:
             how = (
                 f"killed by {self.signal_name}"
