@@ -51,10 +51,13 @@ import enum
 import functools
 import math
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
+from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -156,6 +159,103 @@ def _env_wants_group() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")) and (
         "MASTER_PORT" in os.environ
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Barrier reporting
+# --------------------------------------------------------------------------------------------
+
+
+class _PendingBarrier:
+    """A barrier a rank is in; ``location`` is set once it has been reported."""
+
+    __slots__ = ("rank", "index", "kind", "entered", "since", "thread", "location")
+
+    def __init__(self, rank: int, index: int, kind: str) -> None:
+        self.rank = rank
+        self.index = index
+        self.kind = kind
+        self.entered = time.time()
+        self.since = time.monotonic()
+        self.thread = threading.get_ident()
+        self.location: str | None = None
+
+
+def _ours(module: str) -> bool:
+    return (
+        module == "notebook_launcher"
+        or module.startswith("notebook_launcher.")
+        or module.startswith("contextlib")
+    )
+
+
+def _location_of(frame: FrameType | None) -> str:
+    """``file:line`` of the user's call of a barrier, from the waiting thread's frame.
+
+    Skips torch's frames (innermost), then ours, and applies ``_runtime.caller_location``'s
+    rule to what is left.
+    """
+    while frame is not None and frame.f_globals.get("__name__") != __name__:
+        frame = frame.f_back
+    while frame is not None:
+        if not _ours(frame.f_globals.get("__name__", "")):
+            filename = frame.f_code.co_filename
+            if not (filename.startswith("<ipython-input") or "ipykernel_" in filename):
+                filename = os.path.basename(filename)
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>:0"
+
+
+class _BarrierWatch:
+    """One daemon thread per launched worker that reports barriers lasting too long.
+
+    The rank only stores a :class:`_PendingBarrier` before ``dist.barrier()`` and clears it
+    after (a couple of microseconds); the thread, waking every ``quiet / 2`` seconds, sends
+    ``BarrierEnter`` for a barrier pending longer than ``quiet``, reading the call site
+    from the waiting thread's stack.
+    """
+
+    _instance: _BarrierWatch | None = None
+
+    def __init__(self, quiet: float) -> None:
+        self.quiet = quiet
+        self.lock = threading.Lock()
+        self.pending: _PendingBarrier | None = None
+        self.pid = os.getpid()
+        thread = threading.Thread(target=self._run, name="notebook-launcher-barriers")
+        thread.daemon = True
+        thread.start()
+
+    @classmethod
+    def get(cls, quiet: float) -> _BarrierWatch:
+        watch = cls._instance
+        if watch is None or watch.pid != os.getpid() or watch.quiet != quiet:
+            if watch is not None:
+                watch.quiet = -1.0  # tells an old thread of this process to stop
+            watch = cls._instance = cls(quiet)
+        return watch
+
+    def _run(self) -> None:
+        quiet = self.quiet
+        while self.quiet == quiet and _runtime.active():
+            time.sleep(quiet / 2)
+            pending = self.pending
+            if pending is None or pending.location is not None:
+                continue
+            if time.monotonic() - pending.since < quiet:
+                continue
+            with self.lock:
+                if self.pending is not pending:
+                    continue  # it finished meanwhile
+                pending.location = _location_of(sys._current_frames().get(pending.thread))
+                _runtime.emit(
+                    BarrierEnter(
+                        pending.rank, pending.index, pending.location, pending.kind, pending.entered
+                    )
+                )
+        if _BarrierWatch._instance is self:
+            _BarrierWatch._instance = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,43 +387,41 @@ class PartialState:
     def _barrier(self, kind: str) -> None:
         """``dist.barrier()``, reported to the launcher's dashboard when it is noticeable.
 
-        Outside a launched worker this is a bare barrier. Inside one, on gloo, the barrier
-        runs asynchronously and is waited for ``_barrier_quiet`` seconds (env
-        ``NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS``, default 20): a barrier that completes
-        within that time is not reported (no front end could show it, and two pipe
-        messages per barrier would cost more than the barrier itself); one that does not
-        emits ``BarrierEnter`` (with the time the rank entered) and, once everybody
-        arrived, ``BarrierExit``. With a quiet period of 0, and on nccl (whose timed
-        waits are not safe to interrupt), every barrier is reported.
+        Outside a launched worker this is a bare barrier. Inside one, the rank notes the
+        barrier in a slot that a watchdog thread looks at every few milliseconds: a barrier
+        still running after the quiet period (env ``NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS``,
+        default 20) is reported with ``BarrierEnter`` (the user's call site, the time the
+        rank entered) and, when everybody arrived, ``BarrierExit``. Shorter barriers send
+        nothing: no front end could show them, and two pipe messages per barrier would
+        cost more than the barrier itself. A quiet period of 0 reports every barrier.
         """
         if self.distributed_type not in _DISTRIBUTED_TYPES:
             return
-        nccl = self.backend is not None and "nccl" in self.backend
         kwargs: dict[str, Any] = {}
-        if nccl and self.device.type == "cuda":
+        if self.device.type == "cuda" and self.backend is not None and "nccl" in self.backend:
             kwargs["device_ids"] = [self.device.index or 0]
         if not _runtime.active():
             dist.barrier(**kwargs)
             return
-        index = _runtime.next_barrier_index()
-        entered = time.time()
         quiet = self._shared_state.get("_barrier_quiet", _BARRIER_QUIET)
-        work = None
-        if quiet > 0 and not nccl:
-            work = dist.barrier(async_op=True, **kwargs)
-            try:
-                work.wait(timeout=timedelta(seconds=quiet))
-                return
-            except RuntimeError as exc:
-                if "timed out" not in str(exc).lower():
-                    raise
-        location = _runtime.caller_location()
-        _runtime.emit(BarrierEnter(self.process_index, index, location, kind, entered))
-        if work is None:
+        if quiet <= 0:
+            index = _runtime.next_barrier_index()
+            location = _runtime.caller_location()
+            _runtime.emit(BarrierEnter(self.process_index, index, location, kind, time.time()))
             dist.barrier(**kwargs)
-        else:
-            work.wait()
-        _runtime.emit(BarrierExit(self.process_index, index, location, time.time()))
+            _runtime.emit(BarrierExit(self.process_index, index, location, time.time()))
+            return
+        watch = _BarrierWatch.get(quiet)
+        pending = _PendingBarrier(self.process_index, _runtime.next_barrier_index(), kind)
+        watch.pending = pending
+        try:
+            dist.barrier(**kwargs)
+        finally:
+            with watch.lock:
+                watch.pending = None
+                reported = pending.location
+        if reported is not None:
+            _runtime.emit(BarrierExit(pending.rank, pending.index, reported, time.time()))
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this call (a no-op in a single process).
