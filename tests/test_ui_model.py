@@ -25,6 +25,7 @@ from notebook_launcher.ui.model import (
     DIED,
     DONE,
     FAILED,
+    MAX_BARRIERS,
     RUNNING,
     STARTING,
     STOPPED,
@@ -432,3 +433,13 @@ def test_outcome_is_one_short_line() -> None:
     )
     assert m.ranks[0].outcome() == "raised ValueError: " + "x" * 157 + "..."
     assert m.ranks[1].outcome() == "raised KeyError"
+
+
+def test_barrier_history_is_bounded() -> None:
+    m = fold([started(2)])
+    for i in range(MAX_BARRIERS + 50):
+        m.apply(BarrierEnter(rank=0, index=i, location="a.py:1", kind="k", time=T0 + i))
+        m.apply(BarrierExit(rank=0, index=i, location="a.py:1", time=T0 + i + 0.5))
+    m.apply(BarrierEnter(rank=1, index=MAX_BARRIERS + 50, location="a.py:1", kind="k", time=T0))
+    assert len(m.barriers) == MAX_BARRIERS + 1 and m.dropped_barriers == 50
+    assert min(m.barriers) == 50 and [b.index for b in m.open_barriers()] == [MAX_BARRIERS + 50]

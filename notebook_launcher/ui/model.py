@@ -51,6 +51,8 @@ ENDED = frozenset({DONE, FAILED, DIED, STOPPED})
 
 #: Bars kept per rank (open bars are never dropped; the oldest closed ones are).
 MAX_BARS_PER_RANK = 12
+#: Passed barriers kept for the barrier history (a long run may pass thousands).
+MAX_BARRIERS = 200
 
 Change = tuple[object, ...]
 
@@ -344,6 +346,7 @@ class LaunchModel:
         self.finished: LaunchFinished | None = None
         self.ranks: dict[int, RankState] = {}
         self.barriers: dict[int, BarrierRecord] = {}
+        self.dropped_barriers = 0  # passed barriers forgotten to keep the history bounded
         self.combined = OutputBuffer(max_lines_combined)
         self._tails: dict[tuple[int, str], str] = {}
         self.start_time: float | None = None
@@ -543,6 +546,14 @@ class LaunchModel:
             if rec.completed is None:
                 rec.completed = e.time
             rec.left.clear()  # it completed: everybody came (an end seen first was a race)
+        if len(self.barriers) > MAX_BARRIERS:
+            for index in sorted(self.barriers):
+                if len(self.barriers) <= MAX_BARRIERS:
+                    break
+                old = self.barriers[index]
+                if old.completed is not None and not old.waiting():
+                    del self.barriers[index]
+                    self.dropped_barriers += 1
         return [("rank", e.rank), ("barriers",)]
 
     def _end_rank(self, rank: int, status: str, time: float, why: str) -> list[Change]:

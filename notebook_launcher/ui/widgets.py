@@ -330,8 +330,9 @@ class WidgetView:
         ranks = m.rank_ids
         rows = []
         records = sorted(m.barriers.values(), key=lambda b: b.index)
-        hidden = max(0, len(records) - keep)
-        for rec in records[hidden:]:
+        shown_from = max(0, len(records) - keep)
+        hidden = shown_from + m.dropped_barriers
+        for rec in records[shown_from:]:
             arrived = ", ".join(str(r) for r in rec.arrived_ranks(ranks)) or "-"
             missing = rec.missing(ranks)
             colour = "#2e7d32"
