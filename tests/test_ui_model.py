@@ -310,6 +310,13 @@ def test_output_lines_tails_and_ring_buffer() -> None:
     m.apply(LaunchFinished(ok=True, summary="", root_cause_rank=None, wall_time=1, time=T0 + 1))
     assert list(s1.lines)[-1] == (1, "stdout", "no newline at the end")
     assert clean_line("a\rb\r\n") == "b" and clean_line("\x1b]0;title\x07x\n") == "x"
+    m.apply(Output(rank=0, stream="stdout", text="two\nlines\n", time=T0))  # defensively split
+    assert [t for _, _, t in m.ranks[0].output.lines][-2:] == ["two", "lines"]
+    for i in range(10_000):  # a \r progress display that never ends its line stays small
+        m.apply(Output(rank=0, stream="stderr", text=f"\r{i}%", time=T0))
+    assert m.pending_tail(0, "stderr") == "9999%" and len(m._tails[(0, "stderr")]) == 6
+    m.apply(Output(rank=0, stream="stderr", text="x" * 50_000, time=T0))
+    assert len(m.pending_tail(0, "stderr")) == 10_000
 
 
 def test_nodes_group_ranks() -> None:

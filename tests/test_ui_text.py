@@ -131,12 +131,13 @@ def test_stderr_lines_go_to_stderr_and_tails_are_kept(capsys: pytest.CaptureFixt
     view.handle(started(2))
     view.handle(Output(rank=0, stream="stdout", text="out \x1b[1mbold\x1b[0m\n", time=T0))
     view.handle(Output(rank=1, stream="stderr", text="err 1%\r100%\n", time=T0))
+    view.handle(Output(rank=0, stream="stdout", text="a\nb\n", time=T0))
     view.handle(Output(rank=1, stream="stdout", text="no newline", time=T0))
     view.handle(Output(rank=1, stream="stderr", text="half", time=T0))
     view.close()
     view.close()  # idempotent
     captured = capsys.readouterr()
-    assert captured.out == "[rank0] out bold\n[rank1] no newline\n"
+    assert captured.out == "[rank0] out bold\n[rank0] a\n[rank0] b\n[rank1] no newline\n"
     assert captured.err == "[rank1] 100%\n[rank1] half\n"
 
 

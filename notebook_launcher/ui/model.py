@@ -51,6 +51,8 @@ ENDED = frozenset({DONE, FAILED, DIED, STOPPED})
 
 #: Bars kept per rank (open bars are never dropped; the oldest closed ones are).
 MAX_BARS_PER_RANK = 12
+#: Characters kept of a line that has no newline yet.
+MAX_TAIL_CHARS = 10_000
 #: Passed barriers kept for the barrier history (a long run may pass thousands).
 MAX_BARRIERS = 200
 
@@ -452,15 +454,17 @@ class LaunchModel:
 
     def _on_Output(self, e: Output) -> list[Change]:
         key = (e.rank, e.stream)
-        text = self._tails.pop(key, "") + e.text
-        if not text.endswith("\n"):
-            # an unterminated tail: keep it for the next piece, and show it as it is now
-            self._tails[key] = text
-        line = clean_line(text)
+        *lines, tail = (self._tails.pop(key, "") + e.text).split("\n")
         s = self.rank(e.rank)
-        if text.endswith("\n"):
+        for raw in lines:
+            line = clean_line(raw)
             s.output.append(e.rank, e.stream, line)
             self.combined.append(e.rank, e.stream, line)
+        if tail:
+            # unterminated: kept for the next piece (and shown as it is now). A terminal
+            # shows only what follows the last \r, so that is all that is kept (bounded).
+            cr = tail.rfind("\r")
+            self._tails[key] = tail[max(cr, 0) :][-MAX_TAIL_CHARS:]
         return [("output", e.rank)]
 
     def pending_tail(self, rank: int, stream: str) -> str:

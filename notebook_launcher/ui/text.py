@@ -82,13 +82,15 @@ class TextView:
     def handle(self, event: Event) -> None:
         if isinstance(event, LaunchFinished):
             self._flush_tails()  # before the model folds them in silently
-        self.model.apply(event)
         if isinstance(event, Output):
-            if event.text.endswith("\n"):
-                state = self.model.ranks[event.rank]
-                _, _, line = state.output.lines[-1]
+            out = self.model.rank(event.rank).output
+            before = out.total
+            self.model.apply(event)
+            new = min(out.total - before, len(out.lines))
+            for _, _, line in list(out.lines)[len(out.lines) - new :]:
                 self._write(f"[rank{event.rank}] {line}\n", stderr=event.stream == "stderr")
             return
+        self.model.apply(event)
         if isinstance(event, LaunchFinished):
             self._finish()
             return
