@@ -14,7 +14,8 @@ mismatch can hang. So before :func:`gather`, :func:`reduce`, :func:`broadcast` a
 difference makes every rank exchange the full descriptions and raise
 :class:`~notebook_launcher.errors.DistributedOperationException` naming each rank's shapes.
 :func:`pad_across_processes` checks the number of dimensions inside the size exchange it
-needs anyway. Set ``NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES=0`` to skip the digest.
+needs anyway. Set ``NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES=0`` to skip the digest (on CUDA
+the digest comparison also synchronises the host with the device, like ``.item()``).
 
 Debug mode (``PartialState().debug``: env ``NOTEBOOK_LAUNCHER_DEBUG`` or
 ``ACCELERATE_DEBUG_MODE`` set to ``1``/``true``) exchanges the full description before
