@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         "install-kernel",
         help="install the 'Python 3 (notebook_launcher)' Jupyter kernel for this interpreter",
         description="Install the Jupyter kernelspec: ipykernel for this interpreter with the "
-        "notebook_launcher IPython extension (%%nl_info) loaded. Default: --sys-prefix "
+        "notebook_launcher IPython extension (%nl_info) loaded. Default: --sys-prefix "
         "inside a virtual environment, --user otherwise.",
     )
     where = kernel.add_mutually_exclusive_group()
