@@ -91,6 +91,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._is_overflow = False
         self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
         self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
+        if device_placement and optimizer.state:
+            # state made before the model moved (e.g. loaded on the CPU): load_state_dict
+            # casts every state tensor to its parameter's device
+            optimizer.load_state_dict(optimizer.state_dict())
 
     @property
     def state(self) -> Any:

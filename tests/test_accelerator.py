@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,21 @@ from notebook_launcher.utils.dataclasses import (
 )
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread in this process, and so in the workers forked from it.
+
+    Once a process has run an OpenMP parallel region (a bf16 matmul, any large elementwise
+    op), a child forked from it hangs in its own first parallel region: libgomp is not
+    fork-safe. The launcher forks CPU workers (reported to its owner); the workers here
+    inherit one thread and never enter a parallel region.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def mlp(seed: int = 0) -> torch.nn.Module:
@@ -126,8 +141,8 @@ def test_backward_divides_by_accumulation_steps() -> None:
 
 
 def test_bf16_autocast_on_cpu() -> None:
-    acc = Accelerator(mixed_precision="bf16")
-    assert acc.mixed_precision == "bf16"
+    acc = Accelerator(mixed_precision="bf16", cpu=True)
+    assert acc.mixed_precision == "bf16" and acc.device.type == "cpu"
     with acc.autocast():
         assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
     model = acc.prepare(torch.nn.Linear(4, 4))
@@ -206,6 +221,9 @@ class Tied(torch.nn.Module):
         self.embed = torch.nn.Embedding(10, 4)
         self.head = torch.nn.Linear(4, 10, bias=bias)
         self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids))
 
 
 def test_save_model_tied_weights_single_process(tmp_path: Path) -> None:
@@ -436,8 +454,13 @@ class Recorder:
 
 
 def _metrics_worker(out_dir: str, n: int) -> dict[str, Any]:
-    acc = Accelerator()
+    acc = Accelerator()  # mixed precision comes from the launcher
     model = acc.prepare(Tied(bias=True))
+    with torch.no_grad():
+        inner_dtype = model.module.head(torch.ones(1, 4)).dtype  # plain Linear under DDP
+        with acc.autocast():
+            autocast_dtype = model.module.head(torch.ones(1, 4)).dtype
+        out_dtype = model(torch.tensor([1])).dtype
     acc.save_model(model, out_dir, max_shard_size=100)  # 160 + 40 bytes: two shards
     acc.wait_for_everyone()
     with acc.main_process_first():
@@ -448,15 +471,28 @@ def _metrics_worker(out_dir: str, n: int) -> dict[str, Any]:
         preds += acc.gather_for_metrics(batch * 10).tolist()
     if acc.process_index == acc.num_processes - 1:
         acc.set_trigger()
-    return {"preds": preds, "trigger": acc.check_trigger(), "files": sorted(os.listdir(out_dir))}
+    return {
+        "preds": preds,
+        "trigger": acc.check_trigger(),
+        "files": sorted(os.listdir(out_dir)),
+        "mp": acc.mixed_precision,
+        "dtypes": (inner_dtype, autocast_dtype, out_dtype),
+    }
 
 
 @pytest.mark.timeout(60)
-def test_three_ranks_metrics_save_model_and_barrier_events(tmp_path: Path) -> None:
+def test_three_ranks_metrics_save_model_and_barrier_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS", "0")  # report every barrier
     view = Recorder()
     out = str(tmp_path / "model")
-    results = notebook_launcher(_metrics_worker, args=(out, 13), num_processes=3, dashboard=view)
+    results = notebook_launcher(
+        _metrics_worker, args=(out, 13), num_processes=3, dashboard=view, mixed_precision="bf16"
+    )
     for r in results:
+        assert r["mp"] == "bf16"
+        assert r["dtypes"] == (torch.float32, torch.bfloat16, torch.float32)
         assert r["preds"] == [10 * i for i in range(13)]  # 13 = not a multiple of 3 x 2
         assert r["trigger"] is True
         # every rank returns after the files exist (the main process wrote them once)

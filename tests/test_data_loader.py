@@ -22,6 +22,15 @@ from notebook_launcher.data_loader import (
 from notebook_launcher.state import GradientState
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Forked workers inherit one intra-op thread: see tests/test_accelerator.py (libgomp)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def shards(n: int, bs: int, world: int, **kw: Any) -> list[list[list[int]]]:
     drop_last = kw.pop("drop_last", False)
     base = BatchSampler(SequentialSampler(range(n)), bs, drop_last)
