@@ -233,6 +233,16 @@ def _ranks_worker(n: int) -> dict[str, Any]:
     for batch in uneven:
         objs += acc.gather_for_metrics([f"s{int(i)}" for i in batch])
     out["objects"] = objs
+    seeded = prepare_data_loader(
+        DataLoader(list(range(n)), batch_size=2, shuffle=True),
+        use_seedable_sampler=True,
+        data_seed=3,
+    )
+    out["seeded"] = [[int(i) for b in seeded for i in b] for _ in range(2)]
+    split = prepare_data_loader(
+        DataLoader(list(range(n)), batch_size=2 * acc.num_processes), split_batches=True
+    )
+    out["split"] = [b.tolist() for b in split]
     return out
 
 
@@ -255,3 +265,12 @@ def test_sharding_on_real_ranks(world: int, n: int) -> None:
     assert results[0]["stream"] == list(range(n))
     assert results[0]["objects"] == [f"s{i}" for i in range(n)]
     assert results[0]["len"] == -(-n // (2 * world))
+    # seedable sampler: no communication, yet one permutation per epoch shared by the ranks
+    for epoch in range(2):
+        parts = [r["seeded"][epoch] for r in results]
+        assert set().union(*map(set, parts)) == set(range(n))
+        assert len({len(p) for p in parts}) == 1
+    assert results[0]["seeded"][0] != results[0]["seeded"][1]
+    # split_batches: rank r gets the r-th pair of every global batch of 2 * world
+    assert results[1]["split"][0] == [2, 3]
+    assert all(len(b) == 2 for r in results for b in r["split"])
