@@ -380,11 +380,6 @@ class Accelerator:
         if dataloader_config is None:
             dataloader_config = DataLoaderConfiguration(**given)
         self.dataloader_config = dataloader_config
-        if dataloader_config.dispatch_batches:
-            raise NotImplementedError(
-                "dispatch_batches=True is not supported: every rank reads its own share of "
-                "the data. Leave it at None/False."
-            )
 
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer

@@ -486,6 +486,175 @@ class DataLoaderShard(DataLoader):
                 gen.set_state(state["generators"][name])
 
 
+# ------------------------------------------------------------------------------ dispatching
+
+
+def _is_leaf_list(value: Any) -> bool:
+    """A list or tuple of plain objects (strings, numbers...): a batch dimension, not a
+    structure (``default_collate`` turns a column of strings into one)."""
+    return (
+        isinstance(value, (list, tuple))
+        and not hasattr(value, "_fields")
+        and not any(isinstance(v, (torch.Tensor, list, tuple, dict)) for v in value)
+    )
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if _is_leaf_list(batch):
+        return len(batch)
+    if isinstance(batch, dict):
+        return _batch_len(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    raise TypeError(f"cannot find the batch size of a {type(batch).__name__}")
+
+
+def _cat(parts: list[Any]) -> Any:
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts, dim=0)
+    if _is_leaf_list(first):
+        return type(first)(x for p in parts for x in p)
+    if isinstance(first, dict):
+        return type(first)({k: _cat([p[k] for p in parts]) for k in first})
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(_cat([p[i] for p in parts]) for i in range(len(first))))
+    if isinstance(first, (list, tuple)):
+        return type(first)(_cat([p[i] for p in parts]) for i in range(len(first)))
+    raise TypeError(f"dispatch_batches cannot join batches of {type(first).__name__}")
+
+
+def _slice(batch: Any, start: int, stop: int) -> Any:
+    if isinstance(batch, torch.Tensor) or _is_leaf_list(batch):
+        return batch[start:stop]
+    if isinstance(batch, dict):
+        return type(batch)({k: _slice(v, start, stop) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_slice(v, start, stop) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_slice(v, start, stop) for v in batch)
+    return batch
+
+
+def _pad(batch: Any, source: Any, size: int) -> Any:
+    """``batch`` completed to ``size`` samples with samples of ``source``, cyclically."""
+    parts = [batch]
+    missing = size - _batch_len(batch)
+    available = _batch_len(source)
+    while missing > 0:
+        take = min(missing, available)
+        parts.append(_slice(source, 0, take))
+        missing -= take
+    return _cat(parts)
+
+
+class DataLoaderDispatcher(DataLoaderShard):
+    """Rank 0 reads the data and sends every rank its share (``dispatch_batches=True``).
+
+    For datasets that cannot be read by every rank (streams, iterables without sharding):
+    only rank 0 iterates the underlying loader. Each global step it takes ``num_processes``
+    batches (one batch when ``split_batches``), joins them, broadcasts the global batch and
+    every rank keeps its slice. With ``even_batches`` a short last step is completed with
+    samples of the first one, and ``remainder`` is the number of real samples, known even
+    for iterables without a length.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        batch_size = self.batch_size or getattr(self.batch_sampler, "batch_size", None)
+        if batch_size is None:
+            raise ValueError("dispatch_batches=True needs a DataLoader with a batch_size")
+        if split_batches and batch_size % num_processes != 0:
+            raise ValueError(
+                f"split_batches=True needs the batch size ({batch_size}) to be a multiple "
+                f"of the number of processes ({num_processes})"
+            )
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self._drop_last = bool(self.drop_last or getattr(self.batch_sampler, "drop_last", False))
+        self.local_batch_size = batch_size // num_processes if split_batches else batch_size
+        self._global_size = self.local_batch_size * num_processes
+        self._total_batch_size = self._global_size
+
+    def _sync_generator(self) -> None:
+        # only rank 0 samples: nothing to agree on, just remember the epoch's start
+        self._epoch_start_states = {k: g.get_state() for k, g in self._generators().items()}
+
+    def __len__(self) -> int:
+        base = super().__len__()
+        if self.split_batches:
+            return base
+        full, left = divmod(base, self.num_processes)
+        if self._drop_last:
+            return full
+        if self.even_batches:
+            return full + (1 if left else 0)
+        return full + (1 if self.process_index < left else 0)
+
+    def _fetch(self, it: Iterator[Any] | None, first: list[Any]) -> tuple[Any, int] | None:
+        from .utils.operations import broadcast_object_list
+
+        payload: list[Any] = [None]
+        if it is not None:
+            wanted = 1 if self.split_batches else self.num_processes
+            parts = list(itertools.islice(it, wanted))
+            if parts:
+                batch = _cat(parts)
+                real = _batch_len(batch)
+                if not first:
+                    first.append(batch)
+                size = self._global_size
+                if real < size and self._drop_last:
+                    batch = None
+                elif real < size and self.even_batches:
+                    batch = _pad(batch, first[0], size)
+                payload = [None if batch is None else (batch, real)]
+        if self.num_processes > 1:
+            broadcast_object_list(payload, from_process=0)
+        return payload[0]
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._sync_generator()
+        self.set_epoch(self.iteration)
+        it = DataLoader.__iter__(self) if self.process_index == 0 else None
+        first: list[Any] = []
+        self.begin()
+        try:
+            current = self._fetch(it, first)
+            index = 0
+            while current is not None:
+                upcoming = self._fetch(it, first)
+                batch, real = current
+                if upcoming is None:
+                    self.end_of_dataloader = True
+                    self.remainder = real if real < self._global_size else 0
+                    if not self.even_batches:
+                        self.remainder = 0
+                lo = self.process_index * self.local_batch_size
+                hi = min(lo + self.local_batch_size, _batch_len(batch))
+                if lo < hi and index >= self.skip_batches:
+                    yield self._to_device(_slice(batch, lo, hi))
+                index += 1
+                current = upcoming
+            self.iteration += 1
+            if self._parent is not None:
+                self._parent.iteration = self.iteration
+        finally:
+            self.end()
+
+
 def _seed_from_global_rng() -> int:
     return int(torch.empty((), dtype=torch.int64).random_().item())
 
@@ -506,19 +675,15 @@ def prepare_data_loader(
     """Return a :class:`DataLoaderShard` yielding this rank's share of ``dataloader``.
 
     Args mirror Accelerate's ``prepare_data_loader``; ``num_processes`` / ``process_index``
-    default to the current ``PartialState``. ``dispatch_batches=True`` is not supported yet
-    (every rank reads the data itself); ``None`` means False.
+    default to the current ``PartialState``. ``dispatch_batches`` (default: True for an
+    ``IterableDataset``, False otherwise) makes rank 0 read and send the batches
+    (:class:`DataLoaderDispatcher`); otherwise every rank reads its own share.
 
     Example::
 
         loader = prepare_data_loader(DataLoader(ds, batch_size=4), put_on_device=True,
                                      device=accelerator.device)
     """
-    if dispatch_batches:
-        raise NotImplementedError(
-            "dispatch_batches=True is not supported: every rank reads its own share. "
-            "Use DataLoaderConfiguration(dispatch_batches=False)."
-        )
     if num_processes is None or process_index is None:
         state = _state()
         num_processes = state.num_processes if num_processes is None else num_processes
@@ -535,6 +700,19 @@ def prepare_data_loader(
     synchronized: torch.Generator | None = None
     remainder = -1
     total_batch_size: int | None
+    if dispatch_batches is None:
+        dispatch_batches = isinstance(dataset, IterableDataset)  # Accelerate's default
+    if dispatch_batches and num_processes > 1:
+        return _dispatcher(
+            dataloader,
+            kwargs,
+            device if put_on_device else None,
+            num_processes,
+            process_index,
+            split_batches,
+            even_batches,
+            non_blocking,
+        )
 
     if isinstance(dataset, IterableDataset):
         batch_size = dataloader.batch_size
@@ -621,6 +799,44 @@ def prepare_data_loader(
     )
 
 
+def _dispatcher(
+    dataloader: DataLoader,
+    kwargs: dict[str, Any],
+    device: torch.device | None,
+    num_processes: int,
+    process_index: int,
+    split_batches: bool,
+    even_batches: bool,
+    non_blocking: bool,
+) -> DataLoaderDispatcher:
+    synchronized: torch.Generator | None = None
+    if isinstance(dataloader.dataset, IterableDataset):
+        loader_kwargs: dict[str, Any] = {
+            "batch_size": dataloader.batch_size,
+            "drop_last": dataloader.drop_last,
+        }
+    else:
+        batch_sampler = dataloader.batch_sampler
+        sampler = getattr(batch_sampler, "sampler", None)
+        if isinstance(sampler, RandomSampler) and sampler.generator is None:
+            sampler.generator = torch.Generator().manual_seed(_seed_from_global_rng())
+        if isinstance(sampler, RandomSampler):
+            synchronized = sampler.generator
+        loader_kwargs = {"batch_sampler": batch_sampler}
+    return DataLoaderDispatcher(
+        dataloader.dataset,
+        num_processes=num_processes,
+        process_index=process_index,
+        split_batches=split_batches,
+        even_batches=even_batches,
+        device=device,
+        synchronized_generator=synchronized,
+        non_blocking=non_blocking,
+        **loader_kwargs,
+        **kwargs,
+    )
+
+
 def _rebuild_batch_sampler(batch_sampler: Any, sampler: Sampler[int]) -> Any:
     if type(batch_sampler) is BatchSampler:
         return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
@@ -641,6 +857,22 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         for batch in skip_first_batches(train_loader, done_batches):
             ...
     """
+    if isinstance(dataloader, DataLoaderDispatcher):
+        disp = DataLoaderDispatcher(
+            dataloader.dataset,
+            num_processes=dataloader.num_processes,
+            process_index=dataloader.process_index,
+            split_batches=dataloader.split_batches,
+            even_batches=dataloader.even_batches,
+            device=dataloader.device,
+            synchronized_generator=dataloader.synchronized_generator,
+            skip_batches=num_batches,
+            non_blocking=dataloader.non_blocking,
+            **dataloader._base_kwargs,
+        )
+        disp.iteration = dataloader.iteration
+        disp._parent = dataloader
+        return disp
     if isinstance(dataloader, DataLoaderShard):
         if isinstance(dataloader.dataset, IterableDataset):
             new = DataLoaderShard(
@@ -687,6 +919,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
 
 __all__ = [
     "BatchSamplerShard",
+    "DataLoaderDispatcher",
     "DataLoaderShard",
     "IterableDatasetShard",
     "SeedableRandomSampler",

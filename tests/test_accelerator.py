@@ -98,8 +98,6 @@ def test_gradient_accumulation_arguments() -> None:
 def test_dataloader_arguments() -> None:
     with pytest.raises(ValueError, match="dataloader_config"):
         Accelerator(split_batches=True, dataloader_config=DataLoaderConfiguration())
-    with pytest.raises(NotImplementedError, match="dispatch_batches"):
-        Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
     acc = Accelerator(split_batches=True)
     assert acc.split_batches and acc.even_batches and not acc.use_seedable_sampler
     assert DataLoaderConfiguration() == DataLoaderConfiguration(

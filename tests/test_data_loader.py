@@ -201,11 +201,6 @@ def test_shuffle_gets_a_generator_seeded_from_the_global_rng() -> None:
     assert sorted(order(0)) == list(range(16))
 
 
-def test_dispatch_batches_is_refused_with_a_fix() -> None:
-    with pytest.raises(NotImplementedError, match="dispatch_batches=False"):
-        prepare_data_loader(DataLoader(list(range(4))), 1, 0, dispatch_batches=True)
-
-
 # ------------------------------------------------------------------------- real ranks
 
 
@@ -233,6 +228,19 @@ def _ranks_worker(n: int) -> dict[str, Any]:
     for batch in uneven:
         objs += acc.gather_for_metrics([f"s{int(i)}" for i in batch])
     out["objects"] = objs
+    # dispatch_batches: rank 0 reads (a stream without length here) and sends the shares
+    nolen = acc.prepare(DataLoader(Stream(n, with_len=False), batch_size=2))
+    assert type(nolen).__name__ == "DataLoaderDispatcher"
+    out["nolen"] = [x for b in nolen for x in acc.gather_for_metrics(b).tolist()]
+    out["nolen_mine"] = [b.tolist() for b in nolen]
+    words = prepare_data_loader(
+        DataLoader(
+            [(i, f"w{i}") for i in range(n)], batch_size=2 * acc.num_processes, shuffle=True
+        ),
+        dispatch_batches=True,
+        split_batches=True,
+    )
+    out["words"] = [(b[0].tolist(), list(b[1])) for b in words]
     seeded = prepare_data_loader(
         DataLoader(list(range(n)), batch_size=2, shuffle=True),
         use_seedable_sampler=True,
@@ -265,6 +273,14 @@ def test_sharding_on_real_ranks(world: int, n: int) -> None:
     assert results[0]["stream"] == list(range(n))
     assert results[0]["objects"] == [f"s{i}" for i in range(n)]
     assert results[0]["len"] == -(-n // (2 * world))
+    assert results[0]["nolen"] == list(range(n))  # remainder known without a length
+    mine = [r["nolen_mine"] for r in results]
+    assert mine[1][0] == [2, 3] and len({len(m) for m in mine}) == 1
+    for r in results:  # numbers and strings travel together, each rank a slice of 2 of each batch
+        for ids, words in r["words"]:
+            assert words == [f"w{i}" for i in ids]
+    shares = [[i for ids, _ in r["words"] for i in ids] for r in results]
+    assert set().union(*map(set, shares)) == set(range(n))
     # seedable sampler: no communication, yet one permutation per epoch shared by the ranks
     for epoch in range(2):
         parts = [r["seeded"][epoch] for r in results]
