@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_launcher import notebook_launcher
-from notebook_launcher._events import BarrierEnter
+from notebook_launcher._events import BarrierEnter, Output
 from notebook_launcher.accelerator import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
@@ -270,10 +270,11 @@ def test_free_memory() -> None:
 # --------------------------------------------------------------------------- real ranks
 
 
-def _equivalence_worker() -> dict[str, Any]:
+def _equivalence_worker(sync_each_batch: bool) -> dict[str, Any]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    acc = Accelerator(gradient_accumulation_steps=2)
+    plugin = GradientAccumulationPlugin(num_steps=2, sync_each_batch=sync_each_batch)
+    acc = Accelerator(gradient_accumulation_plugin=plugin)
     model = mlp(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loader = DataLoader(data(48), batch_size=4)
@@ -318,8 +319,11 @@ def _equivalence_worker() -> dict[str, Any]:
 
 
 @pytest.mark.timeout(60)
-def test_accumulate_on_two_ranks_equals_full_batch_training() -> None:
-    results = notebook_launcher(_equivalence_worker, num_processes=2, dashboard=False)
+@pytest.mark.parametrize("sync_each_batch", [False, True])
+def test_accumulate_on_two_ranks_equals_full_batch_training(sync_each_batch: bool) -> None:
+    results = notebook_launcher(
+        _equivalence_worker, args=(sync_each_batch,), num_processes=2, dashboard=False
+    )
     # single process reference: 3 optimizer steps on the full 16-sample batch
     ref = mlp(0)
     opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
@@ -334,7 +338,7 @@ def test_accumulate_on_two_ranks_equals_full_batch_training() -> None:
     steps = results[0]["steps"]
     assert [s["sync"] for s in steps] == [False, True] * 3
     for s in steps:
-        if s["sync"]:
+        if s["sync"] or sync_each_batch:  # sync_each_batch: all-reduce, but step every 2
             assert s["allreduces"] >= 1 and s["grads_equal"]
         else:  # no_sync really skipped the all-reduce: local gradients differ
             assert s["allreduces"] == 0 and not s["grads_equal"]
@@ -463,6 +467,7 @@ def _metrics_worker(out_dir: str, n: int) -> dict[str, Any]:
     acc.wait_for_everyone()
     with acc.main_process_first():
         pass
+    acc.print(f"printed by rank {acc.process_index}")
     loader = acc.prepare(DataLoader(torch.arange(n), batch_size=2))
     preds = []
     for batch in loader:
@@ -510,6 +515,10 @@ def test_three_ranks_metrics_save_model_and_barrier_events(
     for rank in range(3):
         assert (rank, "wait_for_everyone") in kinds
         assert (rank, "main_process_first") in kinds
+    printed = [
+        (e.rank, e.text) for e in view.events if isinstance(e, Output) and "printed" in e.text
+    ]
+    assert printed == [(0, "printed by rank 0\n")]  # accelerator.print: once, on the main process
     locations = {e.location for e in view.events if isinstance(e, BarrierEnter)}
     assert any(loc.startswith("test_accelerator.py:") for loc in locations)
 
