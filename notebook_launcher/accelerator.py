@@ -16,6 +16,20 @@ Process control (``wait_for_everyone``, ``main_process_first``, ``print``...) is
 :class:`~notebook_launcher.state.PartialState`, so barriers show on the dashboard. With no
 launcher and no process group, everything works as a single process.
 
+Differences from Accelerate (names and defaults kept):
+
+* ``save_state`` writes into ``<dir>.incomplete`` and renames it when complete, with a
+  ``checkpoint.json`` manifest; ``load_state`` refuses a directory without one (so it does not
+  read checkpoints written by Accelerate itself). Dataloader generator states and the epoch
+  are saved too, so a resumed run (mid-epoch with ``skip_first_batches``) is bit-identical.
+* A shuffling DataLoader's generator is seeded from the global RNG (``set_seed`` controls the
+  order) instead of torch's fixed default seed, and iterating a prepared loader does not draw
+  from the global RNG.
+* Tied weights are saved once, as Accelerate does, but the dropped names are recorded and
+  restored by ``load_state`` / ``checkpointing.load_model_state_dict``.
+* ``rng_types``, ``log_with`` and ``dynamo_backend`` are accepted and ignored; DeepSpeed,
+  FSDP and Megatron plugins are refused.
+
 Example::
 
     from notebook_launcher.accelerator import Accelerator

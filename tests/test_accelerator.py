@@ -259,6 +259,37 @@ def test_save_state_automatic_naming_and_limit(tmp_path: Path) -> None:
         acc.load_state(tmp_path / "empty")
 
 
+def test_interrupted_save_state_keeps_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from notebook_launcher import checkpointing
+
+    acc = Accelerator()
+    model = acc.prepare(mlp())
+    ckpt = tmp_path / "ckpt"
+    acc.save_state(ckpt)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    real = checkpointing.save_rank_state
+
+    def crash(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt("kernel interrupted mid-save")
+
+    monkeypatch.setattr(checkpointing, "save_rank_state", crash)
+    with pytest.raises(KeyboardInterrupt):
+        acc.save_state(ckpt)
+    monkeypatch.setattr(checkpointing, "save_rank_state", real)
+    # the half-written state never replaced the checkpoint, and is not loadable itself
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        acc.load_state(str(ckpt) + ".incomplete")
+    acc.load_state(ckpt)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+    acc.save_state(ckpt)  # the next save clears the debris
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
 def test_free_memory() -> None:
     acc = Accelerator()
     model, opt = acc.prepare(mlp(), torch.optim.SGD(mlp().parameters(), lr=1))
