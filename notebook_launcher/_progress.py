@@ -201,9 +201,20 @@ def install(rank: int) -> None:
         return
     _rank = rank
     base = tqdm.std.tqdm
+    _forget_the_kernels_bars(tqdm.std)
     if _original_new is None:
         _original_new = base.__dict__["__new__"]
         base.__new__ = staticmethod(_patched_new)
+
+
+def _forget_the_kernels_bars(std: Any) -> None:
+    """A forked worker inherits the kernel's tqdm bookkeeping: bars still open there
+    (which would push every bar of the rank one level down) and a thread lock that a
+    kernel thread (tqdm's monitor) may have held at the fork (the first bar would hang)."""
+    std.tqdm._instances.clear()
+    std.tqdm.monitor = None  # its thread did not survive the fork; the next bar starts one
+    std.TqdmDefaultWriteLock.th_lock = threading.RLock()
+    std.tqdm.set_lock(std.TqdmDefaultWriteLock())
 
 
 def uninstall() -> None:
