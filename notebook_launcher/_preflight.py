@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import errno
+import os
+import select
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -103,8 +107,90 @@ def check_unsupported(**options: tuple[Any, Any]) -> None:
             )
 
 
-def resolve_start_method(requested: str | None, cuda_is_initialized: bool) -> tuple[str, str]:
-    """(method, one-line reason)."""
+def _unknown_native_threads() -> frozenset[int]:
+    """Threads of this process that Python did not start (OpenMP, MKL, torch pools...).
+
+    ZeroMQ's own threads (every Jupyter kernel has them) are left out: they are not
+    touched by a forked child.
+    """
+    known = {t.native_id for t in threading.enumerate()}
+    unknown: set[int] = set()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return frozenset()
+    for tid in tids:
+        if int(tid) in known:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith("ZMQbg"):
+                    continue
+        except OSError:
+            continue
+        unknown.add(int(tid))
+    return frozenset(unknown)
+
+
+_fork_verdict: dict[str, Any] = {"unsafe": False, "safe_with_threads": None}
+FORK_PROBE_TIMEOUT = 2.0
+
+
+def fork_is_safe() -> bool:
+    """Can a forked child use torch's CPU thread pool? False once this kernel's OpenMP
+    pool is running (after any parallel op here, e.g. a matmul): GNU OpenMP's workers do
+    not survive fork, and a child entering a parallel region hangs forever.
+
+    Probed for real, in a throwaway forked child, whenever the set of native threads
+    (by thread id: a new pool thread is a new id) changed since the last probe; the cost
+    (~10 ms) is paid once per change.
+    """
+    if "torch" not in sys.modules or _fork_verdict["unsafe"]:
+        return not _fork_verdict["unsafe"]
+    threads = _unknown_native_threads()
+    if _fork_verdict["safe_with_threads"] == threads:
+        return True
+    if _probe_fork():
+        _fork_verdict["safe_with_threads"] = threads
+        return True
+    _fork_verdict["unsafe"] = True  # the pool never goes away: no need to probe again
+    return False
+
+
+def _probe_fork() -> bool:
+    import warnings
+
+    from ._worker import die_with_parent
+
+    parent = os.getpid()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            die_with_parent(parent)
+            torch = sys.modules["torch"]
+            torch.ones(1 << 17).add_(1)  # at::parallel_for: the OpenMP pool
+            torch.ones(128, 128) @ torch.ones(128, 128)
+            code = 0
+        finally:
+            os._exit(code)
+    pidfd = os.pidfd_open(pid)
+    try:
+        done = bool(select.select([pidfd], [], [], FORK_PROBE_TIMEOUT)[0])
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(pidfd)
+    return done and os.waitstatus_to_exitcode(status) == 0
+
+
+def resolve_start_method(
+    requested: str | None, cuda_is_initialized: bool, fork_safe: bool = True
+) -> tuple[str, str]:
+    """(method, one-line reason). ``fork_safe=False``: this kernel's OpenMP pool runs."""
     if requested not in (None, "auto", *START_METHODS):
         raise PreflightError(
             f"start_method={requested!r} is not one of 'fork', 'spawn', 'forkserver' (or None)."
@@ -118,9 +204,17 @@ def resolve_start_method(requested: str | None, cuda_is_initialized: bool) -> tu
         )
     if requested in START_METHODS:
         assert requested is not None
+        if requested == "fork" and not fork_safe:
+            return "fork", "asked for; ranks use 1 CPU thread: this kernel's OpenMP pool runs"
         return requested, "asked for"
     if cuda_is_initialized:
         return "forkserver", "CUDA is initialised in this kernel, so fork is unsafe"
+    if not fork_safe:
+        return (
+            "forkserver",
+            "this kernel already ran a multi-threaded torch op (its OpenMP pool would hang a "
+            "forked rank)",
+        )
     if not hasattr(__import__("os"), "fork"):
         return "spawn", "this platform has no fork"
     return "fork", "fast, nothing to pickle"

@@ -53,6 +53,7 @@ class WorkerSpec:
     replace_environ: bool = False
     close_fds: list[int] = field(default_factory=list)
     pg_timeout_s: float = 1800.0
+    num_threads: int | None = None
 
 
 def die_with_parent(expected_parent: int) -> None:
@@ -135,6 +136,8 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> str:
     import torch
     import torch.distributed as dist
 
+    if spec.num_threads is not None:
+        torch.set_num_threads(spec.num_threads)
     device = "cpu"
     if spec.backend == "nccl":
         torch.cuda.set_device(spec.local_rank)
@@ -150,6 +153,13 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> str:
     dist.init_process_group(
         spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
     )
+    # Everyone's connections are up before anyone runs the function: otherwise a rank that
+    # returns at once could close its side while a peer is still connecting, and that peer
+    # would fail (and be taken for one left waiting in a collective).
+    if spec.backend == "nccl":
+        dist.barrier(device_ids=[spec.local_rank])
+    else:
+        dist.barrier()
     return device
 
 

@@ -115,7 +115,10 @@ def notebook_launcher(
     gpus = preflight.cuda_device_count()
     nprocs = preflight.resolve_num_processes(num_processes, gpus)
     precision = preflight.check_mixed_precision(mixed_precision, gpus)
-    method, reason = preflight.resolve_start_method(start_method, preflight.cuda_initialized())
+    cuda_init = preflight.cuda_initialized()
+    wants_fork = start_method in (None, "auto", "fork") and not cuda_init
+    fork_safe = preflight.fork_is_safe() if wants_fork else True
+    method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe)
     preflight.check_no_process_group_in_parent()
     state = sys.modules.get("notebook_launcher.state")
     preflight.check_no_state_in_parent(getattr(state, "state_in_use", None))
@@ -124,7 +127,10 @@ def notebook_launcher(
     listen, port, port_note = preflight.bind_rendezvous(master_addr, use_port, node_rank)
     if port_note:
         reason += f"; {port_note}, using {port}"
+    threads = 1 if (method == "fork" and not fork_safe) else _threads_per_rank(nprocs)
     specs = _specs(nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method)
+    for spec in specs:
+        spec.num_threads = threads
     view = dashboard if hasattr(dashboard, "handle") else create_view(dashboard)
     run = _Run(specs, view)  # type: ignore[arg-type]
     group = WorkerGroup(specs, method, task, listen, run.on_event, run.on_exit, grace=grace_period)
@@ -180,6 +186,18 @@ def _task(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: 
     if note:
         warnings.warn(note, LargePayloadWarning, stacklevel=3)
     return data
+
+
+def _threads_per_rank(nprocs: int) -> int | None:
+    """CPU threads for each rank's torch ops: the cores shared out, unless the user chose
+    (OMP_NUM_THREADS), so that N ranks do not fight over the same cores."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // nprocs)
 
 
 def _specs(

@@ -272,7 +272,59 @@ def test_closure_works_with_fork_without_pickling() -> None:
     def uses_lock() -> bool:
         return lock.locked()
 
-    assert notebook_launcher(uses_lock, (), 2, dashboard=Recorder()) == [False, False]
+    out = notebook_launcher(uses_lock, (), 2, start_method="fork", dashboard=Recorder())
+    assert out == [False, False]
+
+
+FORK_AFTER_OPENMP = """
+import torch
+from notebook_launcher import notebook_launcher
+from notebook_launcher._events import LaunchStarted
+
+class Keep:
+    def __init__(self): self.events = []
+    def handle(self, e): self.events.append(e)
+    def tick(self): pass
+    def close(self): pass
+
+def work():
+    x = torch.ones(256, 256)
+    return (x @ x).sum().item(), torch.get_num_threads()
+
+def launch(**kw):
+    keep = Keep()
+    out = notebook_launcher(work, (), 2, dashboard=keep, **kw)
+    started = [e for e in keep.events if isinstance(e, LaunchStarted)][0]
+    print(started.start_method, "|", started.start_reason, "|", out)
+
+launch()                                     # nothing parallel ran here yet: fork
+x = torch.ones(512, 512); x @ x               # now this kernel's OpenMP pool runs
+launch()                                     # fork would hang: the forkserver takes over
+launch(start_method="fork")                  # asked for: ranks get one thread, no hang
+from notebook_launcher import _process; _process.shutdown_forkserver()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_fork_after_the_kernel_used_openmp_does_not_hang(kernel_env: dict) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_OPENMP],
+        capture_output=True,
+        text=True,
+        timeout=80,
+        env={**kernel_env, "PYTHONPATH": root, "OMP_NUM_THREADS": ""},
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "|" in line]
+    assert lines[0].startswith("fork | fast")
+    assert lines[1].startswith("forkserver | this kernel already ran a multi-threaded torch op")
+    assert lines[2].startswith("fork | asked for; ranks use 1 CPU thread")
+    assert lines[2].endswith("[(16777216.0, 1), (16777216.0, 1)]")
 
 
 def test_large_captured_object_warns(monkeypatch: pytest.MonkeyPatch) -> None:
