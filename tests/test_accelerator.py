@@ -34,12 +34,13 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread in this process, and so in the workers forked from it.
+    """One intra-op thread in this (parent) process, so its OpenMP pool never starts.
 
-    Once a process has run an OpenMP parallel region (a bf16 matmul, any large elementwise
+    Once a process has run a multi-threaded OpenMP region (a bf16 matmul, a large elementwise
     op), a child forked from it hangs in its own first parallel region: libgomp is not
-    fork-safe. The launcher forks CPU workers (reported to its owner); the workers here
-    inherit one thread and never enter a parallel region.
+    fork-safe. The launcher detects that and then starts ranks with a slower method
+    (seconds per launch instead of a fraction of one); staying single-threaded here keeps
+    every launch of this module on the fast fork path.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -24,7 +24,7 @@ from notebook_launcher.state import GradientState
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread() -> Iterator[None]:
-    """Forked workers inherit one intra-op thread: see tests/test_accelerator.py (libgomp)."""
+    """Keep this process's OpenMP pool unstarted so launches fork: see tests/test_accelerator.py."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
