@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,8 +151,12 @@ def test_seedable_sampler_depends_on_seed_and_epoch_only() -> None:
 
 def test_data_loader_shard_tracks_gradient_state_nested() -> None:
     gs = GradientState()
-    outer = prepare_data_loader(DataLoader(list(range(6)), batch_size=2), 1, 0)
-    inner = prepare_data_loader(DataLoader(list(range(4)), batch_size=2), 1, 0)
+    outer = prepare_data_loader(
+        DataLoader(list(range(6)), batch_size=2), num_processes=1, process_index=0
+    )
+    inner = prepare_data_loader(
+        DataLoader(list(range(4)), batch_size=2), num_processes=1, process_index=0
+    )
     log: list[tuple[str, bool]] = []
     for batch in outer:
         assert gs.active_dataloader is outer
@@ -177,7 +182,9 @@ def test_data_loader_shard_tracks_gradient_state_nested() -> None:
 
 
 def test_data_loader_shard_single_process_remainder_and_skip() -> None:
-    loader = prepare_data_loader(DataLoader(list(range(7)), batch_size=3), 1, 0)
+    loader = prepare_data_loader(
+        DataLoader(list(range(7)), batch_size=3), num_processes=1, process_index=0
+    )
     assert isinstance(loader, DataLoaderShard) and loader.remainder == 1
     assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6]]
     assert len(loader) == 3
@@ -185,15 +192,31 @@ def test_data_loader_shard_single_process_remainder_and_skip() -> None:
     assert [b.tolist() for b in skipped] == [[6]]
     plain = skip_first_batches(DataLoader(list(range(7)), batch_size=3), 1)
     assert [b.tolist() for b in plain] == [[3, 4, 5], [6]]
-    empty = prepare_data_loader(DataLoader([], batch_size=3), 1, 0)
+    empty = prepare_data_loader(DataLoader([], batch_size=3), num_processes=1, process_index=0)
     assert list(empty) == []
     assert GradientState().active_dataloader is None
+
+
+def test_rank_share_with_worker_processes() -> None:
+    # the share of rank 1 of 2, computed here without a process group, read by 2 workers
+    loader = DataLoader(list(range(10)), batch_size=3, num_workers=2)
+    shard = prepare_data_loader(loader, num_processes=2, process_index=1)
+    handler = signal.getsignal(signal.SIGCHLD)  # torch installs its own for worker processes
+    try:
+        assert [b.tolist() for b in shard] == [[3, 4, 5], [9, 0, 1]]
+    finally:
+        signal.signal(signal.SIGCHLD, handler)
+    assert len(shard) == 2 and shard.remainder == 4
 
 
 def test_shuffle_gets_a_generator_seeded_from_the_global_rng() -> None:
     def order(seed: int) -> list[int]:
         torch.manual_seed(seed)
-        loader = prepare_data_loader(DataLoader(list(range(16)), batch_size=4, shuffle=True), 1, 0)
+        loader = prepare_data_loader(
+            DataLoader(list(range(16)), batch_size=4, shuffle=True),
+            num_processes=1,
+            process_index=0,
+        )
         return [int(i) for b in loader for i in b]
 
     assert order(0) == order(0)
