@@ -180,6 +180,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if hasattr(self.optimizer, "eval"):
             self.optimizer.eval()
 
+    def __getattr__(self, name: str) -> Any:
+        # Only for names not found on the wrapper: the wrapped optimizer's own extras
+        # (custom attributes, torch's hook registries...).
+        if name.startswith("__") or name == "optimizer":
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "gradient_state"}
 
