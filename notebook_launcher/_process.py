@@ -140,7 +140,7 @@ def start_fork(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
 def start_spawn(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
     conn_fd = req.child_conn.fileno()
     fds = [conn_fd, req.out_w, req.err_w] + ([req.listen_fd] if req.listen_fd is not None else [])
-    argv = [sys.executable, "-m", "notebook_launcher._worker", *map(str, fds[:3])]
+    argv = [sys.executable, "-m", "notebook_launcher._spawn", *map(str, fds[:3])]
     argv.append(str(req.listen_fd) if req.listen_fd is not None else "-")
     argv.append(str(os.getpid()))
     popen = subprocess.Popen(

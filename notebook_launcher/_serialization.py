@@ -109,8 +109,14 @@ def looks_collateral(exc: BaseException) -> bool:
     )
 
 
-def exception_to_failure(exc: BaseException, rank: int, pid: int, now: float) -> RankFailure:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+def exception_to_failure(
+    exc: BaseException, rank: int, pid: int, now: float, skip_file: str | None = None
+) -> RankFailure:
+    """``skip_file``: leading frames from this file (the worker's own) are left out."""
+    frames = exc.__traceback__
+    while frames is not None and skip_file and frames.tb_frame.f_code.co_filename == skip_file:
+        frames = frames.tb_next
+    tb = "".join(traceback.format_exception(type(exc), exc, frames))
     return RankFailure(
         rank=rank,
         kind="raised",

@@ -278,7 +278,7 @@ def _serve(
 
 def _report_failure(send: Any, exc: BaseException, rank: int, pid: int) -> None:
     _flush()
-    failure = exception_to_failure(exc, rank, pid, time.time())
+    failure = exception_to_failure(exc, rank, pid, time.time(), skip_file=__file__)
     try:
         send(("failed", failure, dump_exception(exc)))
     except (OSError, EOFError):
@@ -303,12 +303,8 @@ def _teardown() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m notebook_launcher._worker CONN OUT ERR LISTEN|- PARENT_PID`` (spawn)."""
+    """``python -m notebook_launcher._spawn CONN OUT ERR LISTEN|- PARENT_PID`` (spawn)."""
     argv = sys.argv[1:] if argv is None else argv
     conn_fd, out_fd, err_fd = (int(a) for a in argv[:3])
     listen_fd = int(argv[3]) if len(argv) > 3 and argv[3] != "-" else None
     run(Connection(conn_fd), out_fd, err_fd, listen_fd, int(argv[4]))
-
-
-if __name__ == "__main__":
-    main()

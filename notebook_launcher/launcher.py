@@ -347,14 +347,15 @@ class _Run:
         wall = time.time() - self.t0
         self.cause = cause = self.root_cause()
         n = len(self.specs)
+        # The views put "N ranks, wall time: ok/failed:" in front of this themselves.
         if self.interrupted:
-            summary = f"Interrupted after {wall:.1f}s: all {n} ranks stopped."
+            summary = f"interrupted: all {n} ranks stopped"
             ok, rank = False, None
         elif cause is None:
-            summary = f"All {n} ranks finished in {wall:.1f}s."
+            summary = f"all {n} ranks finished"
             ok, rank = True, None
         else:
-            summary = f"Failed after {wall:.1f}s: {cause[0].describe()}"
+            summary = cause[0].describe()
             ok, rank = False, cause[0].rank
         failed = tuple(sorted({f.rank for f in self.failures if f.kind != "stopped"}))
         self.on_event(LaunchFinished(ok, summary, rank, wall, time.time(), failed))

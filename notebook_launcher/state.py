@@ -416,10 +416,19 @@ class PartialState:
         watch.pending = pending
         try:
             dist.barrier(**kwargs)
-        finally:
+        except BaseException:
             with watch.lock:
                 watch.pending = None
                 reported = pending.location
+            if reported is None:  # failed fast (a peer left): still say where we waited
+                location = _runtime.caller_location()
+                _runtime.emit(
+                    BarrierEnter(pending.rank, pending.index, location, kind, pending.entered)
+                )
+            raise
+        with watch.lock:
+            watch.pending = None
+            reported = pending.location
         if reported is not None:
             _runtime.emit(BarrierExit(pending.rank, pending.index, reported, time.time()))
 
@@ -551,8 +560,8 @@ class PartialState:
     # ---- output and triggers --------------------------------------------------------------
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the main process only (once per run, not once per rank)."""
-        if self.is_main_process:
+        """``print`` once per machine: on each node's local main process (as Accelerate)."""
+        if self.is_local_main_process:
             builtins.print(*args, **kwargs)
 
     def set_trigger(self) -> None:

@@ -167,7 +167,8 @@ def test_crash_table(case: str, method: str) -> None:
         cause = info.value.__cause__
         assert isinstance(cause, RemoteTraceback)
         if expected is not SerializationError:  # (a return value has no frame to show)
-            assert fn.__name__ in cause.tb  # the worker's own frames
+            assert fn.__name__ in cause.tb  # the user's frames...
+            assert "_worker.py" not in cause.tb  # ...and none of the launcher's
     # The other rank is collateral or stopped, never blamed.
     assert all(f.rank != FAILING for f in failure.collateral)
     assert rec.of(WorkerStopped) or rec.of(WorkerFailed)
@@ -218,3 +219,24 @@ def test_many_launches_do_not_leak() -> None:
         assert notebook_launcher(_rank, (), 2, dashboard=Recorder()) == [0, 1]
     after = (fds(), threading.active_count())
     assert after == before
+
+
+def waits_while_peer_returns() -> None:
+    from notebook_launcher import PartialState
+
+    state = PartialState()
+    if state.process_index == 1:
+        return
+    state.wait_for_everyone()  # the line the dashboard must point at
+
+
+def test_barrier_a_peer_left_is_reported_with_its_call_site() -> None:
+    from notebook_launcher._events import BarrierEnter
+
+    rec = Recorder()
+    with pytest.raises(ProcessGroupMismatch, match=r"rank\(s\) \[1\] returned"):
+        notebook_launcher(waits_while_peer_returns, (), 2, dashboard=rec)
+    enters = [e for e in rec.of(BarrierEnter) if e.rank == 0]
+    assert len(enters) == 1 and enters[0].kind == "wait_for_everyone"
+    line = waits_while_peer_returns.__code__.co_firstlineno + 6
+    assert enters[0].location == f"test_crash_table.py:{line}"

@@ -90,6 +90,7 @@ def test_results_env_and_process_group(method: str) -> None:
         }
     started = rec.of(LaunchStarted)[0]
     assert started.start_method == method and started.master_port == int(port)
+    assert not [e for e in rec.of(Output) if e.stream == "stderr"]  # no warnings from us
     assert sorted(e.rank for e in rec.of(WorkerStarted)) == [0, 1, 2]
     assert sorted(e.rank for e in rec.of(WorkerFinished)) == [0, 1, 2]
     assert rec.of(LaunchFinished)[0].ok and rec.closed
