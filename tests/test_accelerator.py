@@ -162,7 +162,7 @@ def test_fp16_needs_a_gpu() -> None:
 
 
 @needs_cuda
-def test_fp16_grad_scaler_on_gpu() -> None:
+def test_fp16_grad_scaler_on_gpu(tmp_path: Path) -> None:
     acc = Accelerator(mixed_precision="fp16")
     assert acc.scaler is not None and acc.device.type == "cuda"
     model = mlp().cuda()
@@ -180,6 +180,13 @@ def test_fp16_grad_scaler_on_gpu() -> None:
         p.grad = torch.full_like(p, float("inf"))
     opt.step()
     assert acc.optimizer_step_was_skipped and acc.scaler.get_scale() < scale
+    # the scaler's state is part of save_state / load_state
+    acc.save_state(tmp_path / "ckpt")
+    saved_scale = acc.scaler.get_scale()
+    acc.scaler.update(new_scale=1.0)
+    acc.load_state(tmp_path / "ckpt")
+    assert acc.scaler.get_scale() == saved_scale
+    assert "scaler.pt" in os.listdir(tmp_path / "ckpt")
 
 
 @needs_cuda
