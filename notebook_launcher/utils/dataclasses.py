@@ -50,9 +50,10 @@ class GradientAccumulationPlugin(KwargsHandler):
     Args:
         num_steps: number of batches whose gradients are accumulated before a sync and an
             optimizer step.
-        adjust_scheduler: step the learning-rate scheduler once per optimizer step (Accelerate
-            does this by stepping it ``num_processes`` times per sync step when not splitting
-            batches, and never on non-sync steps).
+        adjust_scheduler: the scheduler was written for optimizer steps, not batches. A
+            prepared scheduler steps only on sync steps (``num_processes`` times when batches
+            are not split, as in Accelerate); with this flag the skipped batches still count
+            in its ``_step_count``, so torch does not warn about the order of the calls.
         sync_with_dataloader: force a sync step at the end of the active dataloader, even if
             ``num_steps`` batches have not been seen yet.
         sync_each_batch: sync gradients on every batch (no ``no_sync``) while still only
