@@ -1,13 +1,17 @@
 """Step time of an Accelerator-prepared DDP MLP vs the same loop written by hand with DDP.
 
 Both loops run in the *same* launch (2 CPU workers on gloo by default), on the same data,
-interleaved round by round (ABBA order) so that machine noise hits both alike:
+interleaved step by step so that machine noise hits all of them alike:
 
 * hand-written: ``DistributedDataParallel(model)``, a ``DataLoader`` with a
   ``DistributedSampler``, ``loss.backward()``, ``optimizer.step()``, ``zero_grad()``;
 * Accelerator: ``accelerator.prepare(model, optimizer, DataLoader(..., shuffle=True))``,
   ``accelerator.backward(loss)``, the same optimizer calls; and a third variant that also
   wraps each step in ``accelerator.accumulate(model)`` (1 step: sync every batch).
+
+Each variant has its own model, optimizer and loader; every step of a round runs one step of
+each variant (fetching the batch included), in a rotating order, so the three see the same
+machine load.
 
 Reported: per-step time (max over ranks, since a DDP step is as slow as its slowest rank),
 median and best over rounds, and the ratio Accelerator / hand-written as the median of the
@@ -57,67 +61,70 @@ def bench_worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
         torch.randint(0, cfg["classes"], (n,), generator=g),
     )
 
+    def model_and_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = make_model(cfg["width"], cfg["hidden"], cfg["classes"])
+        return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
     # hand-written DDP
-    hand_model = DistributedDataParallel(make_model(cfg["width"], cfg["hidden"], cfg["classes"]))
-    hand_opt = torch.optim.SGD(hand_model.parameters(), lr=0.01)
+    hand_model, hand_opt = model_and_opt()
+    hand_model = DistributedDataParallel(hand_model)
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)
     hand_loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler)
 
-    # Accelerator
+    # Accelerator (two copies: plain loop, and the loop inside accumulate())
     accelerator = Accelerator()
-    acc_model = make_model(cfg["width"], cfg["hidden"], cfg["classes"])
-    acc_opt = torch.optim.SGD(acc_model.parameters(), lr=0.01)
-    acc_loader = DataLoader(dataset, batch_size=cfg["batch_size"], shuffle=True)
-    acc_model, acc_opt, acc_loader = accelerator.prepare(acc_model, acc_opt, acc_loader)
+    acc = {}
+    for name in ("accelerator", "accumulate"):
+        model, opt = model_and_opt()
+        loader = DataLoader(dataset, batch_size=cfg["batch_size"], shuffle=True)
+        acc[name] = accelerator.prepare(model, opt, loader)
 
-    epoch = {"hand": 0}
+    def hand_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = F.cross_entropy(hand_model(x), y)
+        loss.backward()
+        hand_opt.step()
+        hand_opt.zero_grad()
 
-    def hand() -> int:
-        sampler.set_epoch(epoch["hand"])
-        epoch["hand"] += 1
-        steps = 0
-        for x, y in hand_loader:
-            loss = F.cross_entropy(hand_model(x), y)
-            loss.backward()
-            hand_opt.step()
-            hand_opt.zero_grad()
-            steps += 1
-        return steps
+    def accel_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        model, opt, _ = acc["accelerator"]
+        loss = F.cross_entropy(model(x), y)
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
 
-    def accel() -> int:
-        steps = 0
-        for x, y in acc_loader:
-            loss = F.cross_entropy(acc_model(x), y)
+    def accumulate_step(x: torch.Tensor, y: torch.Tensor) -> None:
+        model, opt, _ = acc["accumulate"]
+        with accelerator.accumulate(model):
+            loss = F.cross_entropy(model(x), y)
             accelerator.backward(loss)
-            acc_opt.step()
-            acc_opt.zero_grad()
-            steps += 1
-        return steps
+            opt.step()
+            opt.zero_grad()
 
-    def accel_accumulate() -> int:
-        steps = 0
-        for x, y in acc_loader:
-            with accelerator.accumulate(acc_model):
-                loss = F.cross_entropy(acc_model(x), y)
-                accelerator.backward(loss)
-                acc_opt.step()
-                acc_opt.zero_grad()
-            steps += 1
-        return steps
-
-    variants = {"hand": hand, "accelerator": accel, "accumulate": accel_accumulate}
-    for fn in variants.values():  # warm-up: allocator, DDP buckets, thread pools
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(cfg["rounds"]):
-        order = names if r % 2 == 0 else names[::-1]
-        for name in order:
-            dist.barrier()
-            start = time.perf_counter()
-            steps = variants[name]()
-            elapsed = time.perf_counter() - start
-            times[name].append(elapsed / steps)
+    steps_of = {"hand": hand_step, "accelerator": accel_step, "accumulate": accumulate_step}
+    loaders = {"hand": hand_loader, "accelerator": acc["accelerator"][2]}
+    loaders["accumulate"] = acc["accumulate"][2]
+    names = list(steps_of)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(cfg["rounds"] + 1):  # round 0 warms up (allocator, DDP buckets)
+        sampler.set_epoch(r)
+        iters = {name: iter(loaders[name]) for name in names}
+        spent = dict.fromkeys(names, 0.0)
+        dist.barrier()
+        for i in range(cfg["steps"]):
+            # every step runs all three loops, in a rotating order: load bursts on a shared
+            # machine hit the three alike
+            k = (i + r) % len(names)
+            for name in names[k:] + names[:k]:
+                start = time.perf_counter()
+                x, y = next(iters[name])
+                steps_of[name](x, y)
+                spent[name] += time.perf_counter() - start
+        for it in iters.values():  # end the epochs (prepared loaders unregister themselves)
+            for _ in it:
+                pass
+        if r > 0:
+            for name in names:
+                times[name].append(spent[name] / cfg["steps"])
     return times
 
 
