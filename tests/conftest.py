@@ -2,7 +2,7 @@
 
 The autouse fixture ``no_leftovers`` fails a test that leaves behind a child process,
 a changed environment variable, an initialised torch.distributed process group, a
-changed signal handler, or an extra thread. The launcher's persistent forkserver
+changed signal handler, a listening port, or an extra thread. The launcher's persistent forkserver
 (started on first use of the CUDA-safe path, like multiprocessing's) is the one
 allowed child; it is shut down and checked at the end of the session.
 """
@@ -47,6 +47,30 @@ def _allowed_children() -> set[int]:
     return {pid} if pid else set()
 
 
+def listening_ports() -> set[int]:
+    """TCP ports this process listens on (rendezvous sockets it may have leaked)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def _process_group_initialized() -> bool:
     dist = sys.modules.get("torch.distributed")
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
@@ -67,8 +91,12 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     handlers_before = {s: signal.getsignal(s) for s in _SIGNALS}
     children_before = child_pids()
     threads_before = {t.ident for t in threading.enumerate()}
+    ports_before = listening_ports()
     yield
     problems: list[str] = []
+    leaked_ports = listening_ports() - ports_before
+    if leaked_ports:
+        problems.append(f"listening ports left open: {sorted(leaked_ports)}")
     extra = _wait_for_no_children(children_before)
     if extra:
         for pid in extra:

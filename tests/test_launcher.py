@@ -366,3 +366,16 @@ def test_sys_exit_zero_is_a_clean_end() -> None:
     rec = Recorder()
     assert notebook_launcher(exits_cleanly, (), 2, dashboard=rec) == [None, None]
     assert sorted(e.rank for e in rec.of(WorkerFinished)) == [0, 1]
+
+
+def test_leak_guard_sees_a_listening_port() -> None:
+    """The autouse guard's port check is real: a socket listening here is seen."""
+    from .conftest import listening_ports
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    try:
+        assert sock.getsockname()[1] in listening_ports()
+    finally:
+        sock.close()
