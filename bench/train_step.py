@@ -10,8 +10,9 @@ interleaved step by step so that machine noise hits all of them alike:
   wraps each step in ``accelerator.accumulate(model)`` (1 step: sync every batch).
 
 Each variant has its own model, optimizer and loader; every step of a round runs one step of
-each variant (fetching the batch included), in a rotating order, so the three see the same
-machine load.
+each variant (fetching the batch included), in a rotating order, so all see the same machine
+load. A second copy of the hand-written loop is the control: its ratio to the first shows
+how far from 1.0 two identical loops land on this machine (the noise floor).
 
 Reported: per-step time (max over ranks, since a DDP step is as slow as its slowest rank),
 median and best over rounds, and the ratio Accelerator / hand-written as the median of the
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,11 +67,16 @@ def bench_worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
         model = make_model(cfg["width"], cfg["hidden"], cfg["classes"])
         return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
-    # hand-written DDP
-    hand_model, hand_opt = model_and_opt()
-    hand_model = DistributedDataParallel(hand_model)
-    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
-    hand_loader = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=sampler)
+    # hand-written DDP, twice: the second copy is the control (its ratio to the first is the
+    # noise floor of this machine)
+    hand: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] = {}
+    samplers = []
+    loaders: dict[str, Any] = {}
+    for name in ("hand", "control"):
+        model, opt = model_and_opt()
+        hand[name] = (DistributedDataParallel(model), opt)
+        samplers.append(DistributedSampler(dataset, shuffle=True, seed=0))
+        loaders[name] = DataLoader(dataset, batch_size=cfg["batch_size"], sampler=samplers[-1])
 
     # Accelerator (two copies: plain loop, and the loop inside accumulate())
     accelerator = Accelerator()
@@ -79,11 +86,16 @@ def bench_worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
         loader = DataLoader(dataset, batch_size=cfg["batch_size"], shuffle=True)
         acc[name] = accelerator.prepare(model, opt, loader)
 
-    def hand_step(x: torch.Tensor, y: torch.Tensor) -> None:
-        loss = F.cross_entropy(hand_model(x), y)
-        loss.backward()
-        hand_opt.step()
-        hand_opt.zero_grad()
+    def hand_step(name: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+        model, opt = hand[name]
+
+        def step(x: torch.Tensor, y: torch.Tensor) -> None:
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+        return step
 
     def accel_step(x: torch.Tensor, y: torch.Tensor) -> None:
         model, opt, _ = acc["accelerator"]
@@ -100,28 +112,36 @@ def bench_worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
             opt.step()
             opt.zero_grad()
 
-    steps_of = {"hand": hand_step, "accelerator": accel_step, "accumulate": accumulate_step}
-    loaders = {"hand": hand_loader, "accelerator": acc["accelerator"][2]}
+    steps_of = {
+        "hand": hand_step("hand"),
+        "control": hand_step("control"),
+        "accelerator": accel_step,
+        "accumulate": accumulate_step,
+    }
+    loaders["accelerator"] = acc["accelerator"][2]
     loaders["accumulate"] = acc["accumulate"][2]
     names = list(steps_of)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(cfg["rounds"] + 1):  # round 0 warms up (allocator, DDP buckets)
-        sampler.set_epoch(r)
+        for sampler in samplers:
+            sampler.set_epoch(r)
         iters = {name: iter(loaders[name]) for name in names}
         spent = dict.fromkeys(names, 0.0)
         dist.barrier()
         for i in range(cfg["steps"]):
-            # every step runs all three loops, in a rotating order: load bursts on a shared
-            # machine hit the three alike
+            # every step runs all the loops, in a rotating order: load bursts on a shared
+            # machine hit them alike
             k = (i + r) % len(names)
             for name in names[k:] + names[:k]:
                 start = time.perf_counter()
                 x, y = next(iters[name])
                 steps_of[name](x, y)
                 spent[name] += time.perf_counter() - start
-        for it in iters.values():  # end the epochs (prepared loaders unregister themselves)
-            for _ in it:
-                pass
+        for name in names:  # the end of the epoch counts too (a prepared loader's cleanup)
+            start = time.perf_counter()
+            for _ in iters[name]:
+                raise RuntimeError("the loaders should be exhausted after `steps` batches")
+            spent[name] += time.perf_counter() - start
         if r > 0:
             for name in names:
                 times[name].append(spent[name] / cfg["steps"])
@@ -131,8 +151,10 @@ def bench_worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-processes", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=20, help="steps per round and variant")
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument(
+        "--steps", type=int, default=50, help="steps per round (one epoch) and variant"
+    )
+    parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=512)
@@ -167,11 +189,16 @@ def main() -> None:
     print("                            median ms/step   best ms/step")
     for name, label in (
         ("hand", "hand-written DDP"),
+        ("control", "hand-written, 2nd copy"),
         ("accelerator", "Accelerator"),
         ("accumulate", "Accelerator + accumulate"),
     ):
         print(f"  {label:<25} {med[name] * 1e3:12.3f} {best[name] * 1e3:14.3f}")
-    for name, label in (("accelerator", "Accelerator"), ("accumulate", "Accelerator+accumulate")):
+    for name, label in (
+        ("control", "control (noise floor)"),
+        ("accelerator", "Accelerator"),
+        ("accumulate", "Accelerator+accumulate"),
+    ):
         print(
             f"  ratio {label} / hand: median of per-round ratios {paired(name):.3f}, "
             f"of medians {med[name] / med['hand']:.3f}, of bests {best[name] / best['hand']:.3f}"

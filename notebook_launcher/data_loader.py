@@ -201,6 +201,35 @@ class BatchSamplerShard(BatchSampler):
         return flat + list(filler)
 
     def _iter_grouped(self) -> Iterator[list[int]]:
+        if type(self.batch_sampler) is BatchSampler:
+            return self._iter_grouped_fast()
+        return self._iter_grouped_generic()
+
+    def _iter_grouped_fast(self) -> Iterator[list[int]]:
+        """Same batches as the generic path for a plain ``BatchSampler``, read from its
+        sampler one global step (``n * batch_size`` indices) at a time."""
+        n, r = self.num_processes, self.process_index
+        bs = self.batch_size
+        assert bs is not None
+        size = n * bs
+        indices = iter(self.sampler)
+        head: list[int] = []
+        while True:
+            chunk = list(itertools.islice(indices, size))
+            if len(chunk) == size:
+                if not head:
+                    head = chunk
+                yield chunk[r * bs : (r + 1) * bs]
+                continue
+            if not chunk or self.drop_last:
+                return
+            if self.even_batches:
+                yield self._pad(chunk, head, size)[r * bs : (r + 1) * bs]
+            elif r * bs < len(chunk):
+                yield chunk[r * bs : (r + 1) * bs]
+            return
+
+    def _iter_grouped_generic(self) -> Iterator[list[int]]:
         n, r, bs = self.num_processes, self.process_index, self.batch_size
         group: list[list[int]] = []
         head: list[int] = []
@@ -429,7 +458,9 @@ class DataLoaderShard(DataLoader):
         self._epoch_start_states = {k: g.get_state() for k, g in self._generators().items()}
 
     def _to_device(self, batch: Any) -> Any:
-        if self.device is None:
+        if self.device is None or _on_device(batch, self.device):
+            # the common case on CPU: nothing to move, and no per-leaf .to() calls (they
+            # cost tens of microseconds per batch once the model's step has cooled the cache)
             return batch
         from .utils.operations import send_to_device
 
@@ -653,6 +684,20 @@ class DataLoaderDispatcher(DataLoaderShard):
                 self._parent.iteration = self.iteration
         finally:
             self.end()
+
+
+def _on_device(batch: Any, device: torch.device) -> bool:
+    """True when every tensor of a plain batch (tensor, list/tuple/dict of tensors) is
+    already on ``device``; False when unsure (then ``send_to_device`` decides)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.device == device
+    if batch is None or isinstance(batch, (str, bytes, int, float)):
+        return True
+    if type(batch) in (list, tuple):
+        return all(_on_device(b, device) for b in batch)
+    if type(batch) is dict:
+        return all(_on_device(b, device) for b in batch.values())
+    return False
 
 
 def _seed_from_global_rng() -> int:

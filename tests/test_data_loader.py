@@ -92,6 +92,40 @@ def test_batch_sampler_shard_covers_dataset(
         assert sorted(i for b in per_rank for batch in b for i in batch) == list(range(n))
 
 
+@pytest.mark.parametrize(
+    ("n", "bs", "world", "even", "drop_last"),
+    [
+        (n, bs, w, e, d)
+        for n in (1, 7, 12, 13)
+        for bs in (2, 3)
+        for w in (2, 3)
+        for e in (True, False)
+        for d in (False, True)
+    ],
+)
+def test_fast_path_matches_generic_path(
+    n: int, bs: int, world: int, even: bool, drop_last: bool
+) -> None:
+    # a plain BatchSampler takes the fast path; the same batches in a custom batch sampler
+    # (not a BatchSampler) take the generic one
+    base = BatchSampler(SequentialSampler(range(n)), bs, drop_last)
+    custom = Batches(list(base), bs, drop_last)
+    for r in range(world):
+        fast = BatchSamplerShard(base, world, r, even_batches=even)
+        generic = BatchSamplerShard(custom, world, r, even_batches=even)
+        assert list(fast) == list(generic)
+        assert len(fast) == len(list(fast))
+
+
+class Batches(list):  # type: ignore[type-arg]
+    """A custom batch sampler: a list of batches with the BatchSampler fields."""
+
+    def __init__(self, batches: list[list[int]], batch_size: int, drop_last: bool) -> None:
+        super().__init__(batches)
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+
 def test_batch_sampler_shard_rejects_bad_split() -> None:
     base = BatchSampler(SequentialSampler(range(10)), 3, False)
     with pytest.raises(ValueError, match="multiple of the number of processes"):
