@@ -716,6 +716,55 @@ class Accelerator:
         self._dataloaders.append(prepared)
         return prepared
 
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Train on inputs of different lengths per rank (``torch.distributed.algorithms.Join``).
+
+        With ``even_batches=False`` the prepared DataLoaders stop padding inside the block,
+        so ranks may see different numbers of batches; DDP models in ``joinables`` shadow the
+        collectives of the ranks that ran out. No-op in a single process.
+
+        Example::
+
+            with accelerator.join_uneven_inputs([model], even_batches=False):
+                for batch in loader:
+                    ...
+        """
+        if not self.use_distributed:
+            yield
+            return
+        from torch.distributed.algorithms import Join
+
+        from .data_loader import BatchSamplerShard, DataLoaderDispatcher
+
+        saved: list[tuple[Any, bool]] = []
+        if even_batches is not None:
+            for dl in self._dataloaders:
+                if isinstance(dl, DataLoaderDispatcher):
+                    saved.append((dl, dl.even_batches))
+                    dl.even_batches = even_batches
+                elif isinstance(dl.batch_sampler, BatchSamplerShard):
+                    saved.append((dl.batch_sampler, dl.batch_sampler.even_batches))
+                    dl.batch_sampler.even_batches = even_batches
+                else:
+                    continue
+                if not even_batches and isinstance(dl, DataLoaderShard):
+                    dl._saved_remainder = dl.remainder
+                    dl.remainder = 0  # nothing padded: nothing for gather_for_metrics to drop
+        else:
+            even_batches = self.even_batches
+        try:
+            with Join(joinables, enable=not even_batches, throw_on_early_termination=False):
+                yield
+        finally:
+            for obj, value in saved:
+                obj.even_batches = value
+            for dl in self._dataloaders:
+                if hasattr(dl, "_saved_remainder"):
+                    dl.remainder = dl.__dict__.pop("_saved_remainder")
+
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """The loader without its first ``num_batches`` batches (to resume mid-epoch)."""
         return _skip_first_batches(dataloader, num_batches)
@@ -1129,6 +1178,19 @@ class Accelerator:
     def end_training(self) -> None:
         """Accelerate compatibility: finish trackers (none here) and wait for every rank."""
         self.wait_for_everyone()
+
+    @property
+    def trackers(self) -> list[Any]:
+        """Experiment trackers: none (``log_with`` is not supported)."""
+        return []
+
+    def init_trackers(
+        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: Any = None
+    ) -> None:
+        """Accelerate compatibility: no trackers here, so nothing to start."""
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: Any = None) -> None:
+        """Accelerate compatibility: no trackers here, so values go nowhere (use ``print``)."""
 
     def __repr__(self) -> str:
         return (

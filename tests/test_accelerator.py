@@ -247,20 +247,42 @@ def test_save_model_tied_weights_single_process(tmp_path: Path) -> None:
         acc.save_model(model, tmp_path / "f")
 
 
+class Counter:
+    """A custom object to checkpoint (anything with state_dict / load_state_dict)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.n = state["n"]
+
+
 def test_save_state_automatic_naming_and_limit(tmp_path: Path) -> None:
     config = ProjectConfiguration(
         project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2
     )
     acc = Accelerator(project_config=config)
     model = acc.prepare(mlp())
-    dirs = [acc.save_state() for _ in range(3)]
+    counter = Counter()
+    acc.register_for_checkpointing(counter)
+    with pytest.raises(ValueError, match="state_dict"):
+        acc.register_for_checkpointing(object())
+    dirs = []
+    for i in range(3):
+        counter.n = i + 10
+        dirs.append(acc.save_state())
     assert [os.path.basename(d) for d in dirs] == [f"checkpoint_{i}" for i in range(3)]
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_1", "checkpoint_2"]
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
+    counter.n = 0
     acc.load_state()  # the latest
     assert torch.equal(model[0].weight, mlp()[0].weight)
+    assert counter.n == 12
     assert acc.save_iteration == 3
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         os.makedirs(tmp_path / "empty")
@@ -476,6 +498,36 @@ def test_save_load_state_resumes_bit_identically(tmp_path: Path) -> None:
         "scheduler.bin",
     ]
     assert sorted(os.listdir(tmp_path)) == ["epoch", "mid"]  # no staging left behind
+
+
+def _uneven_worker() -> dict[str, Any]:
+    acc = Accelerator()
+    model = mlp(0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = acc.prepare(model, opt, DataLoader(data(6), batch_size=2))
+    lengths = [len(loader)]
+    with acc.join_uneven_inputs([model], even_batches=False):
+        lengths.append(len(loader))
+        seen = []
+        for x, y in loader:
+            seen.append(x.shape[0])
+            acc.backward(F.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+    lengths.append(len(loader))
+    acc.init_trackers("compat")  # no trackers: accepted and ignored
+    acc.log({"loss": 1.0})
+    return {"lengths": lengths, "seen": seen, "state": _weights(acc, model)}
+
+
+@pytest.mark.timeout(60)
+def test_join_uneven_inputs() -> None:
+    results = notebook_launcher(_uneven_worker, num_processes=2, dashboard=False)
+    # 3 batches: rank 0 gets two, rank 1 one, inside the block only
+    assert [r["lengths"] for r in results] == [[2, 2, 2], [2, 1, 2]]
+    assert [r["seen"] for r in results] == [[2, 2], [2]]
+    for name, value in results[0]["state"].items():  # Join kept the replicas identical
+        assert torch.equal(results[1]["state"][name], value)
 
 
 class Recorder:
