@@ -89,6 +89,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     Under fp16 it steps through the ``GradScaler`` and records in ``step_was_skipped`` whether
     the scaler skipped the step (inf/NaN gradients). Everything else is the wrapped optimizer's:
     ``param_groups``, ``state``, ``defaults``, ``state_dict``...
+
+    Example::
+
+        optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+        optimizer.step()   # a no-op on the non-sync steps of gradient accumulation
     """
 
     def __init__(
@@ -206,6 +211,11 @@ class AcceleratedScheduler:
     not step either. Without ``split_batches`` it steps ``num_processes`` times per optimizer
     step, like Accelerate: a schedule written for one process over the whole dataset then
     ends at the same point when ``n`` ranks each see ``1/n`` of the batches.
+
+    Example::
+
+        scheduler = accelerator.prepare(OneCycleLR(optimizer, max_lr=0.1, total_steps=1000))
+        scheduler.step()   # after optimizer.step(), every batch
     """
 
     def __init__(
@@ -529,7 +539,12 @@ class Accelerator:
 
     # -------------------------------------------------------------- process control
     def wait_for_everyone(self) -> None:
-        """Barrier across ranks (reported to the dashboard); no-op in a single process."""
+        """Barrier across ranks (reported to the dashboard); no-op in a single process.
+
+        Example::
+
+            accelerator.wait_for_everyone()   # every rank finished writing its shard
+        """
         self.state.wait_for_everyone()
 
     @contextlib.contextmanager
@@ -565,7 +580,12 @@ class Accelerator:
             yield part
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once (on the main process)."""
+        """``print`` once (on the main process).
+
+        Example::
+
+            accelerator.print(f"epoch {epoch}: loss {loss:.3f}")
+        """
         self.state.print(*args, **kwargs)
 
     def set_trigger(self) -> None:
@@ -585,6 +605,11 @@ class Accelerator:
         """True on every rank if any rank called :meth:`set_trigger` since the last check.
 
         A collective: call it on every rank.
+
+        Example::
+
+            if accelerator.check_trigger():
+                break   # every rank leaves the loop at the same step
         """
         fired = self.state.check_trigger()
         self.flag_tensor = torch.tensor(0, device=self.device)
@@ -663,7 +688,12 @@ class Accelerator:
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> AcceleratedOptimizer:
-        """Wrap ``optimizer`` so it steps only when gradients are synced."""
+        """Wrap ``optimizer`` so it steps only when gradients are synced.
+
+        Example::
+
+            optimizer = accelerator.prepare_optimizer(torch.optim.AdamW(model.parameters()))
+        """
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         if device_placement is None:
@@ -675,7 +705,12 @@ class Accelerator:
         return wrapped
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
-        """Wrap a learning-rate scheduler so it steps only after real optimizer steps."""
+        """Wrap a learning-rate scheduler so it steps only after real optimizer steps.
+
+        Example::
+
+            scheduler = accelerator.prepare_scheduler(StepLR(optimizer, step_size=10))
+        """
         if isinstance(scheduler, AcceleratedScheduler):
             return scheduler
         optimizer = getattr(scheduler, "optimizer", None)
@@ -694,7 +729,12 @@ class Accelerator:
     def prepare_data_loader(
         self, data_loader: DataLoader, device_placement: bool | None = None
     ) -> DataLoaderShard:
-        """Shard ``data_loader`` across ranks (see :mod:`notebook_launcher.data_loader`)."""
+        """Shard ``data_loader`` across ranks (see :mod:`notebook_launcher.data_loader`).
+
+        Example::
+
+            loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=16))
+        """
         if isinstance(data_loader, DataLoaderShard):
             return data_loader
         if device_placement is None:
@@ -766,12 +806,25 @@ class Accelerator:
                     dl.remainder = dl.__dict__.pop("_saved_remainder")
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
-        """The loader without its first ``num_batches`` batches (to resume mid-epoch)."""
+        """The loader without its first ``num_batches`` batches (to resume mid-epoch).
+
+        Example::
+
+            accelerator.load_state("ckpt")
+            for batch in accelerator.skip_first_batches(loader, done_batches):
+                ...
+        """
         return _skip_first_batches(dataloader, num_batches)
 
     # ------------------------------------------------------------------- training
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by the accumulation steps, scaled under fp16."""
+        """``loss.backward()``, divided by the accumulation steps, scaled under fp16.
+
+        Example::
+
+            loss = loss_fn(model(x), y)
+            accelerator.backward(loss)
+        """
         steps = self.gradient_accumulation_steps
         if steps > 1:
             loss = loss / steps
@@ -791,7 +844,13 @@ class Accelerator:
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        """Skip the gradient all-reduce in the block (DDP's ``no_sync``; no-op otherwise)."""
+        """Skip the gradient all-reduce in the block (DDP's ``no_sync``; no-op otherwise).
+
+        Example::
+
+            with accelerator.no_sync(model):
+                accelerator.backward(loss)   # local gradients only
+        """
         context: Callable[[], Any] = contextlib.nullcontext
         if self.use_distributed:
             context = getattr(model, "no_sync", context)
@@ -868,7 +927,13 @@ class Accelerator:
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2
     ) -> torch.Tensor:
-        """Unscale (fp16) then ``torch.nn.utils.clip_grad_norm_``; returns the total norm."""
+        """Unscale (fp16) then ``torch.nn.utils.clip_grad_norm_``; returns the total norm.
+
+        Example::
+
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        """
         self.unscale_gradients()
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
@@ -879,7 +944,12 @@ class Accelerator:
 
     # ----------------------------------------------------------------- collectives
     def gather(self, tensor: Any) -> Any:
-        """Concatenate ``tensor`` (or a nest of tensors) from every rank along dim 0."""
+        """Concatenate ``tensor`` (or a nest of tensors) from every rank along dim 0.
+
+        Example::
+
+            all_losses = accelerator.gather(loss.detach()[None])   # one row per rank
+        """
         from .utils.operations import gather
 
         return gather(tensor)
@@ -915,7 +985,12 @@ class Accelerator:
         return data
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce ``tensor`` across ranks (``"sum"``, ``"mean"`` or ``"none"``)."""
+        """Reduce ``tensor`` across ranks (``"sum"``, ``"mean"`` or ``"none"``).
+
+        Example::
+
+            mean_loss = accelerator.reduce(loss.detach(), reduction="mean")
+        """
         from .utils.operations import reduce
 
         return reduce(tensor, reduction=reduction, scale=scale)
@@ -923,7 +998,13 @@ class Accelerator:
     def pad_across_processes(
         self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
     ) -> Any:
-        """Pad ``tensor`` along ``dim`` to the largest size on any rank (before a gather)."""
+        """Pad ``tensor`` along ``dim`` to the largest size on any rank (before a gather).
+
+        Example::
+
+            tokens = accelerator.pad_across_processes(tokens, dim=1, pad_index=tokenizer.pad_token_id)
+            all_tokens = accelerator.gather(tokens)
+        """
         from .utils.operations import pad_across_processes
 
         return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
@@ -935,7 +1016,12 @@ class Accelerator:
         keep_fp32_wrapper: bool = True,
         keep_torch_compile: bool = True,
     ) -> torch.nn.Module:
-        """The user's module: without DDP (and ``torch.compile``, and autocast if asked)."""
+        """The user's module: without DDP (and ``torch.compile``, and autocast if asked).
+
+        Example::
+
+            torch.save(accelerator.unwrap_model(model).state_dict(), "weights.pt")
+        """
         while isinstance(model, DistributedDataParallel):
             model = model.module
         if not keep_torch_compile and hasattr(model, "_orig_mod"):
@@ -1000,7 +1086,13 @@ class Accelerator:
         self.wait_for_everyone()
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Also save/load these objects (anything with ``state_dict``/``load_state_dict``)."""
+        """Also save/load these objects (anything with ``state_dict``/``load_state_dict``).
+
+        Example::
+
+            accelerator.register_for_checkpointing(ema)
+            accelerator.save_state("ckpt")   # includes custom_checkpoint_0.pkl
+        """
         bad = [
             o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
         ]
@@ -1093,6 +1185,11 @@ class Accelerator:
         """Restore what :meth:`save_state` saved (call it on every rank, after ``prepare``).
 
         Raises ``ValueError`` for a directory that is not a complete checkpoint.
+
+        Example::
+
+            model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            accelerator.load_state("ckpt")
         """
         input_dir = self._checkpoint_dir(input_dir, loading=True)
         manifest = checkpointing.read_manifest(input_dir)

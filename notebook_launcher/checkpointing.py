@@ -98,6 +98,10 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` for a temporary file next to ``path``, then rename it to ``path``.
 
     A crash leaves ``path`` either absent, or as it was before, never half written.
+
+    Example::
+
+        atomic_write("meta.json", lambda tmp: Path(tmp).write_text(json.dumps(meta)))
     """
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
@@ -218,6 +222,10 @@ def shard_state_dict(
     """Split ``state_dict`` (in order) into shards of at most ``max_shard_size`` bytes.
 
     A tensor bigger than the limit gets a shard of its own.
+
+    Example::
+
+        shards = shard_state_dict(model.state_dict(), "500MB")
     """
     limit = parse_size(max_shard_size)
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -389,7 +397,12 @@ def _restore_aliases(
 
 
 def load_checkpoint_in_model(model: torch.nn.Module, checkpoint: str, strict: bool = True) -> Any:
-    """Load weights saved by ``save_model`` (file or directory, sharded or not) into ``model``."""
+    """Load weights saved by ``save_model`` (file or directory, sharded or not) into ``model``.
+
+    Example::
+
+        load_checkpoint_in_model(model, "out")   # strict, tied weights restored
+    """
     return model.load_state_dict(load_model_state_dict(checkpoint), strict=strict)
 
 
@@ -397,7 +410,14 @@ def load_checkpoint_in_model(model: torch.nn.Module, checkpoint: str, strict: bo
 
 
 def rng_state() -> dict[str, Any]:
-    """The RNG states of this process: Python, NumPy (if installed), torch CPU and CUDA."""
+    """The RNG states of this process: Python, NumPy (if installed), torch CPU and CUDA.
+
+    Example::
+
+        saved = rng_state()
+        ...
+        set_rng_state(saved)   # the same random numbers again
+    """
     states: dict[str, Any] = {
         "random_state": random.getstate(),
         "torch_manual_seed": torch.get_rng_state(),

@@ -277,6 +277,11 @@ class IterableDatasetShard(IterableDataset):
     Every rank iterates the whole underlying dataset and keeps its slice of each group of
     ``batch_size * num_processes`` samples (``batch_size`` when ``split_batches``); with
     ``even_batches`` (and not ``drop_last``) the last group is completed from its first samples.
+
+    Example::
+
+        shard = IterableDatasetShard(stream, batch_size=4, num_processes=2, process_index=1)
+        loader = DataLoader(shard, batch_size=4)   # samples 4-7, 12-15, ... of the stream
     """
 
     def __init__(
@@ -373,6 +378,16 @@ class DataLoaderShard(DataLoader):
             last step is complete or was not padded).
         iteration: the epoch counter, passed to ``set_epoch`` of the sampler at each epoch.
         device: where batches are moved (``None``: left where the collate function put them).
+
+    Iterating a shuffled loader starts with a broadcast of rank 0's generator state: iterate
+    prepared training loaders on every rank.
+
+    Example::
+
+        loader = prepare_data_loader(DataLoader(ds, batch_size=8), device=device,
+                                     put_on_device=True)
+        for batch in loader:
+            ...   # GradientState().end_of_dataloader is True for the last batch
     """
 
     def __init__(
@@ -590,6 +605,10 @@ class DataLoaderDispatcher(DataLoaderShard):
     every rank keeps its slice. With ``even_batches`` a short last step is completed with
     samples of the first one, and ``remainder`` is the number of real samples, known even
     for iterables without a length.
+
+    Example::
+
+        loader = prepare_data_loader(DataLoader(stream, batch_size=8), dispatch_batches=True)
     """
 
     def __init__(

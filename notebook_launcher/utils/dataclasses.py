@@ -18,7 +18,12 @@ from typing import Any
 
 
 class PrecisionType(str, enum.Enum):
-    """The mixed-precision modes: ``"no"``, ``"fp16"``, ``"bf16"``."""
+    """The mixed-precision modes: ``"no"``, ``"fp16"``, ``"bf16"``.
+
+    Example::
+
+        PrecisionType.list()   # ["no", "fp16", "bf16"]
+    """
 
     NO = "no"
     FP16 = "fp16"
@@ -33,7 +38,13 @@ class PrecisionType(str, enum.Enum):
 
 
 class KwargsHandler:
-    """Base of the ``*Kwargs`` handlers: ``to_kwargs()`` returns the fields changed from default."""
+    """Base of the ``*Kwargs`` handlers: ``to_kwargs()`` returns the fields changed from default.
+
+    Example::
+
+        DistributedDataParallelKwargs(find_unused_parameters=True).to_kwargs()
+        # {"find_unused_parameters": True}
+    """
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
@@ -120,6 +131,12 @@ class ProjectConfiguration:
 
     With ``automatic_checkpoint_naming`` checkpoints go to
     ``{project_dir}/checkpoints/checkpoint_{iteration}``, keeping at most ``total_limit``.
+
+    Example::
+
+        config = ProjectConfiguration("runs", automatic_checkpoint_naming=True, total_limit=3)
+        accelerator = Accelerator(project_config=config)
+        accelerator.save_state()   # runs/checkpoints/checkpoint_0
     """
 
     project_dir: str | None = field(default=None)
@@ -141,7 +158,12 @@ class ProjectConfiguration:
 
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
-    """Arguments forwarded to ``torch.nn.parallel.DistributedDataParallel`` by ``prepare``."""
+    """Arguments forwarded to ``torch.nn.parallel.DistributedDataParallel`` by ``prepare``.
+
+    Example::
+
+        Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    """
 
     dim: int = 0
     broadcast_buffers: bool = True
@@ -154,7 +176,12 @@ class DistributedDataParallelKwargs(KwargsHandler):
 
 @dataclass
 class GradScalerKwargs(KwargsHandler):
-    """Arguments forwarded to ``torch.amp.GradScaler`` under ``mixed_precision="fp16"``."""
+    """Arguments forwarded to ``torch.amp.GradScaler`` under ``mixed_precision="fp16"``.
+
+    Example::
+
+        Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024)])
+    """
 
     init_scale: float = 65536.0
     growth_factor: float = 2.0
@@ -165,7 +192,13 @@ class GradScalerKwargs(KwargsHandler):
 
 @dataclass
 class AutocastKwargs(KwargsHandler):
-    """Arguments forwarded to ``torch.autocast`` by :meth:`Accelerator.autocast`."""
+    """Arguments forwarded to ``torch.autocast`` by :meth:`Accelerator.autocast`.
+
+    Example::
+
+        with accelerator.autocast(AutocastKwargs(cache_enabled=False)):
+            out = model(x)
+    """
 
     enabled: bool = True
     cache_enabled: bool | None = None
