@@ -29,6 +29,8 @@ from notebook_launcher.utils.dataclasses import (
     ProjectConfiguration,
 )
 
+from .helpers import Recorder
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -528,22 +530,6 @@ def test_join_uneven_inputs() -> None:
     assert [r["seen"] for r in results] == [[2, 2], [2]]
     for name, value in results[0]["state"].items():  # Join kept the replicas identical
         assert torch.equal(results[1]["state"][name], value)
-
-
-class Recorder:
-    """A dashboard that keeps every event."""
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def handle(self, event: Any) -> None:
-        self.events.append(event)
-
-    def tick(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _metrics_worker(out_dir: str, n: int) -> dict[str, Any]:

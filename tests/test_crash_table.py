@@ -27,7 +27,7 @@ from notebook_launcher import (
 from notebook_launcher._events import WorkerFailed, WorkerStopped
 from notebook_launcher.errors import RemoteTraceback
 
-from .test_launcher import Recorder
+from .helpers import Recorder
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,6 @@ import pytest
 from notebook_launcher import PreflightError, SerializationError, notebook_launcher
 from notebook_launcher import _preflight as preflight
 from notebook_launcher._events import (
-    Event,
     LaunchFinished,
     LaunchStarted,
     Output,
@@ -19,30 +18,9 @@ from notebook_launcher._events import (
     WorkerStarted,
 )
 
+from .helpers import Recorder
+
 pytestmark = pytest.mark.timeout(60)
-
-
-class Recorder:
-    """A view that keeps every event (the output path is pluggable)."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.closed = False
-
-    def handle(self, event: Event) -> None:
-        self.events.append(event)
-
-    def tick(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed = True
-
-    def of(self, cls: type) -> list:
-        return [e for e in self.events if isinstance(e, cls)]
-
-    def lines(self, rank: int, stream: str = "stdout") -> list[str]:
-        return [e.text for e in self.of(Output) if e.rank == rank and e.stream == stream]
 
 
 def report_env(tag: str) -> dict:

@@ -16,9 +16,11 @@ import tqdm.std
 from tqdm.auto import tqdm as auto_tqdm_imported_early  # a reference taken before install
 
 from notebook_launcher import _progress, _runtime, notebook_launcher
-from notebook_launcher._events import Event, ProgressUpdate
+from notebook_launcher._events import ProgressUpdate
 from notebook_launcher.ui.model import DONE, FAILED, STOPPED, LaunchModel
 from notebook_launcher.ui.text import TextView
+
+from .helpers import Recorder
 
 
 @pytest.fixture
@@ -173,24 +175,6 @@ def test_uninstall_restores_tqdm(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # -- real workers ---------------------------------------------------------------------------
-
-
-class Recorder:
-    """A dashboard that keeps the events (the launcher accepts any object with the View methods)."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.ticks = 0
-        self.closed = 0
-
-    def handle(self, event: Event) -> None:
-        self.events.append(event)
-
-    def tick(self) -> None:
-        self.ticks += 1
-
-    def close(self) -> None:
-        self.closed += 1
 
 
 def _train(steps: int) -> int:

@@ -30,6 +30,8 @@ from notebook_launcher.state import (
 )
 from notebook_launcher.utils.dataclasses import GradientAccumulationPlugin
 
+from .helpers import Recorder
+
 # --------------------------------------------------------------------------------------------
 # Single process
 # --------------------------------------------------------------------------------------------
@@ -325,22 +327,6 @@ def test_destroy_process_group_destroys_a_group_it_created(
 # --------------------------------------------------------------------------------------------
 # Several processes
 # --------------------------------------------------------------------------------------------
-
-
-class Recorder:
-    """A launcher view that keeps every event."""
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-
-    def handle(self, event: Any) -> None:
-        self.events.append(event)
-
-    def tick(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _append(path: str, line: str) -> None:
