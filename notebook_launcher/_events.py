@@ -101,10 +101,15 @@ class BarrierExit:
 
 @dataclass(frozen=True)
 class WorkerFinished:
-    """The rank's function returned (its result travels separately)."""
+    """The rank's function returned (its result travels separately).
+
+    ``barriers``: how many process-control barriers it entered (-1: unknown). A rank
+    still waiting in barrier ``index >= barriers`` waits for a rank that will never come.
+    """
 
     rank: int
     time: float
+    barriers: int = -1
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ Example (what ``wait_for_everyone`` does)::
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import threading
@@ -26,7 +25,8 @@ from typing import Any
 
 _sender: Callable[[Any], None] | None = None
 _lock = threading.Lock()
-_barrier_counter = itertools.count()
+_count_lock = threading.Lock()
+_barriers_entered = 0
 
 #: Environment variable set in every worker the launcher starts.
 LAUNCHER_ENV = "NOTEBOOK_LAUNCHER_WORKER"
@@ -36,7 +36,7 @@ def install(sender: Callable[[Any], None] | None) -> None:
     """Install (or with ``None`` remove) the function that ships an event to the parent."""
     global _sender, _barrier_counter
     _sender = sender
-    _barrier_counter = itertools.count()
+    _barriers_entered = 0
 
 
 def active() -> bool:
@@ -62,7 +62,16 @@ def emit(event: Any) -> None:
 
 def next_barrier_index() -> int:
     """Sequence number of the next barrier this rank enters (0, 1, 2, ...)."""
-    return next(_barrier_counter)
+    global _barriers_entered
+    with _count_lock:
+        index = _barriers_entered
+        _barriers_entered += 1
+    return index
+
+
+def barriers_entered() -> int:
+    """How many process-control barriers this rank has entered so far."""
+    return _barriers_entered
 
 
 def caller_location(skip_modules: tuple[str, ...] = ("notebook_launcher",)) -> str:

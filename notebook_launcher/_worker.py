@@ -270,7 +270,7 @@ def _serve(
         _report_failure(send, err, spec.rank, pid)
         return 1
     _flush()
-    _runtime.emit(WorkerFinished(spec.rank, time.time()))
+    _runtime.emit(WorkerFinished(spec.rank, time.time(), _runtime.barriers_entered()))
     send(("result", data))
     _teardown()
     return 0

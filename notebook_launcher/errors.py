@@ -65,7 +65,8 @@ class RankFailure:
             )
             return f"rank {self.rank} (pid {self.pid}) died: {how}"
         if self.kind == "left":
-            return f"rank {self.rank} returned while other ranks still waited for it"
+            waits = f" ({self.message})" if self.message else ""
+            return f"rank {self.rank} returned while other ranks still waited for it{waits}"
         return f"rank {self.rank} was stopped by the launcher"
 
 

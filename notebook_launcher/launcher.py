@@ -16,6 +16,8 @@ from typing import Any
 
 from . import _preflight as preflight
 from ._events import (
+    BarrierEnter,
+    BarrierExit,
     Event,
     LaunchFinished,
     LaunchStarted,
@@ -253,11 +255,22 @@ class _Run:
         self.interrupted = False
         self.failed = False
         self.cause: tuple[RankFailure, str] | None = None
+        self.waiting: dict[int, BarrierEnter] = {}
+        self.barriers_done: dict[int, int] = {}
+        self.stranded: tuple[BarrierEnter, list[int]] | None = None
         self._view_broken = False
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, Output) and event.stream == "stderr":
             self.stderr_tail[event.rank].append(event.text)
+        elif isinstance(event, BarrierEnter):
+            self.waiting[event.rank] = event
+            self._check_stranded()
+        elif isinstance(event, BarrierExit):
+            self.waiting.pop(event.rank, None)
+        elif isinstance(event, WorkerFinished) and event.barriers >= 0:
+            self.barriers_done[event.rank] = event.barriers
+            self._check_stranded()
         if self._view_broken:
             return
         try:
@@ -265,6 +278,19 @@ class _Run:
         except Exception as exc:  # noqa: BLE001 - a broken view must not break a launch
             self._view_broken = True
             sys.stderr.write(f"notebook_launcher: the dashboard failed ({exc!r}); continuing\n")
+
+    def _check_stranded(self) -> None:
+        """A rank waits in barrier #i for a rank that returned after entering fewer than
+        i+1 barriers: it will wait forever (NCCL does not even notice the peer is gone).
+        Fail now, naming both, instead of hanging until the collective timeout."""
+        if self.stranded is not None:
+            return
+        for waiter in self.waiting.values():
+            gone = [r for r, n in self.barriers_done.items() if n <= waiter.index]
+            if gone:
+                self.stranded = (waiter, sorted(gone))
+                self.failed = True
+                return
 
     def on_exit(self, proc: WorkerProcess) -> None:
         now = time.time()
@@ -327,6 +353,19 @@ class _Run:
     def root_cause(self) -> tuple[RankFailure, str] | None:
         """(failure, kind) where kind is "raised", "died" or "left"."""
         real = [f for f in self.failures if f.kind in ("raised", "died")]
+        if self.stranded is not None and not any(
+            f.kind != "stopped" and not f.collateral for f in self.failures
+        ):
+            waiter, gone = self.stranded
+            left = RankFailure(
+                gone[0],
+                "left",
+                message=f"rank {waiter.rank} waits for it at {waiter.location} "
+                f"({waiter.kind}, barrier #{waiter.index})",
+                time=self.finished_at.get(gone[0], waiter.time),
+            )
+            self.failures.append(left)
+            return left, "left"
         if not real:
             return None
         raised = sorted((f for f in real if f.kind == "raised" and not f.collateral), key=_t)
@@ -377,6 +416,17 @@ class _Run:
 
     def _exception(self, failure: RankFailure, kind: str, report: LaunchFailure) -> BaseException:
         n = len(self.specs)
+        if kind == "left" and not [f for f in self.failures if f.kind == "raised"]:
+            waiter, gone = self.stranded  # type: ignore[misc]
+            return ProcessGroupMismatch(
+                f"rank(s) {gone} returned from the function while rank {waiter.rank} waits "
+                f"for them at {waiter.location} ({waiter.kind}, barrier #{waiter.index}); "
+                "it would have waited until the collective timeout. Every rank must reach "
+                "the same barriers (wait_for_everyone, main_process_first...) in the same "
+                "order; look for one inside an `if` that only some ranks take, or a rank "
+                "that returns early.\n" + report.summary(),
+                report,
+            )
         if kind == "left":
             left = sorted(self.finished_at, key=self.finished_at.__getitem__)
             stuck = sorted((f for f in self.failures if f.kind == "raised"), key=_t)

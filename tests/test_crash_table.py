@@ -25,7 +25,7 @@ from notebook_launcher import (
     notebook_launcher,
 )
 from notebook_launcher._events import WorkerFailed, WorkerStopped
-from notebook_launcher.errors import RemoteTraceback
+from notebook_launcher.errors import RankFailure, RemoteTraceback
 
 from .helpers import Recorder
 
@@ -240,3 +240,35 @@ def test_barrier_a_peer_left_is_reported_with_its_call_site() -> None:
     assert len(enters) == 1 and enters[0].kind == "wait_for_everyone"
     line = waits_while_peer_returns.__code__.co_firstlineno + 6
     assert enters[0].location == f"test_crash_table.py:{line}"
+
+
+def test_a_rank_stranded_in_a_barrier_is_detected_from_events_alone() -> None:
+    """NCCL does not notice a peer that left: the barrier events must. Rank 0 waits in
+    barrier #2; rank 1 returned after entering only 2 barriers (#0, #1): it never comes."""
+    from notebook_launcher._events import BarrierEnter, WorkerFinished
+    from notebook_launcher._worker import WorkerSpec
+    from notebook_launcher.launcher import _Run
+
+    def spec(rank: int) -> WorkerSpec:
+        return WorkerSpec(rank, rank, 2, 2, 0, "127.0.0.1", 1, "nccl", {}, "", [])
+
+    run = _Run([spec(0), spec(1)], Recorder())
+    run.on_event(WorkerFinished(1, 10.0, barriers=3))  # passed #0..#2: not stranded
+    run.on_event(BarrierEnter(0, 2, "train.py:7", "wait_for_everyone", 10.0))
+    assert not run.failed
+    run = _Run([spec(0), spec(1)], Recorder())
+    run.on_event(BarrierEnter(0, 2, "train.py:7", "wait_for_everyone", 10.0))
+    assert not run.failed
+    run.finished_at[1] = 10.5
+    run.on_event(WorkerFinished(1, 10.5, barriers=2))
+    assert run.failed  # the launcher stops the group now instead of waiting for a timeout
+    stopped = RankFailure(0, "stopped", 123, time=11.0)  # what the launcher then records
+    run.failures.append(stopped)
+    run.finish()
+    with pytest.raises(ProcessGroupMismatch) as info:
+        run.outcome()
+    message = str(info.value)
+    assert "rank(s) [1] returned" in message
+    assert "rank 0 waits for them at train.py:7 (wait_for_everyone, barrier #2)" in message
+    assert info.value.launch_failure.root_cause.rank == 1  # type: ignore[attr-defined]
+    assert stopped in info.value.launch_failure.failures  # type: ignore[attr-defined]
