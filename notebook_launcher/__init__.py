@@ -27,6 +27,7 @@ from .launcher import notebook_launcher
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
+    from .data_loader import skip_first_batches
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
     from .utils.dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin
 
@@ -40,6 +41,7 @@ _LAZY = {
     "PartialState": "notebook_launcher.state",
     "DataLoaderConfiguration": "notebook_launcher.utils.dataclasses",
     "GradientAccumulationPlugin": "notebook_launcher.utils.dataclasses",
+    "skip_first_batches": "notebook_launcher.data_loader",
 }
 
 
@@ -73,4 +75,5 @@ __all__ = [
     "WorkerDied",
     "__version__",
     "notebook_launcher",
+    "skip_first_batches",
 ]

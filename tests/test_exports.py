@@ -24,6 +24,7 @@ EXPECTED = {
     "WorkerDied",
     "__version__",
     "notebook_launcher",
+    "skip_first_batches",
 }
 
 
