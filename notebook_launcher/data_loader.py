@@ -77,6 +77,16 @@ def _state() -> Any:
     return PartialState()
 
 
+def _check_split(batch_size: int, num_processes: int) -> None:
+    """``split_batches`` cuts each batch into one equal piece per process."""
+    if batch_size % num_processes != 0:
+        raise ValueError(
+            f"split_batches=True needs the batch size ({batch_size}) to be a multiple of the "
+            f"number of processes ({num_processes}); use a batch size of "
+            f"{num_processes * math.ceil(batch_size / num_processes)}"
+        )
+
+
 class SeedableRandomSampler(RandomSampler):
     """A ``RandomSampler`` whose order depends only on ``(initial_seed, epoch)``.
 
@@ -145,12 +155,7 @@ class BatchSamplerShard(BatchSampler):
         if split_batches:
             if self.batch_size is None:
                 raise ValueError("split_batches=True needs a batch sampler with a batch_size")
-            if self.batch_size % num_processes != 0:
-                raise ValueError(
-                    f"split_batches=True needs the batch size ({self.batch_size}) to be a "
-                    f"multiple of the number of processes ({num_processes}); use a batch size "
-                    f"of {num_processes * math.ceil(self.batch_size / num_processes)}"
-                )
+            _check_split(self.batch_size, num_processes)
         if self.batch_size is None and even_batches and not self.drop_last:
             raise ValueError(
                 "even_batches=True needs a batch sampler with a batch_size (to pad the last "
@@ -294,11 +299,8 @@ class IterableDatasetShard(IterableDataset):
         split_batches: bool = False,
         even_batches: bool = True,
     ) -> None:
-        if split_batches and batch_size % num_processes != 0:
-            raise ValueError(
-                f"split_batches=True needs the batch size ({batch_size}) to be a multiple of "
-                f"the number of processes ({num_processes})"
-            )
+        if split_batches:
+            _check_split(batch_size, num_processes)
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -624,11 +626,8 @@ class DataLoaderDispatcher(DataLoaderShard):
         batch_size = self.batch_size or getattr(self.batch_sampler, "batch_size", None)
         if batch_size is None:
             raise ValueError("dispatch_batches=True needs a DataLoader with a batch_size")
-        if split_batches and batch_size % num_processes != 0:
-            raise ValueError(
-                f"split_batches=True needs the batch size ({batch_size}) to be a multiple "
-                f"of the number of processes ({num_processes})"
-            )
+        if split_batches:
+            _check_split(batch_size, num_processes)
         self.num_processes = num_processes
         self.process_index = process_index
         self.split_batches = split_batches
