@@ -269,10 +269,17 @@ class ForkServer:
         self._sock = ours
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
+        self._forked: list[int] = []
+        self._ready = False
         self._dead = False
-        msg, _ = _recv_msg(self._sock)
-        if msg != ("ready",):
-            raise LaunchError(f"the forkserver failed to start: {msg!r}")
+        self._buf = b""
+        while not (self._ready or self._dead):
+            self._read(None)
+        if self._dead:
+            raise LaunchError(
+                "the forkserver failed to start (see the kernel's log for its error); "
+                "start_method='spawn' does not need it"
+            )
 
     @property
     def pid(self) -> int:
@@ -284,29 +291,48 @@ class ForkServer:
     def alive(self) -> bool:
         return not self._dead and self._popen.poll() is None
 
+    def _read(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` (None: forever) for data; take every complete message.
+
+        One read may bring several messages (two ranks exiting together): all are kept.
+        """
+        if self._dead or (timeout is not None and not wait([self._sock], timeout)):
+            return False
+        try:
+            data = self._sock.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            self._dead = True  # it died: its children died with it (parent-death signal)
+            return False
+        self._buf += data
+        while len(self._buf) >= _HDR.size:
+            (size,) = _HDR.unpack_from(self._buf)
+            if len(self._buf) < _HDR.size + size:
+                break
+            msg = pickle.loads(self._buf[_HDR.size : _HDR.size + size])
+            self._buf = self._buf[_HDR.size + size :]
+            if msg[0] == "exited":
+                self._exits[int(msg[1])] = int(msg[2])
+            elif msg[0] == "forked":
+                self._forked.append(int(msg[1]))
+            elif msg[0] == "ready":
+                self._ready = True
+        return True
+
     def fork(self, fds: list[int], has_listen: bool) -> int:
         with self._lock:
             _send_msg(self._sock, ("fork", has_listen), fds)
-            while True:
-                msg, _ = _recv_msg(self._sock)
-                if msg[0] == "forked":
-                    return int(msg[1])
-                self._note(msg)
-
-    def _note(self, msg: tuple[Any, ...]) -> None:
-        if msg[0] == "exited":
-            self._exits[int(msg[1])] = int(msg[2])
+            while not self._forked:
+                if self._dead:
+                    raise LaunchError("the forkserver died while starting a worker")
+                self._read(None)
+            return self._forked.pop(0)
 
     def drain(self, timeout: float = 0.0) -> None:
-        """Read any exit reports waiting on the socket (waits up to ``timeout``)."""
+        """Take any exit reports waiting on the socket (waits up to ``timeout``)."""
         with self._lock:
-            while not self._dead and wait([self._sock], timeout):
-                try:
-                    msg, _ = _recv_msg(self._sock)
-                except (EOFError, OSError):
-                    self._dead = True  # it died: its children died with it (SIGKILL)
-                    return
-                self._note(msg)
+            while self._read(timeout):
                 timeout = 0.0
 
     def returncode(self, pid: int) -> int | None:

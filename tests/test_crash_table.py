@@ -272,3 +272,56 @@ def test_a_rank_stranded_in_a_barrier_is_detected_from_events_alone() -> None:
     assert "rank 0 waits for them at train.py:7 (wait_for_everyone, barrier #2)" in message
     assert info.value.launch_failure.root_cause.rank == 1  # type: ignore[attr-defined]
     assert stopped in info.value.launch_failure.failures  # type: ignore[attr-defined]
+
+
+def two_ranks_exit_together() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+    if _rank() > 0:
+        os._exit(7)
+    time.sleep(5)
+
+
+@pytest.mark.timeout(90)
+def test_forkserver_reports_every_exit_code_when_ranks_exit_together() -> None:
+    """The forkserver may send several exit reports in one read: none may be lost (a lost
+    one was taken for SIGKILL after a 2 s wait)."""
+    for _ in range(5):
+        with pytest.raises(WorkerDied) as info:
+            notebook_launcher(
+                two_ranks_exit_together, (), 3, start_method="forkserver", dashboard=Recorder()
+            )
+        records = info.value.launch_failure.failures  # type: ignore[attr-defined]
+        died = {f.rank: f.exitcode for f in records if f.kind == "died"}
+        assert died == {1: 7, 2: 7}, records
+
+
+def test_forkserver_reader_keeps_every_message_of_one_read() -> None:
+    import pickle
+    import socket
+    import struct
+    import threading
+
+    from notebook_launcher._process import ForkServer
+
+    ours, theirs = socket.socketpair()
+    server = ForkServer.__new__(ForkServer)  # the reader alone, no process behind it
+    server._sock, server._lock, server._buf = ours, threading.Lock(), b""
+    server._exits, server._forked, server._ready, server._dead = {}, [], True, False
+    frames = b"".join(
+        struct.pack("!I", len(d)) + d
+        for d in (pickle.dumps(m) for m in [("exited", 11, 7), ("exited", 12, -9), ("forked", 13)])
+    )
+    try:
+        theirs.sendall(frames[:-3])  # the last message arrives in two pieces
+        server.drain(1.0)
+        assert server._exits == {11: 7, 12: -9} and server._forked == []
+        theirs.sendall(frames[-3:])
+        server.drain(1.0)
+        assert server._forked == [13]
+        theirs.close()
+        server.drain(1.0)
+        assert server._dead  # EOF: the server is gone
+    finally:
+        ours.close()
