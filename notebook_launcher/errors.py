@@ -65,8 +65,8 @@ class RankFailure:
             )
             return f"rank {self.rank} (pid {self.pid}) died: {how}"
         if self.kind == "left":
-            waits = f" ({self.message})" if self.message else ""
-            return f"rank {self.rank} returned while other ranks still waited for it{waits}"
+            waiting = self.message or "other ranks still waited for it"
+            return f"rank {self.rank} returned while {waiting}"
         return f"rank {self.rank} was stopped by the launcher"
 
 

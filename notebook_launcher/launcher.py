@@ -360,7 +360,7 @@ class _Run:
             left = RankFailure(
                 gone[0],
                 "left",
-                message=f"rank {waiter.rank} waits for it at {waiter.location} "
+                message=f"rank {waiter.rank} still waited for it at {waiter.location} "
                 f"({waiter.kind}, barrier #{waiter.index})",
                 time=self.finished_at.get(gone[0], waiter.time),
             )
@@ -414,35 +414,39 @@ class _Run:
         report = LaunchFailure(failure, sorted(self.failures, key=_t), len(self.specs))
         raise self._exception(failure, kind, report)
 
-    def _exception(self, failure: RankFailure, kind: str, report: LaunchFailure) -> BaseException:
-        n = len(self.specs)
-        if kind == "left" and not [f for f in self.failures if f.kind == "raised"]:
-            waiter, gone = self.stranded  # type: ignore[misc]
-            return ProcessGroupMismatch(
-                f"rank(s) {gone} returned from the function while rank {waiter.rank} waits "
-                f"for them at {waiter.location} ({waiter.kind}, barrier #{waiter.index}); "
-                "it would have waited until the collective timeout. Every rank must reach "
-                "the same barriers (wait_for_everyone, main_process_first...) in the same "
-                "order; look for one inside an `if` that only some ranks take, or a rank "
-                "that returns early.\n" + report.summary(),
-                report,
+    def _left_error(self, report: LaunchFailure) -> BaseException:
+        """Some rank returned while others still waited for it: say who, and where."""
+        left = sorted(self.finished_at, key=self.finished_at.__getitem__)
+        stuck = sorted((f for f in self.failures if f.kind == "raised"), key=_t)
+        if self.stranded is not None:
+            waiter, gone = self.stranded
+            left = gone
+            waiting = (
+                f"rank {waiter.rank} still waited for them at {waiter.location} "
+                f"({waiter.kind}, barrier #{waiter.index})"
             )
-        if kind == "left":
-            left = sorted(self.finished_at, key=self.finished_at.__getitem__)
-            stuck = sorted((f for f in self.failures if f.kind == "raised"), key=_t)
+        else:
             first = stuck[0]
             got = first.message.strip().splitlines()[0] if first.message else ""
-            err: BaseException = ProcessGroupMismatch(
-                f"rank(s) {left} returned from the function while rank(s) "
-                f"{sorted({f.rank for f in stuck})} still waited for them in a collective or "
-                f"barrier (rank {first.rank} got {first.exc_type}: {got[:200]}). Every rank "
-                "must call the same collectives (barrier, all_reduce, wait_for_everyone, "
-                "gather...) in the same order; look for one inside an `if` that only some "
-                "ranks take, or a rank that returns early.\n" + report.summary(),
-                report,
+            waiting = (
+                f"rank(s) {sorted({f.rank for f in stuck})} still waited for them in a "
+                f"collective or barrier (rank {first.rank} got {first.exc_type}: {got[:200]})"
             )
-            err.__cause__ = RemoteTraceback(first.rank, first.traceback)
-            return err
+        err = ProcessGroupMismatch(
+            f"rank(s) {left} returned from the function while {waiting}. Every rank must "
+            "call the same collectives (barrier, all_reduce, wait_for_everyone, gather...) "
+            "in the same order; look for one inside an `if` that only some ranks take, or a "
+            "rank that returns early.\n" + report.summary(),
+            report,
+        )
+        if stuck:
+            err.__cause__ = RemoteTraceback(stuck[0].rank, stuck[0].traceback)
+        return err
+
+    def _exception(self, failure: RankFailure, kind: str, report: LaunchFailure) -> BaseException:
+        n = len(self.specs)
+        if kind == "left":
+            return self._left_error(report)
         if kind == "died":
             tail = failure.message.strip()
             hint = (

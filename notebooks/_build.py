@@ -999,6 +999,7 @@ def debugging() -> list[Any]:
             print("root cause:", root.describe())
 
             assert (root.rank, root.kind) == (1, "left")
+            assert "rank 0 still waited for it at" in root.describe()  # and where
             """
         ),
         md(

@@ -269,7 +269,12 @@ def test_a_rank_stranded_in_a_barrier_is_detected_from_events_alone() -> None:
         run.outcome()
     message = str(info.value)
     assert "rank(s) [1] returned" in message
-    assert "rank 0 waits for them at train.py:7 (wait_for_everyone, barrier #2)" in message
+    assert "rank 0 still waited for them at train.py:7 (wait_for_everyone, barrier #2)" in message
+    root = info.value.launch_failure.root_cause  # type: ignore[attr-defined]
+    assert root.describe() == (
+        "rank 1 returned while rank 0 still waited for it at train.py:7 "
+        "(wait_for_everyone, barrier #2)"
+    )
     assert info.value.launch_failure.root_cause.rank == 1  # type: ignore[attr-defined]
     assert stopped in info.value.launch_failure.failures  # type: ignore[attr-defined]
 
