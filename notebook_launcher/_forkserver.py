@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
 import select
 import signal
 import socket
 import sys
+from typing import Any
 
-from ._process import _recv_msg, _send_msg
+from ._process import _HDR, _send_msg
 from ._worker import die_with_parent
 
 PRELOAD = (
@@ -41,6 +43,20 @@ def _preload() -> None:
             pass
 
 
+def _recv_request(sock: socket.socket) -> tuple[Any, list[int]]:
+    """One request and the fds that came with it (the kernel sends one at a time)."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 8)
+    if not data:
+        raise EOFError("the kernel closed the forkserver's socket")
+    while len(data) < _HDR.size or len(data) < _HDR.size + _HDR.unpack_from(data)[0]:
+        more = sock.recv(65536)
+        if not more:
+            raise EOFError("the kernel closed the forkserver's socket")
+        data += more
+    (size,) = _HDR.unpack_from(data)
+    return pickle.loads(data[_HDR.size : _HDR.size + size]), list(fds)
+
+
 def serve(sock: socket.socket) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -58,7 +74,7 @@ def serve(sock: socket.socket) -> None:
             _reap(sock)
         if sock.fileno() in readable:
             try:
-                msg, fds = _recv_msg(sock, maxfds=8)
+                msg, fds = _recv_request(sock)
             except (EOFError, OSError):
                 return
             if msg[0] == "fork":

@@ -215,7 +215,7 @@ def resolve_start_method(
             "this kernel already ran a multi-threaded torch op (its OpenMP pool would hang a "
             "forked rank)",
         )
-    if not hasattr(__import__("os"), "fork"):
+    if not hasattr(os, "fork"):
         return "spawn", "this platform has no fork"
     return "fork", "fast, nothing to pickle"
 

@@ -52,8 +52,8 @@ class WorkerProcess:
     rank: int
     pid: int
     conn: Connection
-    out_fd: int | None
-    err_fd: int | None
+    #: "stdout"/"stderr" -> the parent's read end; removed at EOF
+    pipes: dict[str, int]
     pidfd: int
     popen: subprocess.Popen[bytes] | None = None
     forkserver: ForkServer | None = None
@@ -68,21 +68,19 @@ class WorkerProcess:
     def exited(self) -> bool:
         return self.returncode is not None
 
-    def poll(self) -> int | None:
-        """The return code (``-signal`` when killed) once the process has ended."""
-        if self.returncode is not None:
-            return self.returncode
-        if self.popen is not None:
-            self.returncode = self.popen.poll()
-        elif self.forkserver is not None:
-            self.returncode = self.forkserver.returncode(self.pid)
-        else:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+    def reap(self, report_timeout: float) -> int:
+        """The return code (``-signal`` when killed) of a process that has ended or is
+        being killed. Whoever forked it reaps it: us, ``subprocess``, or the forkserver
+        (which reports within ``report_timeout``; a missing report means it died, and
+        its children with it: SIGKILL)."""
+        if self.returncode is None:
+            if self.popen is not None:
+                self.returncode = self.popen.wait()
+            elif self.forkserver is not None:
+                code = self.forkserver.wait_returncode(self.pid, report_timeout)
+                self.returncode = code if code is not None else -int(signal.SIGKILL)
+            else:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -205,8 +203,7 @@ def _finish_start(
         rank=req.spec.rank,
         pid=pid,
         conn=req.parent_conn,
-        out_fd=req.out_r,
-        err_fd=req.err_r,
+        pipes={"stdout": req.out_r, "stderr": req.err_r},
         pidfd=os.pidfd_open(pid),
         popen=popen,
         forkserver=forkserver,
@@ -225,22 +222,6 @@ def _send_msg(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> No
         socket.send_fds(sock, [frame], fds)
     else:
         sock.sendall(frame)
-
-
-def _recv_msg(sock: socket.socket, maxfds: int = 0) -> tuple[Any, list[int]]:
-    if maxfds:
-        data, fds, _flags, _addr = socket.recv_fds(sock, 65536, maxfds)
-    else:
-        data, fds = sock.recv(65536), []
-    if not data:
-        raise EOFError("forkserver connection closed")
-    while len(data) < _HDR.size or len(data) < _HDR.size + _HDR.unpack_from(data)[0]:
-        more = sock.recv(65536)
-        if not more:
-            raise EOFError("forkserver connection closed")
-        data += more
-    (size,) = _HDR.unpack_from(data)
-    return pickle.loads(data[_HDR.size : _HDR.size + size]), list(fds)
 
 
 class ForkServer:
@@ -334,11 +315,6 @@ class ForkServer:
         with self._lock:
             while self._read(timeout):
                 timeout = 0.0
-
-    def returncode(self, pid: int) -> int | None:
-        if pid not in self._exits:
-            self.drain()
-        return self._exits.pop(pid, None)
 
     def wait_returncode(self, pid: int, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
@@ -459,8 +435,7 @@ class WorkerGroup:
         """Fds a forked child must close: the parent's ends, its siblings', the listener."""
         fds = [req.parent_conn.fileno(), req.out_r, req.err_r]
         for p in self.procs:
-            fds += [p.conn.fileno(), p.pidfd]
-            fds += [fd for fd in (p.out_fd, p.err_fd) if fd is not None]
+            fds += [p.conn.fileno(), p.pidfd, *p.pipes.values()]
         if self._listen is not None and req.listen_fd is None:
             fds.append(self._listen.fileno())
         if _forkserver is not None and not _forkserver._dead:
@@ -492,13 +467,10 @@ class WorkerGroup:
         for p in self.procs:
             if p.conn_open:
                 waitables[p.conn] = ("conn", p)
-            if p.out_fd is not None:
-                waitables[p.out_fd] = ("stdout", p)
-            if p.err_fd is not None:
-                waitables[p.err_fd] = ("stderr", p)
+            for stream, fd in p.pipes.items():
+                waitables[fd] = (stream, p)
             if not p.exited:
                 waitables[p.pidfd] = ("exit", p)
-        server = _forkserver if self.start_method == "forkserver" else None
         if not waitables:
             return
         ready = wait(list(waitables), timeout)
@@ -510,17 +482,12 @@ class WorkerGroup:
                 continue
             else:
                 self._read_output(proc, kind)
-        for obj in ready:
+        for obj in ready:  # exits last: a rank's final messages were read above
             kind, proc = waitables[obj]
             if kind == "exit" and not proc.exited:
-                if server is not None and proc.forkserver is server:
-                    code = server.wait_returncode(proc.pid, 2.0)
-                    proc.returncode = code if code is not None else -int(signal.SIGKILL)
-                else:
-                    proc.poll()
-                if proc.exited:
-                    self._drain(proc)
-                    self._on_exit(proc)
+                proc.reap(report_timeout=2.0)  # its pidfd is readable: it has ended
+                self._drain(proc)
+                self._on_exit(proc)
 
     def _read_conn(self, proc: WorkerProcess) -> None:
         try:
@@ -540,7 +507,7 @@ class WorkerGroup:
             proc.failure, proc.exc_data = msg[1], msg[2]
 
     def _read_output(self, proc: WorkerProcess, stream: str) -> None:
-        fd = proc.out_fd if stream == "stdout" else proc.err_fd
+        fd = proc.pipes.get(stream)
         if fd is None:
             return
         try:
@@ -551,11 +518,7 @@ class WorkerGroup:
             chunk = b""
         if not chunk:
             self._flush_partial(proc, stream)
-            os.close(fd)
-            if stream == "stdout":
-                proc.out_fd = None
-            else:
-                proc.err_fd = None
+            os.close(proc.pipes.pop(stream))
             return
         data = proc.partial[stream] + chunk
         cut = data.rfind(b"\n") + 1
@@ -575,15 +538,9 @@ class WorkerGroup:
         """After a rank exited: take everything still buffered in its channels."""
         while proc.conn_open and proc.conn.poll(0):
             self._read_conn(proc)
-        for stream in ("stdout", "stderr"):
-            while (proc.out_fd if stream == "stdout" else proc.err_fd) is not None:
-                fd = proc.out_fd if stream == "stdout" else proc.err_fd
-                assert fd is not None
-                try:
-                    chunk_ready = bool(wait([fd], 0))
-                except OSError:
-                    chunk_ready = False
-                if not chunk_ready:
+        for stream in list(proc.pipes):
+            while stream in proc.pipes:
+                if not wait([proc.pipes[stream]], 0):
                     # A grandchild may still hold the pipe: keep what we have, stop here.
                     self._flush_partial(proc, stream)
                     break
@@ -625,22 +582,14 @@ class WorkerGroup:
                 p.send_signal(signal.SIGKILL)
         for p in self.procs:
             if not p.exited:
-                if p.popen is not None:
-                    p.returncode = p.popen.wait()
-                elif p.forkserver is not None:
-                    code = p.forkserver.wait_returncode(p.pid, 5.0)
-                    p.returncode = code if code is not None else -int(signal.SIGKILL)
-                else:
-                    _, status = os.waitpid(p.pid, 0)
-                    p.returncode = os.waitstatus_to_exitcode(status)
+                p.reap(report_timeout=5.0)
                 self._drain(p)
                 self._on_exit(p)
-            for fd in (p.out_fd, p.err_fd, p.pidfd):
-                if fd is not None:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-            p.out_fd = p.err_fd = None
+            for fd in (*p.pipes.values(), p.pidfd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            p.pipes.clear()
             p.conn.close()
             p.conn_open = False

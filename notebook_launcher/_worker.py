@@ -26,7 +26,7 @@ import pickle
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
@@ -51,7 +51,6 @@ class WorkerSpec:
     cwd: str
     sys_path: list[str]
     replace_environ: bool = False
-    close_fds: list[int] = field(default_factory=list)
     pg_timeout_s: float = 1800.0
     num_threads: int | None = None
 
@@ -202,11 +201,6 @@ def run(
         _redirect_output(out_fd, err_fd)
         if spec is None:
             spec = pickle.loads(conn.recv_bytes())
-        for fd in spec.close_fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
         code = _serve(spec, conn, listen_fd, task)
     except BaseException:  # noqa: BLE001 - last resort: say something, then exit
         try:

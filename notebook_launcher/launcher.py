@@ -117,22 +117,22 @@ def notebook_launcher(
     gpus = preflight.cuda_device_count()
     nprocs = preflight.resolve_num_processes(num_processes, gpus)
     precision = preflight.check_mixed_precision(mixed_precision, gpus)
-    cuda_init = preflight.cuda_initialized()
-    wants_fork = start_method in (None, "auto", "fork") and not cuda_init
-    fork_safe = preflight.fork_is_safe() if wants_fork else True
-    method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe)
     preflight.check_no_process_group_in_parent()
     state = sys.modules.get("notebook_launcher.state")
     preflight.check_no_state_in_parent(getattr(state, "state_in_use", None))
+    cuda_init = preflight.cuda_initialized()
+    wants_fork = start_method in (None, "auto", "fork") and not cuda_init
+    fork_safe = preflight.fork_is_safe() if wants_fork else True  # may fork a probe
+    method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe)
 
     task = _task(function, tuple(args), dict(kwargs or {}), method)
     listen, port, port_note = preflight.bind_rendezvous(master_addr, use_port, node_rank)
     if port_note:
         reason += f"; {port_note}, using {port}"
     threads = 1 if (method == "fork" and not fork_safe) else _threads_per_rank(nprocs)
-    specs = _specs(nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method)
-    for spec in specs:
-        spec.num_threads = threads
+    specs = _specs(
+        nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method, threads
+    )
     view = dashboard if hasattr(dashboard, "handle") else create_view(dashboard)
     run = _Run(specs, view)  # type: ignore[arg-type]
     group = WorkerGroup(specs, method, task, listen, run.on_event, run.on_exit, grace=grace_period)
@@ -211,6 +211,7 @@ def _specs(
     gpus: int,
     precision: str,
     method: str,
+    threads: int | None,
 ) -> list[WorkerSpec]:
     extra = {
         "ACCELERATE_MIXED_PRECISION": precision,
@@ -231,6 +232,7 @@ def _specs(
             cwd=os.getcwd(),
             sys_path=list(sys.path),
             replace_environ=method != "fork",
+            num_threads=threads,
         )
         for local in range(nprocs)
     ]
