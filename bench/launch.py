@@ -24,11 +24,12 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as tmp  # noqa: E402
+import torch.distributed as dist
+import torch.multiprocessing as tmp
 
-from notebook_launcher import _process, notebook_launcher  # noqa: E402
-from notebook_launcher.ui import NullView  # noqa: E402
+from notebook_launcher import notebook_launcher
+from notebook_launcher._launch import forkserver
+from notebook_launcher.ui import NullView
 
 
 def trivial() -> int:
@@ -195,7 +196,7 @@ def main() -> None:
         print(f"rank raises -> exception in caller ({method}): median {lat * 1e3:.1f} ms")
         lat = interrupt_latency(method, max(3, reps // 4))
         print(f"Ctrl-C -> KeyboardInterrupt, ranks stopped ({method}): median {lat * 1e3:.1f} ms")
-    _process.shutdown_forkserver()
+    forkserver.shutdown()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ torch op (``--work``: a ``k x k`` matmul on one thread, default k=64, ~7 us here
 * ``plain-iter``, ``plain-update``: the same with our integration uninstalled (stock tqdm
   drawing into /dev/null), to separate tqdm's own per-step cost from ours.
 
-Our bars are the worker-side ones (``notebook_launcher._progress``): they draw nothing
+Our bars are the worker-side ones (``notebook_launcher._worker.progress``): they draw nothing
 and send coalesced ``ProgressUpdate`` events through the real pipe to the parent, whose
 view counts them. Each round is timed in CPU time of the rank's process
 (``time.process_time``: a shared, busy machine's preemptions do not count, the bars'
@@ -40,8 +40,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from notebook_launcher import _progress, notebook_launcher
+from notebook_launcher import notebook_launcher
 from notebook_launcher._events import Event, ProgressUpdate
+from notebook_launcher._worker import progress as _progress
 
 VERSIONS = ("bare", "iter", "update", "plain-iter", "plain-update")
 

@@ -4,9 +4,9 @@ Accelerate's names, so code written for it runs after changing the import::
 
     from notebook_launcher import notebook_launcher, Accelerator, PartialState
 
-Importing the package does not import torch: the names that need it (the state,
-the Accelerator, the plugins) load on first use, so the kernel extension and the
-dashboard start fast.
+Importing the package imports nothing but its errors: every other name loads on first
+use (PEP 562), so the kernel extension and the dashboard (``notebook_launcher.ui``) start
+fast and never pull in torch or the process machinery.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from .errors import (
     SerializationError,
     WorkerDied,
 )
-from .launcher import notebook_launcher
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .data_loader import skip_first_batches
+    from .launcher import notebook_launcher
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
     from .utils.dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin
 
@@ -42,6 +42,7 @@ _LAZY = {
     "DataLoaderConfiguration": "notebook_launcher.utils.dataclasses",
     "GradientAccumulationPlugin": "notebook_launcher.utils.dataclasses",
     "skip_first_batches": "notebook_launcher.data_loader",
+    "notebook_launcher": "notebook_launcher.launcher",
 }
 
 
@@ -50,7 +51,7 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'notebook_launcher' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
+    globals()[name] = value  # after importing: the submodule import rebinds nothing here
     return value
 
 

@@ -4,7 +4,7 @@ Every event is a small frozen dataclass of builtins: it pickles with the standar
 library, knows nothing of torch or widgets, and is the *only* thing the dashboard
 sees. Workers create most of them; the parent adds :class:`LaunchStarted`,
 :class:`Output` (it reads the workers' stdout/stderr pipes itself),
-:class:`WorkerDied`, :class:`WorkerStopped` and :class:`LaunchFinished`.
+:class:`WorkerExited`, :class:`WorkerStopped` and :class:`LaunchFinished`.
 
 ``time`` is always ``time.time()`` where the event was made (wall clock, so the
 parent can order events coming from different processes on one node).
@@ -126,8 +126,9 @@ class WorkerFailed:
 
 
 @dataclass(frozen=True)
-class WorkerDied:
-    """A worker process ended without reporting a result or an exception."""
+class WorkerExited:
+    """A worker process ended without reporting a result or an exception (an exit code or
+    a signal). The exception the user then catches is :class:`errors.WorkerDied`."""
 
     rank: int
     pid: int
@@ -164,7 +165,7 @@ Event = (
     | BarrierExit
     | WorkerFinished
     | WorkerFailed
-    | WorkerDied
+    | WorkerExited
     | WorkerStopped
     | LaunchFinished
 )
@@ -177,7 +178,7 @@ __all__ = [
     "LaunchStarted",
     "Output",
     "ProgressUpdate",
-    "WorkerDied",
+    "WorkerExited",
     "WorkerFailed",
     "WorkerFinished",
     "WorkerStarted",

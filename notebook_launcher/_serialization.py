@@ -63,7 +63,7 @@ def dumps_checked(obj: Any, what: str, rank: int | None = None) -> bytes:
     """Pickle ``obj`` or raise :class:`SerializationError` naming the part that fails."""
     try:
         return dumps(obj)
-    except Exception as exc:  # noqa: BLE001 - pickling raises many types
+    except Exception as exc:
         culprit = _find_unpicklable(obj, what)
         where = f" on rank {rank}" if rank is not None else ""
         raise SerializationError(

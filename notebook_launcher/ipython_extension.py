@@ -26,7 +26,7 @@ import platform
 import sys
 from typing import Any
 
-from . import _preflight as preflight
+from ._launch import preflight
 from .errors import PreflightError
 
 #: The magic's name (``%nl_info``).

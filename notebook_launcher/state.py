@@ -51,20 +51,15 @@ import enum
 import functools
 import math
 import os
-import sys
-import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
-from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from . import _runtime
-from ._events import BarrierEnter, BarrierExit
+from ._worker import barriers, runtime
 
 if TYPE_CHECKING:
     from .utils.dataclasses import GradientAccumulationPlugin
@@ -74,8 +69,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 _TRUE = ("1", "true", "yes", "on", "y", "t")
 _MIXED_PRECISIONS = ("no", "fp16", "bf16")
 _INIT_KWARGS = ("backend", "timeout", "init_method", "pg_options")
-#: Barriers shorter than this (seconds) are not reported to the dashboard (see ``_barrier``).
-_BARRIER_QUIET = 0.02
 
 
 class DistributedType(str, enum.Enum):
@@ -138,14 +131,6 @@ def _check_mixed_precision(value: str | None, cuda: bool, source: str) -> str:
     return mp
 
 
-def _barrier_quiet_from_env() -> float:
-    value = os.environ.get("NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS")
-    try:
-        return max(float(value), 0.0) / 1000 if value is not None else _BARRIER_QUIET
-    except ValueError:
-        return _BARRIER_QUIET
-
-
 def _env_int(*keys: str, default: int) -> int:
     for key in keys:
         value = os.environ.get(key)
@@ -159,103 +144,6 @@ def _env_wants_group() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")) and (
         "MASTER_PORT" in os.environ
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Barrier reporting
-# --------------------------------------------------------------------------------------------
-
-
-class _PendingBarrier:
-    """A barrier a rank is in; ``location`` is set once it has been reported."""
-
-    __slots__ = ("rank", "index", "kind", "entered", "since", "thread", "location")
-
-    def __init__(self, rank: int, index: int, kind: str) -> None:
-        self.rank = rank
-        self.index = index
-        self.kind = kind
-        self.entered = time.time()
-        self.since = time.monotonic()
-        self.thread = threading.get_ident()
-        self.location: str | None = None
-
-
-def _ours(module: str) -> bool:
-    return (
-        module == "notebook_launcher"
-        or module.startswith("notebook_launcher.")
-        or module.startswith("contextlib")
-    )
-
-
-def _location_of(frame: FrameType | None) -> str:
-    """``file:line`` of the user's call of a barrier, from the waiting thread's frame.
-
-    Skips torch's frames (innermost), then ours, and applies ``_runtime.caller_location``'s
-    rule to what is left.
-    """
-    while frame is not None and frame.f_globals.get("__name__") != __name__:
-        frame = frame.f_back
-    while frame is not None:
-        if not _ours(frame.f_globals.get("__name__", "")):
-            filename = frame.f_code.co_filename
-            if not (filename.startswith("<ipython-input") or "ipykernel_" in filename):
-                filename = os.path.basename(filename)
-            return f"{filename}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<unknown>:0"
-
-
-class _BarrierWatch:
-    """One daemon thread per launched worker that reports barriers lasting too long.
-
-    The rank only stores a :class:`_PendingBarrier` before ``dist.barrier()`` and clears it
-    after (a couple of microseconds); the thread, waking every ``quiet / 2`` seconds, sends
-    ``BarrierEnter`` for a barrier pending longer than ``quiet``, reading the call site
-    from the waiting thread's stack.
-    """
-
-    _instance: _BarrierWatch | None = None
-
-    def __init__(self, quiet: float) -> None:
-        self.quiet = quiet
-        self.lock = threading.Lock()
-        self.pending: _PendingBarrier | None = None
-        self.pid = os.getpid()
-        thread = threading.Thread(target=self._run, name="notebook-launcher-barriers")
-        thread.daemon = True
-        thread.start()
-
-    @classmethod
-    def get(cls, quiet: float) -> _BarrierWatch:
-        watch = cls._instance
-        if watch is None or watch.pid != os.getpid() or watch.quiet != quiet:
-            if watch is not None:
-                watch.quiet = -1.0  # tells an old thread of this process to stop
-            watch = cls._instance = cls(quiet)
-        return watch
-
-    def _run(self) -> None:
-        quiet = self.quiet
-        while self.quiet == quiet and _runtime.active():
-            time.sleep(quiet / 2)
-            pending = self.pending
-            if pending is None or pending.location is not None:
-                continue
-            if time.monotonic() - pending.since < quiet:
-                continue
-            with self.lock:
-                if self.pending is not pending:
-                    continue  # it finished meanwhile
-                pending.location = _location_of(sys._current_frames().get(pending.thread))
-                _runtime.emit(
-                    BarrierEnter(
-                        pending.rank, pending.index, pending.location, pending.kind, pending.entered
-                    )
-                )
-        if _BarrierWatch._instance is self:
-            _BarrierWatch._instance = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,52 +273,15 @@ class PartialState:
     # ---- barriers -------------------------------------------------------------------------
 
     def _barrier(self, kind: str) -> None:
-        """``dist.barrier()``, reported to the launcher's dashboard when it is noticeable.
-
-        Outside a launched worker this is a bare barrier. Inside one, the rank notes the
-        barrier in a slot that a watchdog thread looks at every few milliseconds: a barrier
-        still running after the quiet period (env ``NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS``,
-        default 20) is reported with ``BarrierEnter`` (the user's call site, the time the
-        rank entered) and, when everybody arrived, ``BarrierExit``. Shorter barriers send
-        nothing: no front end could show them, and two pipe messages per barrier would
-        cost more than the barrier itself. A quiet period of 0 reports every barrier.
-        """
+        """``dist.barrier()``; inside a launched rank the dashboard sees it when it lasts
+        (see :mod:`notebook_launcher._worker.barriers`)."""
         if self.distributed_type not in _DISTRIBUTED_TYPES:
             return
         kwargs: dict[str, Any] = {}
         if self.device.type == "cuda" and self.backend is not None and "nccl" in self.backend:
             kwargs["device_ids"] = [self.device.index or 0]
-        if not _runtime.active():
-            dist.barrier(**kwargs)
-            return
-        quiet = self._shared_state.get("_barrier_quiet", _BARRIER_QUIET)
-        if quiet <= 0:
-            index = _runtime.next_barrier_index()
-            location = _runtime.caller_location()
-            _runtime.emit(BarrierEnter(self.process_index, index, location, kind, time.time()))
-            dist.barrier(**kwargs)
-            _runtime.emit(BarrierExit(self.process_index, index, location, time.time()))
-            return
-        watch = _BarrierWatch.get(quiet)
-        pending = _PendingBarrier(self.process_index, _runtime.next_barrier_index(), kind)
-        watch.pending = pending
-        try:
-            dist.barrier(**kwargs)
-        except BaseException:
-            with watch.lock:
-                watch.pending = None
-                reported = pending.location
-            if reported is None:  # failed fast (a peer left): still say where we waited
-                location = _runtime.caller_location()
-                _runtime.emit(
-                    BarrierEnter(pending.rank, pending.index, location, kind, pending.entered)
-                )
-            raise
-        with watch.lock:
-            watch.pending = None
-            reported = pending.location
-        if reported is not None:
-            _runtime.emit(BarrierExit(pending.rank, pending.index, reported, time.time()))
+        quiet = self._shared_state.get("_barrier_quiet", barriers.DEFAULT_QUIET)
+        barriers.barrier(lambda: dist.barrier(**kwargs), self.process_index, kind, quiet)
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this call (a no-op in a single process).
@@ -604,7 +455,7 @@ class PartialState:
             group is None
             and self.initialized
             and not self._created_group
-            and os.environ.get(_runtime.LAUNCHER_ENV) == "1"
+            and os.environ.get(runtime.LAUNCHER_ENV) == "1"
         ):
             return
         dist.destroy_process_group(group)
@@ -679,13 +530,13 @@ def _build_partial_state(
         "local_process_index": local,
         "backend": backend_name,
         "debug": _debug_from_env(),
-        "fork_launched": os.environ.get(_runtime.LAUNCHER_ENV) == "1",
+        "fork_launched": os.environ.get(runtime.LAUNCHER_ENV) == "1",
         "_mixed_precision": mp,
         "_cpu": cpu,
         "_created_group": created,
         "_trigger": False,
         "_init_kwargs": init_kwargs,
-        "_barrier_quiet": _barrier_quiet_from_env(),
+        "_barrier_quiet": barriers.quiet_from_env(),
     }
 
 
@@ -1133,6 +984,10 @@ def _reset_state() -> None:
         dist.destroy_process_group()
     GradientState._reset_state()
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+# A forked rank inherits this module from the kernel: it starts with a fresh state.
+runtime.on_rank_start(_reset_state)
 
 
 def state_in_use() -> str | None:

@@ -35,7 +35,8 @@ def children() -> list[int]:
 
 def main() -> None:
     mode, method = sys.argv[1], sys.argv[2]
-    from notebook_launcher import _process, notebook_launcher
+    from notebook_launcher import notebook_launcher
+    from notebook_launcher._launch import forkserver
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
     t0 = time.monotonic()
@@ -44,11 +45,11 @@ def main() -> None:
     except KeyboardInterrupt:
         print(f"KeyboardInterrupt after {time.monotonic() - t0:.2f}s", flush=True)
     after = {s: signal.getsignal(s) for s in handlers}
-    allowed = {_process.forkserver_pid()}
+    allowed = {forkserver.pid()}
     print("leftover children:", sorted(set(children()) - allowed), flush=True)
     print("handlers restored:", after == handlers, flush=True)
     print("again:", notebook_launcher(lambda: 1, (), 2, start_method=method, dashboard=False))
-    _process.shutdown_forkserver()
+    forkserver.shutdown()
 
 
 if __name__ == "__main__":

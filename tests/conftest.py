@@ -22,6 +22,21 @@ import pytest
 # stops capturing fd-level output when it sees it (shared/TESTING.md, pitfall 1).
 KERNEL_ENV_DROP = ("PYTEST_CURRENT_TEST",)
 
+#: The test tiers (registered in pyproject.toml). Every test file declares exactly one with
+#: ``pytestmark``, so ``pytest -m unit`` is the fast loop and nothing runs unclassified.
+TIERS = frozenset({"unit", "multiprocess", "kernel", "notebook", "browser", "gpu"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tiers = {m.name for m in item.iter_markers()} & TIERS
+        if len(tiers) != 1 and item.path.suffix == ".py":
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test file must declare exactly one tier "
+                f"(pytestmark = pytest.mark.<tier>, one of {sorted(TIERS)}); found {sorted(tiers)}"
+            )
+
+
 _SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGPIPE]
 _ENV_IGNORED = {"PYTEST_CURRENT_TEST"}
 
@@ -40,10 +55,10 @@ def child_pids(pid: int | None = None) -> set[int]:
 
 
 def _allowed_children() -> set[int]:
-    proc = sys.modules.get("notebook_launcher._process")
-    if proc is None:
+    server = sys.modules.get("notebook_launcher._launch.forkserver")
+    if server is None:
         return set()
-    pid = proc.forkserver_pid()
+    pid = server.pid()
     return {pid} if pid else set()
 
 
@@ -144,9 +159,9 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def _forkserver_shut_down_at_end() -> Iterator[None]:
     yield
-    proc = sys.modules.get("notebook_launcher._process")
-    if proc is not None:
-        proc.shutdown_forkserver()
+    server = sys.modules.get("notebook_launcher._launch.forkserver")
+    if server is not None:
+        server.shutdown()
     assert not _wait_for_no_children(set()), "worker or forkserver processes outlived the suite"
 
 

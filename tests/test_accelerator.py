@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch._dynamo  # noqa: F401 - LR schedulers import it lazily, and importing it sets
+import torch._dynamo
 import torch.nn.functional as F  # TORCHINDUCTOR_CACHE_DIR: do it before the env guard looks
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
@@ -30,6 +30,8 @@ from notebook_launcher.utils.dataclasses import (
 )
 
 from .helpers import Recorder
+
+pytestmark = pytest.mark.multiprocess
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -29,6 +29,8 @@ import pytest
 
 import notebook_launcher
 
+pytestmark = pytest.mark.browser
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NOTEBOOK = HERE / "notebooks_for_tests" / "dashboard.ipynb"

@@ -19,6 +19,8 @@ from notebook_launcher.checkpointing import (
     save_model_files,
 )
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("size", "expected"),

@@ -22,6 +22,8 @@ from nbclient import NotebookClient
 
 import notebook_launcher
 
+pytestmark = pytest.mark.notebook
+
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "notebooks_for_tests" / "dashboard.ipynb"
 PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])

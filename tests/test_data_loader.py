@@ -22,6 +22,8 @@ from notebook_launcher.data_loader import (
 )
 from notebook_launcher.state import GradientState
 
+pytestmark = pytest.mark.multiprocess
+
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread() -> Iterator[None]:

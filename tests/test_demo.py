@@ -12,6 +12,8 @@ import pytest
 import notebook_launcher
 from notebook_launcher._demo import format_report
 
+pytestmark = pytest.mark.kernel
+
 PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])
 
 

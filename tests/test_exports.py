@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import notebook_launcher
+
+pytestmark = pytest.mark.unit
 
 EXPECTED = {
     "Accelerator",

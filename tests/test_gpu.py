@@ -20,6 +20,7 @@ from notebook_launcher import PreflightError, notebook_launcher
 from notebook_launcher.ui import NullView
 
 pytestmark = [
+    pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.timeout(180),
 ]

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.kernel
+
 SCRIPT = Path(__file__).with_name("_launch_script.py")
 ROOT = Path(__file__).resolve().parents[1]
 

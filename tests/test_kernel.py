@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.kernel
+
 jupyter_client = pytest.importorskip("jupyter_client")
 
 ROOT = Path(__file__).resolve().parents[1]

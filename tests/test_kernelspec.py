@@ -21,6 +21,8 @@ import notebook_launcher
 from notebook_launcher import _kernelspec
 from notebook_launcher._kernelspec import DISPLAY_NAME, EXTENSION, KERNEL_NAME
 
+pytestmark = pytest.mark.kernel
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])
 EXPECTED_TAIL = ["-m", "ipykernel_launcher", "-f", "{connection_file}", f"--ext={EXTENSION}"]

@@ -9,7 +9,6 @@ import threading
 import pytest
 
 from notebook_launcher import PreflightError, SerializationError, notebook_launcher
-from notebook_launcher import _preflight as preflight
 from notebook_launcher._events import (
     LaunchFinished,
     LaunchStarted,
@@ -17,10 +16,11 @@ from notebook_launcher._events import (
     WorkerFinished,
     WorkerStarted,
 )
+from notebook_launcher._launch import preflight
 
 from .helpers import Recorder
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
 
 def report_env(tag: str) -> dict:
@@ -280,7 +280,7 @@ launch()                                     # nothing parallel ran here yet: fo
 x = torch.ones(512, 512); x @ x               # now this kernel's OpenMP pool runs
 launch()                                     # fork would hang: the forkserver takes over
 launch(start_method="fork")                  # asked for: ranks get one thread, no hang
-from notebook_launcher import _process; _process.shutdown_forkserver()
+from notebook_launcher._launch import forkserver; forkserver.shutdown()
 """
 
 

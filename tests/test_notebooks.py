@@ -22,6 +22,8 @@ import pytest
 import notebook_launcher
 from notebook_launcher._kernelspec import DISPLAY_NAME, KERNEL_NAME, install
 
+pytestmark = pytest.mark.notebook
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))

@@ -38,6 +38,8 @@ from notebook_launcher.utils import (
     set_seed,
 )
 
+pytestmark = pytest.mark.multiprocess
+
 try:  # tests/ as a package (tests/__init__.py) or as a plain directory on sys.path
     from tests._torchrun_target import check_everything, expected
 except ImportError:  # pragma: no cover - depends on how pytest imported this file

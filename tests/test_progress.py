@@ -15,12 +15,16 @@ import tqdm.notebook
 import tqdm.std
 from tqdm.auto import tqdm as auto_tqdm_imported_early  # a reference taken before install
 
-from notebook_launcher import _progress, _runtime, notebook_launcher
+from notebook_launcher import notebook_launcher
 from notebook_launcher._events import ProgressUpdate
+from notebook_launcher._worker import progress as _progress
+from notebook_launcher._worker import runtime as _runtime
 from notebook_launcher.ui.model import DONE, FAILED, STOPPED, LaunchModel
 from notebook_launcher.ui.text import TextView
 
 from .helpers import Recorder
+
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture

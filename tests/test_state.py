@@ -32,6 +32,8 @@ from notebook_launcher.utils.dataclasses import GradientAccumulationPlugin
 
 from .helpers import Recorder
 
+pytestmark = pytest.mark.multiprocess
+
 # --------------------------------------------------------------------------------------------
 # Single process
 # --------------------------------------------------------------------------------------------

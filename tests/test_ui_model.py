@@ -15,7 +15,7 @@ from notebook_launcher._events import (
     LaunchStarted,
     Output,
     ProgressUpdate,
-    WorkerDied,
+    WorkerExited,
     WorkerFailed,
     WorkerFinished,
     WorkerStarted,
@@ -36,6 +36,8 @@ from notebook_launcher.ui.model import (
     fmt_rate,
     notebook_cell_traceback,
 )
+
+pytestmark = pytest.mark.unit
 
 T0 = 1000.0
 
@@ -199,7 +201,7 @@ def test_returning_early_and_dying_are_named() -> None:
     )
     m.apply(BarrierEnter(rank=0, index=0, location="a.py:1", kind="wait_for_everyone", time=T0 + 1))
     m.apply(WorkerFinished(rank=1, time=T0 + 2))
-    m.apply(WorkerDied(rank=2, pid=12, exitcode=-9, signal_name="SIGKILL", time=T0 + 3))
+    m.apply(WorkerExited(rank=2, pid=12, exitcode=-9, signal_name="SIGKILL", time=T0 + 3))
     assert m.barriers[0].left == {1: "returned", 2: "died (SIGKILL)"}
     assert m.ranks[2].outcome() == "died: killed by SIGKILL(-9)"
     assert m.ranks[1].status == DONE and m.ranks[2].status == DIED
@@ -221,8 +223,8 @@ def test_first_real_ending_wins_and_collateral_is_not_the_root_cause() -> None:
             time=T0 + 1,
         )
     )
-    m.apply(WorkerDied(rank=1, pid=5, exitcode=1, signal_name=None, time=T0 + 2))
-    m.apply(WorkerDied(rank=0, pid=4, exitcode=1, signal_name=None, time=T0 + 3))
+    m.apply(WorkerExited(rank=1, pid=5, exitcode=1, signal_name=None, time=T0 + 2))
+    m.apply(WorkerExited(rank=0, pid=4, exitcode=1, signal_name=None, time=T0 + 3))
     assert m.ranks[0].status == FAILED
     assert m.ranks[0].outcome() == "raised RuntimeError (collateral)"
     assert m.root_cause() is m.ranks[1]
@@ -348,7 +350,7 @@ _ISOLATED = (
 def test_ui_and_progress_never_import_torch() -> None:
     code = _ISOLATED + (
         "import notebook_launcher.ui, notebook_launcher.ui.widgets, notebook_launcher.ui.text;"
-        "import notebook_launcher._progress;"
+        "import notebook_launcher._worker.progress;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'));"
         "print('ok' if not bad else bad)"
     )

@@ -18,6 +18,8 @@ from notebook_launcher.ui.text import TextView
 
 from .test_ui_model import T0, bar, script, started
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     def __init__(self, t: float = T0) -> None:

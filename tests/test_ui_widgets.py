@@ -15,10 +15,12 @@ import pytest
 from comm.base_comm import BaseComm
 
 from notebook_launcher._events import BarrierEnter, Event, WorkerStarted
-from notebook_launcher.ui import NullView, TextView, _SafeView, create_view
+from notebook_launcher.ui import NullView, SafeView, TextView, _text_fallback, create_view, view_for
 from notebook_launcher.ui.widgets import WidgetView
 
 from .test_ui_model import T0, bar, script, started
+
+pytestmark = pytest.mark.unit
 
 Log = list[tuple[str, str, dict[str, Any]]]
 
@@ -43,7 +45,7 @@ class RecordingComm(BaseComm):
 def log(monkeypatch: pytest.MonkeyPatch) -> Iterator[Log]:
     messages: Log = []
     monkeypatch.setattr(RecordingComm, "log", messages)
-    monkeypatch.setattr(comm, "create_comm", lambda *a, **kw: RecordingComm(*a, **kw))
+    monkeypatch.setattr(comm, "create_comm", RecordingComm)
     yield messages
 
 
@@ -269,7 +271,7 @@ def test_create_view_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     shown: list[object] = []
     monkeypatch.setattr(widgets_module, "WidgetView", lambda: shown.append(1) or NullView())
     view = create_view("auto")
-    assert isinstance(view, _SafeView) and shown == [1]  # a notebook kernel: widgets
+    assert isinstance(view, SafeView) and shown == [1]  # a notebook kernel: widgets
     shells[0] = TerminalInteractiveShell()
     assert isinstance(create_view("auto"), TextView)
     assert isinstance(create_view(True), TextView)  # no kernel: nowhere to draw widgets
@@ -287,11 +289,46 @@ def test_a_broken_widget_view_falls_back_to_text(capsys: pytest.CaptureFixture[s
             raise RuntimeError("comm went away")
 
     buf = io.StringIO()
-    safe = _SafeView(Broken(), buf)
+    safe = SafeView(Broken(), _text_fallback(buf))
     safe.handle(started(1))
     from notebook_launcher._events import Output
 
     safe.handle(Output(rank=0, stream="stdout", text="still shown\n", time=T0))
     safe.close()
-    assert "dashboard disabled (RuntimeError('comm went away'))" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the view Broken failed (RuntimeError('comm went away')); using TextView" in err
     assert buf.getvalue() == "[rank0] still shown\n"
+
+
+@pytest.mark.parametrize("method", ["handle", "tick", "close"])
+def test_a_custom_view_that_raises_anywhere_is_switched_off(
+    method: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's own view (``dashboard=obj``) may fail in any of its three methods: the
+    launch goes on without it, and says so once."""
+    calls: list[str] = []
+
+    class Flaky:
+        def handle(self, event: Event) -> None:
+            calls.append("handle")
+            if method == "handle":
+                raise ValueError("bad view")
+
+        def tick(self) -> None:
+            calls.append("tick")
+            if method == "tick":
+                raise ValueError("bad view")
+
+        def close(self) -> None:
+            calls.append("close")
+            if method == "close":
+                raise ValueError("bad view")
+
+    view = view_for(Flaky())
+    for _ in range(2):
+        view.handle(started(1))
+        view.tick()
+    view.close()
+    assert calls.count(method) == 1  # called until it failed, never again
+    err = capsys.readouterr().err
+    assert err.count("the view Flaky failed (ValueError('bad view')); continuing without it") == 1

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Protocol, TextIO
 
 from .._events import Event
@@ -45,36 +46,55 @@ class NullView:
         pass
 
 
-class _SafeView:
-    """Wraps a widget view: if drawing ever fails, fall back to text instead of breaking
-    the launch (a dashboard is not worth a failed training run)."""
+class SafeView:
+    """Wraps a view so that a failure to draw never breaks a launch: the first exception
+    from ``handle``, ``tick`` or ``close`` is reported once on stderr and the view is
+    replaced by ``fallback`` (the widget dashboard falls back to text; a custom view is
+    switched off). A dashboard is not worth a failed training run."""
 
-    def __init__(self, inner: View, stream: TextIO | None) -> None:
+    def __init__(self, inner: View, fallback: Callable[[View], View] | None = None) -> None:
         self.inner = inner
-        self.stream = stream
+        self._fallback = fallback
 
-    def _fallback(self, exc: BaseException) -> None:
-        model = getattr(self.inner, "model", None)
-        print(f"notebook_launcher: dashboard disabled ({exc!r}); using text", file=sys.stderr)
-        self.inner = TextView(self.stream, model=model if isinstance(model, LaunchModel) else None)
+    def _failed(self, exc: BaseException) -> None:
+        name = type(self.inner).__name__
+        if self._fallback is not None:
+            replacement = self._fallback(self.inner)
+            what = f"using {type(replacement).__name__} instead"
+        else:
+            replacement, what = NullView(), "continuing without it"
+        print(f"notebook_launcher: the view {name} failed ({exc!r}); {what}", file=sys.stderr)
+        self.inner, self._fallback = replacement, None
 
     def handle(self, event: Event) -> None:
         try:
             self.inner.handle(event)
-        except Exception as exc:  # noqa: BLE001
-            self._fallback(exc)
+        except Exception as exc:  # noqa: BLE001 - any failure of a view
+            self._failed(exc)
 
     def tick(self) -> None:
         try:
             self.inner.tick()
         except Exception as exc:  # noqa: BLE001
-            self._fallback(exc)
+            self._failed(exc)
 
     def close(self) -> None:
         try:
             self.inner.close()
         except Exception as exc:  # noqa: BLE001
-            self._fallback(exc)
+            self._failed(exc)
+            try:
+                self.inner.close()
+            except Exception:  # noqa: BLE001 - the fallback failed too: nothing left to show
+                pass
+
+
+def _text_fallback(stream: TextIO | None) -> Callable[[View], View]:
+    def fallback(broken: View) -> View:
+        model = getattr(broken, "model", None)
+        return TextView(stream, model=model if isinstance(model, LaunchModel) else None)
+
+    return fallback
 
 
 def _shell() -> object | None:
@@ -143,10 +163,19 @@ def create_view(
         try:
             from .widgets import WidgetView
 
-            return _SafeView(WidgetView(), stream)
+            return SafeView(WidgetView(), _text_fallback(stream))
         except Exception as exc:  # noqa: BLE001 - never let the dashboard break a launch
             print(f"notebook_launcher: no dashboard ({exc!r}); using text", file=sys.stderr)
     return TextView(stream, interval=interval)
 
 
-__all__ = ["LaunchModel", "NullView", "TextView", "View", "create_view"]
+def view_for(dashboard: bool | str | View, stream: TextIO | None = None) -> View:
+    """The guarded view for a launcher's ``dashboard=`` argument: a choice for
+    :func:`create_view`, or any object with the :class:`View` methods."""
+    if isinstance(dashboard, (bool, str)):
+        view = create_view(dashboard, stream)
+        return view if isinstance(view, SafeView) else SafeView(view)
+    return SafeView(dashboard)
+
+
+__all__ = ["LaunchModel", "NullView", "SafeView", "TextView", "View", "create_view", "view_for"]

@@ -22,7 +22,9 @@ from __future__ import annotations
 import re
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._events import (
     BarrierEnter,
@@ -32,7 +34,7 @@ from .._events import (
     LaunchStarted,
     Output,
     ProgressUpdate,
-    WorkerDied,
+    WorkerExited,
     WorkerFailed,
     WorkerFinished,
     WorkerStarted,
@@ -431,11 +433,15 @@ class LaunchModel:
         return state
 
     def apply(self, event: Event) -> frozenset[Change]:
-        """Fold one event in; return the keys of what changed."""
-        handler = getattr(self, "_on_" + type(event).__name__, None)
+        """Fold one event in; return the keys of what changed.
+
+        Dispatch is by type through :data:`HANDLERS` (every event type has an entry, a
+        test holds that), so renaming an event cannot silently stop its handling.
+        """
+        handler = HANDLERS.get(type(event))
         if handler is None:
             return frozenset()
-        return frozenset(handler(event))
+        return frozenset(handler(self, event))
 
     def _on_LaunchStarted(self, e: LaunchStarted) -> list[Change]:
         self.started = e
@@ -593,7 +599,7 @@ class LaunchModel:
         )
         return self._end_rank(e.rank, FAILED, e.time, f"raised {e.exc_type}")
 
-    def _on_WorkerDied(self, e: WorkerDied) -> list[Change]:
+    def _on_WorkerExited(self, e: WorkerExited) -> list[Change]:
         s = self.rank(e.rank)
         s.pid = e.pid or s.pid
         s.exitcode, s.signal_name = e.exitcode, e.signal_name
@@ -618,7 +624,23 @@ class LaunchModel:
         return changes
 
 
+#: Event type -> the model's handler for it.
+HANDLERS: dict[type, Callable[[LaunchModel, Any], list[Change]]] = {
+    LaunchStarted: LaunchModel._on_LaunchStarted,
+    WorkerStarted: LaunchModel._on_WorkerStarted,
+    Output: LaunchModel._on_Output,
+    ProgressUpdate: LaunchModel._on_ProgressUpdate,
+    BarrierEnter: LaunchModel._on_BarrierEnter,
+    BarrierExit: LaunchModel._on_BarrierExit,
+    WorkerFinished: LaunchModel._on_WorkerFinished,
+    WorkerFailed: LaunchModel._on_WorkerFailed,
+    WorkerExited: LaunchModel._on_WorkerExited,
+    WorkerStopped: LaunchModel._on_WorkerStopped,
+    LaunchFinished: LaunchModel._on_LaunchFinished,
+}
+
 __all__ = [
+    "HANDLERS",
     "DIED",
     "DONE",
     "ENDED",

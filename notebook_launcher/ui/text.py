@@ -30,7 +30,7 @@ from .._events import (
     LaunchStarted,
     Output,
     ProgressUpdate,
-    WorkerDied,
+    WorkerExited,
     WorkerFailed,
     WorkerStopped,
 )
@@ -114,7 +114,7 @@ class TextView:
                 self._periodic(now, only=event.rank)
         elif isinstance(event, BarrierEnter):
             self._last_line[event.rank] = now  # first "waiting" line after `interval`
-        elif isinstance(event, (WorkerFailed, WorkerDied, WorkerStopped)):
+        elif isinstance(event, (WorkerFailed, WorkerExited, WorkerStopped)):
             state = self.model.ranks[event.rank]
             self._write(f"[rank{event.rank}] {state.outcome()}\n")
         self._show_alerts(now)

@@ -1,69 +1,37 @@
-"""The worker's side of a launch: what runs in each rank's process.
+"""Every rank's entry, whatever started it: environment, process group, run, report.
 
-A worker is handed four things by whoever started it (the kernel itself with
-``fork``, our forkserver, or a fresh interpreter with ``spawn``):
+A rank is handed four things by whoever started it (the kernel itself with ``fork``, the
+forkserver, or a fresh interpreter with ``spawn``):
 
-* a :class:`WorkerSpec` (plain data: rank, world size, rendezvous, environment);
-* the child end of its control socket (events, result and failure go up; with spawn
-  and forkserver the pickled function comes down first);
+* a :class:`~notebook_launcher._spec.WorkerSpec` (rank, world size, rendezvous, env);
+* its end of the control channel (:mod:`notebook_launcher._wire.control`): events and
+  how the function ended go up; with spawn and forkserver the spec and the task come
+  down first;
 * the write ends of two pipes that become its fd 1 and fd 2, so everything the rank
   prints -- Python, C++, subprocesses -- reaches the kernel labelled with its rank;
-* for rank 0 only, the listening socket of the rendezvous store, bound by the parent
-  to loopback (no port race, nothing listens beyond this machine).
-
-Messages up the control socket (standard pickle of tuples):
-``("event", Event)``, ``("result", bytes)``, ``("failed", RankFailure, bytes | None)``.
+* for rank 0 only, the listening socket of the rendezvous store, bound by the kernel
+  (no port race).
 """
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
-import importlib
 import io
 import os
-import pickle
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from . import _runtime
-from ._events import WorkerFinished, WorkerStarted
-from ._serialization import dump_exception, dumps, exception_to_failure
+from .._events import WorkerFinished, WorkerStarted
+from .._posix import die_with_parent
+from .._serialization import dump_exception, dumps, exception_to_failure, loads
+from .._spec import WorkerSpec
+from .._wire.control import Channel, Raised, Returned, Setup, Task
+from . import progress, runtime
 
-_PR_SET_PDEATHSIG = 1
-
-
-@dataclass
-class WorkerSpec:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    backend: str
-    env: dict[str, str]
-    cwd: str
-    sys_path: list[str]
-    replace_environ: bool = False
-    pg_timeout_s: float = 1800.0
-    num_threads: int | None = None
-
-
-def die_with_parent(expected_parent: int) -> None:
-    """Ask the kernel to SIGKILL us when our parent goes (kernel restart, crash)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the control socket's EOF still stops us
-        pass
-    if os.getppid() != expected_parent:  # the parent died before prctl took effect
-        os._exit(1)
+TaskTuple = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 
 def _reset_signals() -> None:
@@ -115,7 +83,7 @@ def _set_environment(spec: WorkerSpec) -> None:
             "GROUP_RANK": str(spec.node_rank),
             "MASTER_ADDR": spec.master_addr,
             "MASTER_PORT": str(spec.master_port),
-            _runtime.LAUNCHER_ENV: "1",
+            runtime.LAUNCHER_ENV: "1",
         }
     )
     if spec.backend == "gloo" and spec.master_addr in ("127.0.0.1", "localhost", "::1"):
@@ -162,24 +130,6 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> str:
     return device
 
 
-def _install_progress(rank: int) -> None:
-    try:
-        progress = importlib.import_module("notebook_launcher._progress")
-    except ImportError:
-        return
-    install = getattr(progress, "install", None)
-    if install is not None:
-        install(rank)
-
-
-def _reset_state() -> None:
-    """A forked worker inherits the kernel's modules: start the shared state afresh."""
-    state = sys.modules.get("notebook_launcher.state")
-    reset = getattr(state, "_reset_state", None)
-    if reset is not None:
-        reset()
-
-
 def run(
     conn: Connection,
     out_fd: int,
@@ -187,21 +137,24 @@ def run(
     listen_fd: int | None,
     expected_parent: int,
     spec: WorkerSpec | None = None,
-    task: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None,
+    task: TaskTuple | None = None,
 ) -> NoReturn:
-    """Entry of every worker, whatever started it. Never returns.
+    """Entry of every rank. Never returns.
 
-    With ``fork`` the spec and the task are already in memory; otherwise the parent
-    sends the spec, then the cloudpickled task, down ``conn``.
+    With ``fork`` the spec and the task are already in memory; otherwise the kernel sends
+    :class:`Setup` then :class:`Task` down the channel.
     """
     code = 1
+    channel = Channel(conn)
     try:
         die_with_parent(expected_parent)
         _reset_signals()
         _redirect_output(out_fd, err_fd)
         if spec is None:
-            spec = pickle.loads(conn.recv_bytes())
-        code = _serve(spec, conn, listen_fd, task)
+            setup = channel.recv()
+            assert isinstance(setup, Setup), setup
+            spec = setup.spec
+        code = _serve(spec, channel, listen_fd, task)
     except BaseException:  # noqa: BLE001 - last resort: say something, then exit
         try:
             import traceback
@@ -219,27 +172,23 @@ def run(
 
 
 def _serve(
-    spec: WorkerSpec,
-    conn: Connection,
-    listen_fd: int | None,
-    task: tuple[Any, tuple[Any, ...], dict[str, Any]] | None,
+    spec: WorkerSpec, channel: Channel, listen_fd: int | None, task: TaskTuple | None
 ) -> int:
-    def send(message: tuple[Any, ...]) -> None:
-        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-    _runtime.install(lambda event: send(("event", event)))
+    runtime.install(channel.send)
     _set_environment(spec)
-    _reset_state()
+    runtime.run_start_hooks()  # forget what a forked rank inherited (e.g. the state)
     pid = os.getpid()
     try:
         if task is None:
-            task = pickle.loads(conn.recv_bytes())
+            message = channel.recv()
+            assert isinstance(message, Task), message
+            task = loads(message.data)
         fn, args, kwargs = task
         device = _init_process_group(spec, listen_fd)
         if listen_fd is not None:
             os.close(listen_fd)
-        _runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, device, time.time()))
-        _install_progress(spec.rank)
+        runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, device, time.time()))
+        progress.install(spec.rank)
         result = fn(*args, **kwargs)
     except SystemExit as exc:  # sys.exit(n) in a rank: it ends, like a script would
         _flush()
@@ -248,12 +197,12 @@ def _serve(
         print(exc.code, file=sys.stderr)
         return 1
     except BaseException as exc:  # noqa: BLE001 - everything the function raises is reported
-        _report_failure(send, exc, spec.rank, pid)
+        _report_failure(channel, exc, spec.rank, pid)
         return 1
     try:
         data = dumps(result)
     except Exception as exc:  # noqa: BLE001
-        from .errors import SerializationError
+        from ..errors import SerializationError
 
         err = SerializationError(
             f"rank {spec.rank} returned a {type(result).__module__}.{type(result).__qualname__}"
@@ -261,20 +210,20 @@ def _serve(
             f"back to the notebook ({type(exc).__name__}: {exc}). Return plain data, tensors "
             "or numbers; save anything else to a file and return its path."
         )
-        _report_failure(send, err, spec.rank, pid)
+        _report_failure(channel, err, spec.rank, pid)
         return 1
     _flush()
-    _runtime.emit(WorkerFinished(spec.rank, time.time(), _runtime.barriers_entered()))
-    send(("result", data))
+    runtime.emit(WorkerFinished(spec.rank, time.time(), runtime.barriers_entered()))
+    channel.send(Returned(data))
     _teardown()
     return 0
 
 
-def _report_failure(send: Any, exc: BaseException, rank: int, pid: int) -> None:
+def _report_failure(channel: Channel, exc: BaseException, rank: int, pid: int) -> None:
     _flush()
     failure = exception_to_failure(exc, rank, pid, time.time(), skip_file=__file__)
     try:
-        send(("failed", failure, dump_exception(exc)))
+        channel.send(Raised(failure, dump_exception(exc)))
     except (OSError, EOFError):
         pass
 
@@ -297,7 +246,7 @@ def _teardown() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m notebook_launcher._spawn CONN OUT ERR LISTEN|- PARENT_PID`` (spawn)."""
+    """``python -m notebook_launcher._worker CONN OUT ERR LISTEN|- PARENT_PID`` (spawn)."""
     argv = sys.argv[1:] if argv is None else argv
     conn_fd, out_fd, err_fd = (int(a) for a in argv[:3])
     listen_fd = int(argv[3]) if len(argv) > 3 and argv[3] != "-" else None

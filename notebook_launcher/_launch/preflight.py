@@ -1,4 +1,4 @@
-"""Small named checks run before anything starts; each error says how to fix it."""
+"""Small named checks run in the kernel before anything starts; each error says how to fix it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .errors import PreflightError
+from .._posix import die_with_parent, quiet_fork
+from ..errors import PreflightError
 
 START_METHODS = ("fork", "spawn", "forkserver")
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
@@ -97,6 +98,18 @@ def check_nodes(num_nodes: Any, node_rank: Any) -> None:
         )
 
 
+def check_grace_period(grace_period: Any) -> float:
+    """Seconds between SIGTERM and SIGKILL when ranks are stopped: a number >= 0."""
+    if isinstance(grace_period, bool) or not isinstance(grace_period, (int, float)):
+        raise PreflightError(
+            f"grace_period must be a number of seconds (e.g. 1.0), got {grace_period!r} "
+            f"({type(grace_period).__name__})."
+        )
+    if not grace_period >= 0:  # also refuses NaN
+        raise PreflightError(f"grace_period must be >= 0 seconds, got {grace_period!r}.")
+    return float(grace_period)
+
+
 def check_unsupported(**options: tuple[Any, Any]) -> None:
     """Accelerate options we accept by name but do not implement yet: refuse non-defaults."""
     for name, (value, default) in options.items():
@@ -158,14 +171,8 @@ def fork_is_safe() -> bool:
 
 
 def _probe_fork() -> bool:
-    import warnings
-
-    from ._worker import die_with_parent
-
     parent = os.getpid()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    pid = quiet_fork()
     if pid == 0:
         code = 1
         try:

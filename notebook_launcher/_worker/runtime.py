@@ -6,19 +6,17 @@ entry installs a sender with :func:`install`; everywhere else (a plain script,
 worker-side API (``state``, ``utils``, ``accelerator``) imports this module and
 ``_events`` only: never the process machinery or the UI.
 
-Example (what ``wait_for_everyone`` does)::
+Example (what barrier telemetry does)::
 
-    from notebook_launcher import _runtime
+    from notebook_launcher._worker import runtime
     from notebook_launcher._events import BarrierEnter
-    if _runtime.active():
-        _runtime.emit(BarrierEnter(rank=..., index=..., location="cell.py:3",
-                                   kind="wait_for_everyone", time=time.time()))
+    if runtime.active():
+        runtime.emit(BarrierEnter(rank=..., index=..., location="cell.py:3",
+                                  kind="wait_for_everyone", time=time.time()))
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,16 +25,38 @@ _sender: Callable[[Any], None] | None = None
 _lock = threading.Lock()
 _count_lock = threading.Lock()
 _barriers_entered = 0
+_start_hooks: list[Callable[[], None]] = []
 
 #: Environment variable set in every worker the launcher starts.
 LAUNCHER_ENV = "NOTEBOOK_LAUNCHER_WORKER"
 
 
 def install(sender: Callable[[Any], None] | None) -> None:
-    """Install (or with ``None`` remove) the function that ships an event to the parent."""
-    global _sender, _barrier_counter
+    """Install (or with ``None`` remove) the function that ships an event to the parent.
+
+    Also starts the rank's barrier count afresh (a forked rank inherits the kernel's).
+    """
+    global _sender, _barriers_entered
     _sender = sender
-    _barriers_entered = 0
+    with _count_lock:
+        _barriers_entered = 0
+
+
+def on_rank_start(hook: Callable[[], None]) -> None:
+    """Register ``hook`` to run in every rank before the user's function.
+
+    Worker-side modules use it to forget state a forked rank inherited from the kernel
+    (``state`` registers its reset when imported), so the rank entry never has to know
+    which modules exist.
+    """
+    if hook not in _start_hooks:
+        _start_hooks.append(hook)
+
+
+def run_start_hooks() -> None:
+    """Called by the rank entry once the environment is set, before the function."""
+    for hook in list(_start_hooks):
+        hook()
 
 
 def active() -> bool:
@@ -72,21 +92,3 @@ def next_barrier_index() -> int:
 def barriers_entered() -> int:
     """How many process-control barriers this rank has entered so far."""
     return _barriers_entered
-
-
-def caller_location(skip_modules: tuple[str, ...] = ("notebook_launcher",)) -> str:
-    """``"file:line"`` of the first stack frame outside ``skip_modules`` (the user's call site)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if not any(module == m or module.startswith(m + ".") for m in skip_modules) and not (
-            module.startswith("contextlib")
-        ):
-            filename = frame.f_code.co_filename
-            if filename.startswith("<ipython-input") or "ipykernel_" in filename:
-                short = filename
-            else:
-                short = os.path.basename(filename)
-            return f"{short}:{frame.f_lineno}"
-        frame = frame.f_back  # type: ignore[assignment]
-    return "<unknown>:0"

@@ -4,7 +4,7 @@ The worker entry calls :func:`install` right before the user's function runs. Fr
 on every tqdm bar created in the worker (``tqdm.tqdm``, ``tqdm.auto.tqdm``,
 ``tqdm.notebook.tqdm``, ``trange``, subclasses, and names imported *before* the
 launch, e.g. ``from tqdm.auto import tqdm`` at the top of the notebook) draws nothing
-and reports its state with :func:`notebook_launcher._runtime.emit` instead.
+and reports its state with :func:`notebook_launcher._worker.runtime.emit` instead.
 
 How: the one thing every tqdm class shares is ``tqdm.std.tqdm.__new__``. While
 installed, it hands out an instance of a per-class subclass that puts
@@ -20,13 +20,13 @@ This module must not import the UI (it runs in the worker).
 
 Example::
 
-    from notebook_launcher import _progress, _runtime
+    from notebook_launcher._worker import progress, runtime
     events = []
-    _runtime.install(events.append)
-    _progress.install(rank=0)
+    runtime.install(events.append)
+    progress.install(rank=0)
     for _ in tqdm(range(3)):
         pass
-    _progress.uninstall(); _runtime.install(None)
+    progress.uninstall(); runtime.install(None)
     assert events[-1].closed and events[-1].n == 3
 """
 
@@ -38,8 +38,8 @@ import threading
 import time
 from typing import Any
 
-from . import _runtime
-from ._events import ProgressUpdate
+from .._events import ProgressUpdate
+from . import runtime
 
 #: Seconds between two events of one bar (the final state is always sent).
 MIN_INTERVAL = 0.1
@@ -161,7 +161,7 @@ class _EventBar:
             )
         except Exception:  # noqa: BLE001 - a progress bar must never break training
             return
-        _runtime.emit(event)
+        runtime.emit(event)
 
 
 def _event_class(cls: type) -> type:

@@ -1,48 +1,39 @@
-"""The worker group: start ranks, pump what they send, stop them in stages.
+"""The worker group: start this node's ranks, pump what they send, stop them in stages.
 
-Who runs where, and what crosses which channel::
+Channels between the kernel and each rank (see :mod:`notebook_launcher.launcher` for the
+whole flow)::
 
-    kernel (parent)                                      worker (rank r)
-    ---------------                                      ---------------
-    WorkerGroup.start()  --fork / forkserver / spawn-->  _worker.run()
-      control socketpair  <== ("event", Event) ========   _runtime.emit()
-      (inherited fd,      <== ("result", bytes) =======   fn(*args) returned
-       never a listener)  <== ("failed", RankFailure) =   fn(*args) raised
-                          === spec, task (non-fork) ==>
-      stdout pipe         <== raw bytes (fd 1) ========   print(), C++ logs
+    kernel (WorkerGroup)                                 rank r (_worker.entry)
+      control socketpair  <== events, Returned/Raised ==   runtime.emit(), the function's end
+      (_wire.control)     === Setup, Task (non-fork) ==>
+      stdout pipe         <== raw bytes (fd 1) ========   print(), C++ logs, subprocesses
       stderr pipe         <== raw bytes (fd 2) ========   warnings, tracebacks
       pidfd (sentinel)    <-- readable when it exits
-    WorkerGroup.pump()   waits on all of these at once (no timer polling), turns
-                         bytes into rank-labelled Output lines, and hands every event
-                         to the launcher.
 
-This module knows nothing of torch or widgets; it imports only ``_events``,
-``errors`` and ``_serialization``'s plain helpers. A group is one launch today; its
-``start / pump / stop`` split is what a persistent group or a non-blocking handle
-will drive later.
+``pump()`` waits on all of these at once (no timer polling), turns bytes into
+rank-labelled :class:`~notebook_launcher._events.Output` lines, and hands every event
+and every exit to the caller's callbacks. Knows nothing of torch or widgets.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
-import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ._events import Event, Output
-from ._worker import WorkerSpec
-from .errors import LaunchError, RankFailure
+from .._events import Event, Output
+from .._posix import close_quietly, quiet_fork
+from .._spec import WorkerSpec
+from .._wire.control import Channel, Raised, Returned, Setup, Task
+from ..errors import RankFailure
+from . import forkserver
 
 # --- one worker process -------------------------------------------------------------------
 
@@ -51,12 +42,12 @@ from .errors import LaunchError, RankFailure
 class WorkerProcess:
     rank: int
     pid: int
-    conn: Connection
+    channel: Channel
     #: "stdout"/"stderr" -> the parent's read end; removed at EOF
     pipes: dict[str, int]
     pidfd: int
     popen: subprocess.Popen[bytes] | None = None
-    forkserver: ForkServer | None = None
+    server: forkserver.ForkServer | None = None  # our forkserver, when it is the parent
     returncode: int | None = None
     result: bytes | None = None
     failure: RankFailure | None = None
@@ -76,8 +67,8 @@ class WorkerProcess:
         if self.returncode is None:
             if self.popen is not None:
                 self.returncode = self.popen.wait()
-            elif self.forkserver is not None:
-                code = self.forkserver.wait_returncode(self.pid, report_timeout)
+            elif self.server is not None:
+                code = self.server.wait_returncode(self.pid, report_timeout)
                 self.returncode = code if code is not None else -int(signal.SIGKILL)
             else:
                 self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
@@ -110,35 +101,22 @@ class StartRequest:
     err_w: int
 
 
-def _quiet_fork() -> int:
-    with warnings.catch_warnings():
-        # Python 3.12+ warns about forking a multi-threaded process (Jupyter kernels
-        # always are). We fork only before any CUDA or process group exists in the
-        # parent, and the child touches none of the parent's threads' state.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return os.fork()
-
-
 def start_fork(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
-    from . import _worker
+    from .._worker import entry  # the child runs it: fork's one crossing to the rank side
 
     parent = os.getpid()
-    pid = _quiet_fork()
+    pid = quiet_fork()
     if pid == 0:  # child
-        for fd in parent_fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_quietly(*parent_fds)
         conn = Connection(req.child_conn.detach())
-        _worker.run(conn, req.out_w, req.err_w, req.listen_fd, parent, spec=req.spec, task=req.task)
+        entry.run(conn, req.out_w, req.err_w, req.listen_fd, parent, spec=req.spec, task=req.task)
     return _finish_start(req, pid)
 
 
 def start_spawn(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
     conn_fd = req.child_conn.fileno()
     fds = [conn_fd, req.out_w, req.err_w] + ([req.listen_fd] if req.listen_fd is not None else [])
-    argv = [sys.executable, "-m", "notebook_launcher._spawn", *map(str, fds[:3])]
+    argv = [sys.executable, "-m", "notebook_launcher._worker", *map(str, fds[:3])]
     argv.append(str(req.listen_fd) if req.listen_fd is not None else "-")
     argv.append(str(os.getpid()))
     popen = subprocess.Popen(
@@ -147,7 +125,7 @@ def start_spawn(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
         stdin=subprocess.DEVNULL,
         stdout=req.out_w,
         stderr=req.err_w,
-        env=child_env(),
+        env=forkserver.child_env(),
         cwd=req.spec.cwd or None,
     )
     proc = _finish_start(req, popen.pid, popen=popen)
@@ -156,12 +134,12 @@ def start_spawn(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
 
 
 def start_forkserver(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
-    server = get_forkserver()
+    server = forkserver.get()
     fds = [req.child_conn.fileno(), req.out_w, req.err_w]
     if req.listen_fd is not None:
         fds.append(req.listen_fd)
     pid = server.fork(fds, has_listen=req.listen_fd is not None)
-    proc = _finish_start(req, pid, forkserver=server)
+    proc = _finish_start(req, pid, server=server)
     _send_spec_and_task(proc, req)
     return proc
 
@@ -173,27 +151,16 @@ STARTERS: dict[str, Callable[[StartRequest, list[int]], WorkerProcess]] = {
 }
 
 
-def child_env() -> dict[str, str]:
-    """Environment for a fresh interpreter: ours, able to import this package."""
-    env = dict(os.environ)
-    env.pop("PYTEST_CURRENT_TEST", None)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    return env
-
-
 def _send_spec_and_task(proc: WorkerProcess, req: StartRequest) -> None:
-    proc.conn.send_bytes(pickle.dumps(req.spec, protocol=pickle.HIGHEST_PROTOCOL))
-    proc.conn.send_bytes(req.task)
+    proc.channel.send(Setup(req.spec))
+    proc.channel.send(Task(req.task))
 
 
 def _finish_start(
     req: StartRequest,
     pid: int,
     popen: subprocess.Popen[bytes] | None = None,
-    forkserver: ForkServer | None = None,
+    server: forkserver.ForkServer | None = None,
 ) -> WorkerProcess:
     """Parent side after the child exists: drop the child's ends, keep ours."""
     req.child_conn.close()
@@ -202,167 +169,15 @@ def _finish_start(
     return WorkerProcess(
         rank=req.spec.rank,
         pid=pid,
-        conn=req.parent_conn,
+        channel=Channel(req.parent_conn),
         pipes={"stdout": req.out_r, "stderr": req.err_r},
         pidfd=os.pidfd_open(pid),
         popen=popen,
-        forkserver=forkserver,
+        server=server,
     )
 
 
-# --- the forkserver -----------------------------------------------------------------------
-
-_HDR = struct.Struct("!I")
-
-
-def _send_msg(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
-    data = pickle.dumps(obj)
-    frame = _HDR.pack(len(data)) + data
-    if fds:
-        socket.send_fds(sock, [frame], fds)
-    else:
-        sock.sendall(frame)
-
-
-class ForkServer:
-    """A process that imported torch once and forks workers on request (CUDA-safe).
-
-    Talks to the kernel over an inherited socketpair only. It reports each child's
-    exit code (it is their parent), and dies with the kernel.
-    """
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._popen = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "notebook_launcher._forkserver",
-                str(theirs.fileno()),
-                str(os.getpid()),
-            ],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            env=child_env(),
-            cwd=os.getcwd(),
-        )
-        theirs.close()
-        self._sock = ours
-        self._lock = threading.Lock()
-        self._exits: dict[int, int] = {}
-        self._forked: list[int] = []
-        self._ready = False
-        self._dead = False
-        self._buf = b""
-        while not (self._ready or self._dead):
-            self._read(None)
-        if self._dead:
-            raise LaunchError(
-                "the forkserver failed to start (see the kernel's log for its error); "
-                "start_method='spawn' does not need it"
-            )
-
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
-    def alive(self) -> bool:
-        return not self._dead and self._popen.poll() is None
-
-    def _read(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` (None: forever) for data; take every complete message.
-
-        One read may bring several messages (two ranks exiting together): all are kept.
-        """
-        if self._dead or (timeout is not None and not wait([self._sock], timeout)):
-            return False
-        try:
-            data = self._sock.recv(65536)
-        except OSError:
-            data = b""
-        if not data:
-            self._dead = True  # it died: its children died with it (parent-death signal)
-            return False
-        self._buf += data
-        while len(self._buf) >= _HDR.size:
-            (size,) = _HDR.unpack_from(self._buf)
-            if len(self._buf) < _HDR.size + size:
-                break
-            msg = pickle.loads(self._buf[_HDR.size : _HDR.size + size])
-            self._buf = self._buf[_HDR.size + size :]
-            if msg[0] == "exited":
-                self._exits[int(msg[1])] = int(msg[2])
-            elif msg[0] == "forked":
-                self._forked.append(int(msg[1]))
-            elif msg[0] == "ready":
-                self._ready = True
-        return True
-
-    def fork(self, fds: list[int], has_listen: bool) -> int:
-        with self._lock:
-            _send_msg(self._sock, ("fork", has_listen), fds)
-            while not self._forked:
-                if self._dead:
-                    raise LaunchError("the forkserver died while starting a worker")
-                self._read(None)
-            return self._forked.pop(0)
-
-    def drain(self, timeout: float = 0.0) -> None:
-        """Take any exit reports waiting on the socket (waits up to ``timeout``)."""
-        with self._lock:
-            while self._read(timeout):
-                timeout = 0.0
-
-    def wait_returncode(self, pid: int, timeout: float) -> int | None:
-        deadline = time.monotonic() + timeout
-        while pid not in self._exits and not self._dead and time.monotonic() < deadline:
-            self.drain(min(0.05, max(0.0, deadline - time.monotonic())))
-        return self._exits.pop(pid, None)
-
-    def close(self) -> None:
-        try:
-            self._sock.close()
-        finally:
-            try:
-                self._popen.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                self._popen.kill()
-                self._popen.wait()
-
-
-_forkserver: ForkServer | None = None
-_forkserver_lock = threading.Lock()
-
-
-def get_forkserver() -> ForkServer:
-    global _forkserver
-    with _forkserver_lock:
-        if _forkserver is None or not _forkserver.alive():
-            _forkserver = ForkServer()
-            atexit.register(shutdown_forkserver)
-        return _forkserver
-
-
-def forkserver_pid() -> int | None:
-    server = _forkserver
-    return server.pid if server is not None and server.alive() else None
-
-
-def shutdown_forkserver() -> None:
-    """Stop the forkserver (it starts again on the next CUDA-safe launch)."""
-    global _forkserver
-    with _forkserver_lock:
-        if _forkserver is not None:
-            _forkserver.close()
-            _forkserver = None
-
-
 # --- the group ----------------------------------------------------------------------------
-
-Message = tuple[Any, ...]
 
 
 class WorkerGroup:
@@ -435,11 +250,12 @@ class WorkerGroup:
         """Fds a forked child must close: the parent's ends, its siblings', the listener."""
         fds = [req.parent_conn.fileno(), req.out_r, req.err_r]
         for p in self.procs:
-            fds += [p.conn.fileno(), p.pidfd, *p.pipes.values()]
+            fds += [p.channel.fileno(), p.pidfd, *p.pipes.values()]
         if self._listen is not None and req.listen_fd is None:
             fds.append(self._listen.fileno())
-        if _forkserver is not None and not _forkserver._dead:
-            fds.append(_forkserver.fileno())  # so the server sees EOF when the kernel dies
+        server_fd = forkserver.fileno_if_running()
+        if server_fd is not None:
+            fds.append(server_fd)  # so the server sees EOF when the kernel dies
         return fds
 
     # -- pump --------------------------------------------------------------------------
@@ -466,7 +282,7 @@ class WorkerGroup:
         waitables: dict[Any, tuple[str, WorkerProcess]] = {}
         for p in self.procs:
             if p.conn_open:
-                waitables[p.conn] = ("conn", p)
+                waitables[p.channel.conn] = ("conn", p)
             for stream, fd in p.pipes.items():
                 waitables[fd] = (stream, p)
             if not p.exited:
@@ -491,20 +307,16 @@ class WorkerGroup:
 
     def _read_conn(self, proc: WorkerProcess) -> None:
         try:
-            data = proc.conn.recv_bytes()
+            msg = proc.channel.recv()
         except (EOFError, OSError):
             proc.conn_open = False
             return
-        self._handle(proc, pickle.loads(data))
-
-    def _handle(self, proc: WorkerProcess, msg: Message) -> None:
-        kind = msg[0]
-        if kind == "event":
-            self._on_event(msg[1])
-        elif kind == "result":
-            proc.result = msg[1]
-        elif kind == "failed":
-            proc.failure, proc.exc_data = msg[1], msg[2]
+        if isinstance(msg, Returned):
+            proc.result = msg.data
+        elif isinstance(msg, Raised):
+            proc.failure, proc.exc_data = msg.failure, msg.exc_data
+        else:
+            self._on_event(msg)
 
     def _read_output(self, proc: WorkerProcess, stream: str) -> None:
         fd = proc.pipes.get(stream)
@@ -536,7 +348,7 @@ class WorkerGroup:
 
     def _drain(self, proc: WorkerProcess) -> None:
         """After a rank exited: take everything still buffered in its channels."""
-        while proc.conn_open and proc.conn.poll(0):
+        while proc.conn_open and proc.channel.poll(0):
             self._read_conn(proc)
         for stream in list(proc.pipes):
             while stream in proc.pipes:
@@ -585,11 +397,7 @@ class WorkerGroup:
                 p.reap(report_timeout=5.0)
                 self._drain(p)
                 self._on_exit(p)
-            for fd in (*p.pipes.values(), p.pidfd):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            close_quietly(*p.pipes.values(), p.pidfd)
             p.pipes.clear()
-            p.conn.close()
+            p.channel.close()
             p.conn_open = False

@@ -1,0 +1,207 @@
+"""From per-rank records to the truth about a run: pure functions, no processes.
+
+A run ends with what each rank reported (:class:`~notebook_launcher.errors.RankFailure`
+records, the times ranks returned, a rank found stranded in a barrier). :func:`diagnose`
+picks the root cause; :func:`exception_for` builds what the user catches. Both are plain
+functions of data, tested as a table (``tests/test_diagnosis.py``), and shared by one-shot
+launches and persistent sessions.
+
+The rule (torch elastic's ``ChildFailedError.get_first_failure``, refined):
+
+1. a rank stranded in a barrier by a peer that returned -- with no real failure -- means
+   the peer **left** (the program's ranks called different barriers);
+2. else the earliest rank that **raised** an exception of its own (not collateral: a gloo
+   "connection closed" is what a rank gets when another one went away);
+3. else the earliest rank that **died** (an exit code or a signal, no exception);
+4. else, when only collateral errors were raised and some rank had returned, that rank
+   **left** the others waiting in a collective;
+5. else the earliest collateral error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .._events import BarrierEnter
+from .._serialization import rebuild_exception
+from ..errors import (
+    LaunchFailure,
+    ProcessGroupMismatch,
+    RankFailedError,
+    RankFailure,
+    RemoteTraceback,
+    SerializationError,
+    WorkerDied,
+)
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """Rank ``waiter.rank`` waits in a barrier that ranks ``gone`` returned before reaching."""
+
+    waiter: BarrierEnter
+    gone: tuple[int, ...]
+
+    def where(self) -> str:
+        w = self.waiter
+        return f"{w.location} ({w.kind}, barrier #{w.index})"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The diagnosis of a run: ``kind`` is ``"ok"``, ``"raised"``, ``"died"`` or ``"left"``."""
+
+    kind: str
+    cause: RankFailure | None = None
+    #: every rank's record, the synthesised "left" one included, in time order
+    failures: tuple[RankFailure, ...] = ()
+    stranded: Stranded | None = None
+    #: ranks that returned, earliest first
+    returned: tuple[int, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.cause is None
+
+    @property
+    def failed_ranks(self) -> tuple[int, ...]:
+        return tuple(sorted({f.rank for f in self.failures if f.kind != "stopped"}))
+
+
+def _by_time(failures: Iterable[RankFailure]) -> list[RankFailure]:
+    return sorted(failures, key=lambda f: f.time)
+
+
+def diagnose(
+    failures: Iterable[RankFailure],
+    finished_at: Mapping[int, float],
+    stranded: Stranded | None = None,
+) -> Verdict:
+    """The root cause among ``failures``, given when ranks returned (``finished_at``)."""
+    records = _by_time(failures)
+    returned = tuple(sorted(finished_at, key=finished_at.__getitem__))
+
+    def verdict(kind: str, cause: RankFailure, extra: RankFailure | None = None) -> Verdict:
+        every = _by_time([*records, extra]) if extra is not None else records
+        return Verdict(kind, cause, tuple(every), stranded, returned)
+
+    own = [f for f in records if f.kind != "stopped" and not f.collateral]
+    if stranded is not None and not own:
+        first = stranded.gone[0]
+        left = RankFailure(
+            first,
+            "left",
+            message=f"rank {stranded.waiter.rank} still waited for it at {stranded.where()}",
+            time=finished_at.get(first, stranded.waiter.time),
+        )
+        return verdict("left", left, left)
+    real = [f for f in records if f.kind in ("raised", "died")]
+    if not real:
+        return Verdict("ok", None, tuple(records), stranded, returned)
+    raised = [f for f in real if f.kind == "raised" and not f.collateral]
+    if raised:
+        return verdict("raised", raised[0])
+    died = [f for f in real if f.kind == "died"]
+    if died:
+        return verdict("died", died[0])
+    if returned:  # only collateral errors: the waiting ranks lost a peer that had returned
+        left = RankFailure(returned[0], "left", time=finished_at[returned[0]])
+        return verdict("left", left, left)
+    return verdict("raised", real[0])
+
+
+def summary_line(verdict: Verdict, world_size: int, interrupted: bool = False) -> str:
+    """One line for the end of the run (the views put "N ranks, wall time" before it)."""
+    if interrupted:
+        return f"interrupted: all {world_size} ranks stopped"
+    if verdict.cause is None:
+        return f"all {world_size} ranks finished"
+    return verdict.cause.describe()
+
+
+def exception_for(
+    verdict: Verdict,
+    world_size: int,
+    exc_data: Mapping[int, bytes | None] | None = None,
+) -> BaseException:
+    """What the user catches for a failed run.
+
+    ``raised``: the rank's own exception (rebuilt from ``exc_data``) with its traceback as
+    ``__cause__`` and the launch summary as a note; :class:`RankFailedError` when it cannot
+    be rebuilt. ``died``: :class:`WorkerDied` with the exit code or signal and the last
+    lines the rank wrote. ``left``: :class:`ProcessGroupMismatch` naming who left and where
+    the others waited. Every one carries ``launch_failure`` (all ranks' records).
+    """
+    failure = verdict.cause
+    if failure is None:
+        raise ValueError("exception_for() needs a failed verdict")
+    report = LaunchFailure(failure, list(verdict.failures), world_size)
+    if verdict.kind == "left":
+        return _left_error(verdict, report)
+    if verdict.kind == "died":
+        return _died_error(failure, world_size, report)
+    exc = rebuild_exception((exc_data or {}).get(failure.rank), failure)
+    note = f"Raised on rank {failure.rank} of {world_size}.\n{report.summary()}"
+    if exc is None:
+        message = f"rank {failure.rank} raised {failure.exc_type}: {failure.message}\n{note}"
+        if "SerializationError" in (failure.exc_type or ""):
+            exc = SerializationError(message)
+        else:
+            exc = RankFailedError(message, report)
+        exc.__cause__ = RemoteTraceback(failure.rank, failure.traceback)
+    elif hasattr(exc, "add_note"):
+        exc.add_note(note)
+    try:
+        exc.launch_failure = report  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    return exc
+
+
+def _died_error(failure: RankFailure, world_size: int, report: LaunchFailure) -> WorkerDied:
+    tail = failure.message.strip()
+    hint = (
+        " It was killed from outside (out of memory is a common reason: check `dmesg`)."
+        if failure.signal_name == "SIGKILL"
+        else ""
+    )
+    how = failure.describe().split(": ", 1)[1]
+    return WorkerDied(
+        f"rank {failure.rank} of {world_size} died without raising an exception ({how}).{hint}\n"
+        + report.summary()
+        + (f"\nLast lines rank {failure.rank} wrote to stderr:\n{tail}" if tail else ""),
+        report,
+    )
+
+
+def _left_error(verdict: Verdict, report: LaunchFailure) -> ProcessGroupMismatch:
+    """Some rank returned while others still waited for it: say who, and where."""
+    stuck = [f for f in verdict.failures if f.kind == "raised"]
+    if verdict.stranded is not None:
+        left = list(verdict.stranded.gone)
+        waiting = (
+            f"rank {verdict.stranded.waiter.rank} still waited for them at "
+            f"{verdict.stranded.where()}"
+        )
+    else:
+        left = list(verdict.returned)
+        first = stuck[0]
+        got = first.message.strip().splitlines()[0] if first.message else ""
+        waiting = (
+            f"rank(s) {sorted({f.rank for f in stuck})} still waited for them in a "
+            f"collective or barrier (rank {first.rank} got {first.exc_type}: {got[:200]})"
+        )
+    err = ProcessGroupMismatch(
+        f"rank(s) {left} returned from the function while {waiting}. Every rank must "
+        "call the same collectives (barrier, all_reduce, wait_for_everyone, gather...) "
+        "in the same order; look for one inside an `if` that only some ranks take, or a "
+        "rank that returns early.\n" + report.summary(),
+        report,
+    )
+    if stuck:
+        err.__cause__ = RemoteTraceback(stuck[0].rank, stuck[0].traceback)
+    return err
+
+
+__all__ = ["Stranded", "Verdict", "diagnose", "exception_for", "summary_line"]

@@ -1,0 +1,187 @@
+"""Validate and preflight a launch: from the user's arguments to a :class:`LaunchPlan`.
+
+Everything that can be refused is refused here, before any process starts: the
+arguments, the state of the kernel (a process group or a ``PartialState`` already created,
+CUDA initialised), the start method, and the rendezvous port (bound now, so no other
+process can take it). The plan holds one :class:`~notebook_launcher._spec.WorkerSpec` per
+local rank and the task in the form the start method needs. Shared by one-shot launches
+and persistent sessions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._events import LaunchStarted
+from .._serialization import dumps_checked, payload_size_warning
+from .._spec import WorkerSpec
+from ..errors import LargePayloadWarning
+from . import preflight
+
+#: Imported in the kernel before forking, so that every rank inherits them instead of
+#: importing them itself (tqdm's patch and the state module are used by most functions).
+FORK_PRELOAD = ("notebook_launcher._worker.progress", "tqdm.std", "notebook_launcher.state")
+
+
+@dataclass
+class LaunchPlan:
+    """What a launch will start, decided before anything starts."""
+
+    specs: list[WorkerSpec]
+    start_method: str
+    #: one line: why this start method (and a replaced port)
+    reason: str
+    #: the rendezvous store's listening socket (rank 0 gets it); None on nodes > 0
+    listen: socket.socket | None
+    num_nodes: int
+    node_rank: int
+    grace_period: float
+
+    @property
+    def world_size(self) -> int:
+        return self.specs[0].world_size
+
+    @property
+    def ranks(self) -> list[int]:
+        return [s.rank for s in self.specs]
+
+    def started_event(self) -> LaunchStarted:
+        first = self.specs[0]
+        return LaunchStarted(
+            world_size=first.world_size,
+            local_world_size=len(self.specs),
+            node_rank=self.node_rank,
+            num_nodes=self.num_nodes,
+            start_method=self.start_method,
+            start_reason=self.reason,
+            master_addr=first.master_addr,
+            master_port=first.master_port,
+            backend=first.backend,
+            ranks=tuple(self.ranks),
+            time=time.time(),
+        )
+
+    def close(self) -> None:
+        """Release the listening socket if nobody took it (a launch that never started)."""
+        if self.listen is not None:
+            self.listen.close()
+            self.listen = None
+
+
+def plan_launch(
+    function: Callable[..., Any] | None,
+    num_processes: int | None,
+    *,
+    mixed_precision: str = "no",
+    use_port: str | int | None = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    start_method: str | None = None,
+    grace_period: Any = 1.0,
+    unsupported: dict[str, tuple[Any, Any]] | None = None,
+) -> LaunchPlan:
+    """Check everything, choose the start method, bind the rendezvous port.
+
+    ``function`` is checked when given (a session has none at start). Raises
+    :class:`~notebook_launcher.errors.PreflightError` naming the fix.
+    """
+    if function is not None:
+        preflight.check_function(function)
+    preflight.check_nodes(num_nodes, node_rank)
+    grace = preflight.check_grace_period(grace_period)
+    preflight.check_unsupported(**(unsupported or {}))
+    gpus = preflight.cuda_device_count()
+    nprocs = preflight.resolve_num_processes(num_processes, gpus)
+    precision = preflight.check_mixed_precision(mixed_precision, gpus)
+    preflight.check_no_process_group_in_parent()
+    state = sys.modules.get("notebook_launcher.state")
+    preflight.check_no_state_in_parent(getattr(state, "state_in_use", None))
+    cuda_init = preflight.cuda_initialized()
+    wants_fork = start_method in (None, "auto", "fork") and not cuda_init
+    fork_safe = preflight.fork_is_safe() if wants_fork else True  # may fork a probe
+    method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe)
+    listen, port, port_note = preflight.bind_rendezvous(master_addr, use_port, node_rank)
+    if port_note:
+        reason += f"; {port_note}, using {port}"
+    threads = 1 if (method == "fork" and not fork_safe) else threads_per_rank(nprocs)
+    specs = _specs(
+        nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method, threads
+    )
+    return LaunchPlan(specs, method, reason, listen, num_nodes, node_rank, grace)
+
+
+def prepare_task(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str) -> Any:
+    """The task as the start method needs it: the objects themselves for ``fork`` (the
+    child inherits them), cloudpickled bytes otherwise (checked, naming what fails)."""
+    if method == "fork":
+        for name in FORK_PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
+        return (function, args, kwargs)
+    data = dumps_checked((function, args, kwargs), "the launched function and its args")
+    note = payload_size_warning(len(data))
+    if note:
+        warnings.warn(note, LargePayloadWarning, stacklevel=4)
+    return data
+
+
+def threads_per_rank(nprocs: int) -> int | None:
+    """CPU threads for each rank's torch ops: the cores shared out, unless the user chose
+    (OMP_NUM_THREADS), so that N ranks do not fight over the same cores."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // nprocs)
+
+
+def _specs(
+    nprocs: int,
+    num_nodes: int,
+    node_rank: int,
+    master_addr: str,
+    port: int,
+    gpus: int,
+    precision: str,
+    method: str,
+    threads: int | None,
+) -> list[WorkerSpec]:
+    extra = {
+        "ACCELERATE_MIXED_PRECISION": precision,
+        "NOTEBOOK_LAUNCHER_START_METHOD": method,
+    }
+    env = extra if method == "fork" else {**os.environ, **extra}
+    return [
+        WorkerSpec(
+            rank=node_rank * nprocs + local,
+            local_rank=local,
+            world_size=nprocs * num_nodes,
+            local_world_size=nprocs,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=port,
+            backend="nccl" if gpus else "gloo",
+            env=env,
+            cwd=os.getcwd(),
+            sys_path=list(sys.path),
+            replace_environ=method != "fork",
+            num_threads=threads,
+        )
+        for local in range(nprocs)
+    ]
+
+
+__all__ = ["FORK_PRELOAD", "LaunchPlan", "plan_launch", "prepare_task", "threads_per_rank"]

@@ -1,0 +1,161 @@
+"""What one run's ranks reported, folded into per-rank records as it happens.
+
+The worker group calls :meth:`RunRecord.on_event` for every event and output line and
+:meth:`RunRecord.on_exit` once per rank that ended. The record keeps results, failures,
+each rank's stderr tail (the last words of a rank that dies) and barrier progress (a rank
+stranded in a barrier by a peer that returned), and says as soon as the run has failed so
+that the launcher stops the other ranks. It judges nothing: :mod:`.diagnosis` does, from
+:meth:`RunRecord.verdict`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from .._events import (
+    BarrierEnter,
+    BarrierExit,
+    Event,
+    Output,
+    WorkerExited,
+    WorkerFailed,
+    WorkerFinished,
+    WorkerStopped,
+)
+from .._serialization import loads
+from ..errors import RankFailure, signal_name
+from .diagnosis import Stranded, Verdict, diagnose
+from .group import WorkerProcess
+
+STDERR_TAIL_LINES = 400
+DIED_REPORT_LINES = 25
+
+
+class BarrierTracker:
+    """Finds a rank waiting in barrier #i for a rank that returned after entering fewer
+    than i+1 barriers: it would wait forever (NCCL does not even notice the peer is gone)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, BarrierEnter] = {}
+        self.entered_by_returned: dict[int, int] = {}
+        self.stranded: Stranded | None = None
+
+    def on_event(self, event: Event) -> bool:
+        """Fold ``event`` in; True when it reveals a stranded rank (the first time)."""
+        if isinstance(event, BarrierEnter):
+            self.waiting[event.rank] = event
+        elif isinstance(event, BarrierExit):
+            self.waiting.pop(event.rank, None)
+            return False
+        elif isinstance(event, WorkerFinished) and event.barriers >= 0:
+            self.entered_by_returned[event.rank] = event.barriers
+        else:
+            return False
+        if self.stranded is not None:
+            return False
+        for waiter in self.waiting.values():
+            gone = [r for r, n in self.entered_by_returned.items() if n <= waiter.index]
+            if gone:
+                self.stranded = Stranded(waiter, tuple(sorted(gone)))
+                return True
+        return False
+
+
+class RunRecord:
+    """Per-rank results and failures of one run on this node."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        self.ranks = ranks
+        self.results: dict[int, Any] = {}
+        self.failures: list[RankFailure] = []
+        self.exc_data: dict[int, bytes | None] = {}
+        self.finished_at: dict[int, float] = {}
+        self.stderr_tail: dict[int, deque[str]] = {
+            r: deque(maxlen=STDERR_TAIL_LINES) for r in ranks
+        }
+        self.barriers = BarrierTracker()
+        #: set by the caller once it began stopping the ranks (their exits are not failures)
+        self.stopping = False
+        self.interrupted = False
+        self.failed = False
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, Output):
+            if event.stream == "stderr":
+                self.stderr_tail[event.rank].append(event.text)
+        elif self.barriers.on_event(event):
+            self.failed = True
+
+    def on_exit(self, proc: WorkerProcess) -> list[Event]:
+        """Record how rank ``proc.rank`` ended; returns the events that tell the views."""
+        now = time.time()
+        code = proc.returncode
+        if proc.result is not None:
+            try:
+                self.results[proc.rank] = loads(proc.result)
+            except Exception as exc:  # noqa: BLE001 - whatever unpickling raises
+                self._fail(
+                    RankFailure(
+                        proc.rank,
+                        "raised",
+                        proc.pid,
+                        "notebook_launcher.errors.SerializationError",
+                        f"the result of rank {proc.rank} could not be unpickled in the "
+                        f"kernel: {type(exc).__name__}: {exc}",
+                        time=now,
+                    ),
+                    None,
+                )
+                return []
+            self.finished_at[proc.rank] = now
+            return []
+        if proc.failure is not None:
+            f = proc.failure
+            self._fail(f, proc.exc_data)
+            return [
+                WorkerFailed(f.rank, f.exc_type or "", f.message, f.traceback, f.collateral, now)
+            ]
+        if code == 0:  # sys.exit(0): a clean end with nothing to return
+            self.results[proc.rank] = None
+            self.finished_at[proc.rank] = now
+            return [WorkerFinished(proc.rank, now)]
+        if self.stopping and code is not None and code < 0:
+            self.failures.append(RankFailure(proc.rank, "stopped", proc.pid, time=now))
+            reason = "interrupted" if self.interrupted else "another rank failed"
+            return [WorkerStopped(proc.rank, reason, now)]
+        sig = signal_name(code)
+        self._fail(
+            RankFailure(
+                proc.rank,
+                "died",
+                proc.pid,
+                exitcode=code,
+                signal_name=sig,
+                message=last_words(self.stderr_tail[proc.rank]),
+                time=now,
+            ),
+            None,
+        )
+        return [WorkerExited(proc.rank, proc.pid, code, sig, now)]
+
+    def _fail(self, failure: RankFailure, exc_data: bytes | None) -> None:
+        self.failures.append(failure)
+        self.exc_data[failure.rank] = exc_data
+        self.failed = True
+
+    def verdict(self) -> Verdict:
+        return diagnose(self.failures, self.finished_at, self.barriers.stranded)
+
+
+def last_words(lines: deque[str] | list[str]) -> str:
+    """What a dead rank wrote last; from its fatal-error banner (segfault) when there is one."""
+    text = list(lines)
+    for i in range(len(text) - 1, -1, -1):
+        if text[i].startswith("Fatal Python error"):
+            return "".join(text[i : i + DIED_REPORT_LINES])
+    return "".join(text[-DIED_REPORT_LINES:])
+
+
+__all__ = ["BarrierTracker", "RunRecord", "last_words"]

@@ -1,0 +1,36 @@
+"""What the kernel tells a rank about itself before it starts: plain data, no torch.
+
+Bottom layer: imported by the kernel side (``_launch``), which builds one spec per rank,
+and by the rank side (``_worker``), which applies it. With ``fork`` the child inherits the
+object; otherwise it travels pickled as the first message of the control channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WorkerSpec:
+    """One rank's identity, rendezvous and environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    backend: str
+    #: Variables the rank adds to its environment (all of it when ``replace_environ``).
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    sys_path: list[str] = field(default_factory=list)
+    #: True when the rank does not inherit the kernel's environment (forkserver, spawn).
+    replace_environ: bool = False
+    pg_timeout_s: float = 1800.0
+    #: torch's intra-op threads in the rank (None: leave torch's default).
+    num_threads: int | None = None
+
+
+__all__ = ["WorkerSpec"]

@@ -1,0 +1,93 @@
+"""The control channel between the kernel and one rank.
+
+Each rank has a private ``AF_UNIX`` socketpair with the kernel (inherited, never a
+listener). Frames are ``multiprocessing.connection`` messages holding one standard pickle
+of one message object below (payloads that need cloudpickle -- the user's function, its
+results, its exceptions -- travel inside as ``bytes``, pickled by ``_serialization``)::
+
+    kernel                                        rank
+      ---- Setup(spec) --------------------------->   only when the rank did not inherit it
+      ---- Task(data) ---------------------------->   (fork: the child inherits the task)
+      <--- any _events event ----------------------   progress, barriers, started/finished
+      <--- Returned(data) | Raised(failure, exc) ---   how the function ended
+
+Events travel bare (they are the hot path: progress bars and barriers); everything else is
+one of the classes here, so the kernel dispatches on type, never on strings.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .._spec import WorkerSpec
+from ..errors import RankFailure
+
+# --- kernel -> rank ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Who the rank is (sent first when it did not inherit its spec)."""
+
+    spec: WorkerSpec
+
+
+@dataclass(frozen=True)
+class Task:
+    """The function to run with its arguments: cloudpickled ``(fn, args, kwargs)``."""
+
+    data: bytes
+
+
+# --- rank -> kernel ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Returned:
+    """The function returned; ``data`` is its cloudpickled value."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The function raised: the record, and the pickled exception when it can travel."""
+
+    failure: RankFailure
+    exc_data: bytes | None
+
+
+def encode(message: Any) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+class Channel:
+    """One end of a control channel: ``send(message)`` and ``recv() -> message``."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def send(self, message: Any) -> None:
+        self.conn.send_bytes(encode(message))
+
+    def recv(self) -> Any:
+        return decode(self.conn.recv_bytes())
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return self.conn.poll(timeout)
+
+    def fileno(self) -> int:
+        return self.conn.fileno()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+__all__ = ["Channel", "Raised", "Returned", "Setup", "Task", "decode", "encode"]
