@@ -12,9 +12,12 @@ report. They run in strict mode: every cell's output is compared with the stored
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -39,19 +42,36 @@ def test_notebooks_are_the_four_of_the_course() -> None:
     ]
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_is_in_step_with_its_source(name: str) -> None:
-    """The .ipynb holds the cells of notebooks/_build.py, the shipped kernel, and outputs."""
+def _build_module() -> Any:
+    """notebooks/_build.py, which reads the notebooks' jupytext sources."""
     sys.path.insert(0, str(NOTEBOOK_DIR))
     try:
-        import _build  # type: ignore[import-not-found]
+        import _build
     finally:
         sys.path.remove(str(NOTEBOOK_DIR))
+    return _build
+
+
+def test_every_notebook_has_its_jupytext_source() -> None:
+    sources = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"))
+    assert sources == [Path(name).stem for name in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_in_step_with_its_source(name: str) -> None:
+    """The .ipynb holds the cells of its notebooks/NN_name.py, the shipped kernel, and outputs."""
+    source = NOTEBOOK_DIR / f"{Path(name).stem}.py"
     stored = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
-    built = _build.build(name)
-    assert [(c["cell_type"], c["source"]) for c in stored["cells"]] == [
-        (c["cell_type"], c["source"]) for c in built.cells
-    ], f"{name} differs from notebooks/_build.py: run `python notebooks/_build.py {name}`"
+    built = _build_module().build(name)  # jupytext.read(source, fmt="py:percent")
+
+    def cells(nb: Any) -> list[tuple[str, str, list[str]]]:
+        return [(c["cell_type"], c["source"], c["metadata"].get("tags", [])) for c in nb["cells"]]
+
+    assert len(built.cells) > 1, f"{source} was read as one cell: is it in percent format?"
+    assert cells(stored) == cells(built), (
+        f"{name} differs from {source.name}: run `python notebooks/_build.py {Path(name).stem}`"
+        " (or `jupytext --sync` after editing the .ipynb, see notebooks/README.md)"
+    )
     assert stored["metadata"]["kernelspec"] == {
         "name": KERNEL_NAME,
         "display_name": DISPLAY_NAME,
@@ -59,6 +79,63 @@ def test_notebook_is_in_step_with_its_source(name: str) -> None:
     }
     code_cells = [c for c in stored["cells"] if c["cell_type"] == "code"]
     assert all(c["execution_count"] is not None for c in code_cells), f"{name} was not executed"
+
+
+def _this_machines_paths() -> list[str]:
+    """Folders of this machine that a notebook executed here could name."""
+    folders = {
+        str(ROOT),
+        PACKAGE_PARENT,
+        sys.prefix,
+        sys.base_prefix,
+        str(Path(sys.executable).parent),
+        str(Path.home()),
+        tempfile.gettempdir(),
+    }
+    folders |= {os.path.realpath(f) for f in folders}
+    return sorted(f.rstrip("/") for f in folders if f.rstrip("/"))
+
+
+#: An absolute path under a folder that only a machine has, wherever the notebook was run.
+_ABSOLUTE_PATH = re.compile(
+    r"(?<![\w.:/<~])/(?:tmp|work|root|home|Users|private|var|opt|usr|mnt|srv|scratch)/[^\s\"'<>]*"
+)
+
+
+def _stored_strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in _stored_strings(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _stored_strings(v)]
+    return []
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_stored_notebook_names_no_machine_paths(name: str) -> None:
+    """Outputs, cell metadata and notebook metadata (widget state) name no machine's folders.
+
+    The build replaces them with placeholders (``<repo>``, ``<venv>``, ``<tmp>``, ``<cell>``,
+    ``~``); the cell sources are ours and are not scanned.
+    """
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    stored = [dict(nb["metadata"])]
+    stored += [{k: v for k, v in cell.items() if k != "source"} for cell in nb["cells"]]
+    patterns: list[str | re.Pattern[str]] = [
+        re.escape(folder) + r"(?![\w.-])" for folder in _this_machines_paths()
+    ]
+    patterns.append(_ABSOLUTE_PATH)
+    found = [
+        f"{m.group()!r} in ...{text[max(0, m.start() - 80) : m.end() + 80]!r}..."
+        for text in _stored_strings(stored)
+        for pattern in patterns
+        for m in re.finditer(pattern, text)
+    ]
+    assert not found, (
+        f"{name} stores machine paths (re-run `python notebooks/_build.py {Path(name).stem}`):\n"
+        + "\n".join(found)
+    )
 
 
 @pytest.fixture(scope="module")
