@@ -53,6 +53,9 @@ class RankFailure:
     signal_name: str | None = None
     collateral: bool = False
     time: float = 0.0
+    #: what the launcher knows of a death that the exit code does not say (e.g. "it died
+    #: while receiving its task"; "its forkserver process died")
+    context: str = ""
 
     def describe(self) -> str:
         if self.kind == "raised":

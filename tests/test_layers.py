@@ -29,7 +29,7 @@ pytestmark = pytest.mark.unit
 PACKAGE = Path(notebook_launcher.__file__).resolve().parent
 PKG = "notebook_launcher"
 
-BOTTOM = ("errors", "_events", "_spec", "_posix", "_serialization", "_wire")
+BOTTOM = ("errors", "_events", "_spec", "_posix", "_serialization", "_settings", "_wire")
 WORKER_API = (
     "state",
     "accelerator",

@@ -126,6 +126,7 @@ class RunRecord:
             reason = "interrupted" if self.interrupted else "another rank failed"
             return [WorkerStopped(proc.rank, reason, now)]
         sig = signal_name(code)
+        context = proc.note or (f"it died while {proc.stage}" if proc.stage != "running" else "")
         self._fail(
             RankFailure(
                 proc.rank,
@@ -135,6 +136,7 @@ class RunRecord:
                 signal_name=sig,
                 message=last_words(self.stderr_tail[proc.rank]),
                 time=now,
+                context=context,
             ),
             None,
         )

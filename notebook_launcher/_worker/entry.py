@@ -24,8 +24,9 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+from .. import _settings
 from .._events import WorkerFinished, WorkerStarted
-from .._posix import die_with_parent
+from .._posix import die_with_parent, guard_process_group, lead_own_process_group
 from .._serialization import dump_exception, dumps, exception_to_failure, loads
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Returned, Setup, Task
@@ -148,6 +149,8 @@ def run(
     channel = Channel(conn)
     try:
         die_with_parent(expected_parent)
+        lead_own_process_group()  # the kernel's interrupts are not ours; our children are
+        guard_process_group()  # ...and they die with us, even if the kernel is killed
         _reset_signals()
         _redirect_output(out_fd, err_fd)
         if spec is None:
@@ -187,6 +190,8 @@ def _serve(
         device = _init_process_group(spec, listen_fd)
         if listen_fd is not None:
             os.close(listen_fd)
+        if spec.settings is not None:  # what a forked rank inherits (and `random`)
+            _settings.apply(spec.settings, spec.local_rank if spec.backend == "nccl" else None)
         runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, device, time.time()))
         progress.install(spec.rank)
         result = fn(*args, **kwargs)

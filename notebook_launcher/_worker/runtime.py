@@ -21,14 +21,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._spec import LAUNCHER_ENV
+
 _sender: Callable[[Any], None] | None = None
 _lock = threading.Lock()
 _count_lock = threading.Lock()
 _barriers_entered = 0
 _start_hooks: list[Callable[[], None]] = []
-
-#: Environment variable set in every worker the launcher starts.
-LAUNCHER_ENV = "NOTEBOOK_LAUNCHER_WORKER"
 
 
 def install(sender: Callable[[Any], None] | None) -> None:
@@ -92,3 +91,15 @@ def next_barrier_index() -> int:
 def barriers_entered() -> int:
     """How many process-control barriers this rank has entered so far."""
     return _barriers_entered
+
+
+__all__ = [
+    "LAUNCHER_ENV",
+    "active",
+    "barriers_entered",
+    "emit",
+    "install",
+    "next_barrier_index",
+    "on_rank_start",
+    "run_start_hooks",
+]
