@@ -37,6 +37,8 @@ class WorkerSpec:
     num_threads: int | None = None
     #: the kernel's RNG and torch settings (``_settings.capture``), applied in the rank
     settings: dict[str, Any] | None = None
+    #: a session's rank: after its set-up it serves tasks until told to leave
+    session: bool = False
 
 
 __all__ = ["LAUNCHER_ENV", "WorkerSpec"]

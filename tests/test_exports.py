@@ -25,10 +25,13 @@ EXPECTED = {
     "ProcessGroupMismatch",
     "RankFailedError",
     "SerializationError",
+    "Session",
+    "SessionBroken",
     "WorkerDied",
     "__version__",
     "notebook_launcher",
     "skip_first_batches",
+    "start",
 }
 
 

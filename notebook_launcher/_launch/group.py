@@ -32,7 +32,7 @@ from typing import Any
 from .._events import Event, Output, WorkerStarted
 from .._posix import close_quietly, deferred_interrupts, kill_process_group, quiet_fork
 from .._spec import WorkerSpec
-from .._wire.control import Channel, Raised, Returned, Setup, Task
+from .._wire.control import Channel, Raised, Reformed, Returned, Setup, Task
 from ..errors import RankFailure
 from . import forkserver
 
@@ -224,13 +224,18 @@ class WorkerGroup:
         on_event: Callable[[Event], None],
         on_exit: Callable[[WorkerProcess], None],
         grace: float = 1.0,
+        on_message: Callable[[WorkerProcess, Any], None] | None = None,
     ) -> None:
+        """``on_message(proc, message)``, when given, receives every control message
+        that is not an event (a session's per-task outcomes); without it a rank's one
+        ``Returned``/``Raised`` is kept on its :class:`WorkerProcess`."""
         self.specs = specs
         self.start_method = start_method
         self._task = task
         self._listen = listen_sock
         self._on_event = on_event
         self._on_exit = on_exit
+        self._on_message = on_message
         self.grace = grace
         self.procs: list[WorkerProcess] = []
         self._kill_at: float | None = None
@@ -261,7 +266,8 @@ class WorkerGroup:
                 ):  # a fresh process: tell it who it is, and what to do
                     proc.stage = "receiving its task"
                     self.send(proc, Setup(spec))
-                    self.send(proc, Task(self._task))
+                    if self._task is not None:  # a session's ranks get theirs later
+                        self.send(proc, Task(self._task))
         except BaseException:
             self.close()
             raise
@@ -331,8 +337,11 @@ class WorkerGroup:
     def finished(self) -> bool:
         return all(p.exited for p in self.procs)
 
-    def pump(self, timeout: float | None) -> None:
-        """Wait up to ``timeout`` for anything from any rank, and handle all that is ready."""
+    def pump(self, timeout: float | None, wake: int | None = None) -> None:
+        """Wait up to ``timeout`` for anything from any rank, and handle all that is ready.
+
+        ``wake``: another fd to wait on (a pipe another thread writes to, to end the wait);
+        it is not read here."""
         if self._kill_at is not None:
             now = time.monotonic()
             if now >= self._kill_at:
@@ -350,9 +359,12 @@ class WorkerGroup:
                 waitables[fd] = (stream, p)
             if not p.exited:
                 waitables[p.pidfd] = ("exit", p)
+        if wake is not None:
+            waitables[wake] = ("wake", None)  # type: ignore[assignment]
         if not waitables:
             return
         ready = wait(list(waitables), timeout)
+        ready = [obj for obj in ready if obj != wake]
         for obj in ready:
             kind, proc = waitables[obj]
             if kind == "conn":
@@ -374,13 +386,16 @@ class WorkerGroup:
         except (EOFError, OSError):
             proc.conn_open = False
             return
-        if isinstance(msg, Returned):
-            proc.result = msg.data
-        elif isinstance(msg, Raised):
-            proc.failure, proc.exc_data = msg.failure, msg.exc_data
+        if isinstance(msg, WorkerStarted):
+            proc.stage = "running"
+        if isinstance(msg, (Returned, Raised, Reformed)):
+            if self._on_message is not None:
+                self._on_message(proc, msg)
+            elif isinstance(msg, Returned):
+                proc.result = msg.data
+            elif isinstance(msg, Raised):
+                proc.failure, proc.exc_data = msg.failure, msg.exc_data
         else:
-            if isinstance(msg, WorkerStarted):
-                proc.stage = "running"
             self._on_event(msg)
 
     def _read_output(self, proc: WorkerProcess, stream: str) -> None:
@@ -448,6 +463,22 @@ class WorkerGroup:
     def kill(self) -> None:
         for p in self.running:
             p.send_signal(signal.SIGKILL)
+
+    def route(
+        self,
+        on_event: Callable[[Event], None],
+        on_exit: Callable[[WorkerProcess], None],
+        on_message: Callable[[WorkerProcess, Any], None] | None,
+    ) -> None:
+        """Send what the ranks report to other callbacks from now on (a session hands its
+        group from its start-up to its pump)."""
+        self._on_event, self._on_exit, self._on_message = on_event, on_exit, on_message
+
+    def proc(self, rank: int) -> WorkerProcess:
+        for p in self.procs:
+            if p.rank == rank:
+                return p
+        raise KeyError(rank)
 
     def stop(self) -> None:
         """Staged stop, blocking until every rank is gone (a second Ctrl-C kills at once)."""

@@ -98,7 +98,9 @@ def _set_environment(spec: WorkerSpec) -> None:
             sys.path.insert(0, entry)
 
 
-def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> str:
+def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> tuple[str, Any]:
+    """Join the process group; returns the device and the store (a session re-forms its
+    group on the same store)."""
     from datetime import timedelta
 
     import torch
@@ -128,7 +130,7 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> str:
         dist.barrier(device_ids=[spec.local_rank])
     else:
         dist.barrier()
-    return device
+    return device, store
 
 
 def run(
@@ -182,18 +184,25 @@ def _serve(
     runtime.run_start_hooks()  # forget what a forked rank inherited (e.g. the state)
     pid = os.getpid()
     try:
-        if task is None:
+        if task is None and not spec.session:
             message = channel.recv()
             assert isinstance(message, Task), message
             task = loads(message.data)
-        fn, args, kwargs = task
-        device = _init_process_group(spec, listen_fd)
+        device, store = _init_process_group(spec, listen_fd)
         if listen_fd is not None:
             os.close(listen_fd)
         if spec.settings is not None:  # what a forked rank inherits (and `random`)
             _settings.apply(spec.settings, spec.local_rank if spec.backend == "nccl" else None)
         runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, device, time.time()))
         progress.install(spec.rank)
+        if spec.session:  # stay, and serve the session's tasks
+            from . import session
+
+            code = session.serve(spec, channel, store, device)
+            _teardown()
+            return code
+        assert task is not None
+        fn, args, kwargs = task
         result = fn(*args, **kwargs)
     except SystemExit as exc:  # sys.exit(n) in a rank: it ends, like a script would
         _flush()

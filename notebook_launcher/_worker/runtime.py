@@ -88,6 +88,13 @@ def next_barrier_index() -> int:
     return index
 
 
+def reset_barrier_count() -> None:
+    """Start counting barriers afresh (a session rank, at the start of each task)."""
+    global _barriers_entered
+    with _count_lock:
+        _barriers_entered = 0
+
+
 def barriers_entered() -> int:
     """How many process-control barriers this rank has entered so far."""
     return _barriers_entered
@@ -101,5 +108,6 @@ __all__ = [
     "install",
     "next_barrier_index",
     "on_rank_start",
+    "reset_barrier_count",
     "run_start_hooks",
 ]
