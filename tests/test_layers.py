@@ -172,7 +172,15 @@ def test_the_rule_catches_what_it_should() -> None:
 
 
 def test_every_module_has_a_layer_or_is_an_orchestrator() -> None:
-    orchestrators = {"", "launcher", "ipython_extension", "__main__", "_demo", "_kernelspec"}
+    orchestrators = {
+        "",
+        "launcher",
+        "session",
+        "ipython_extension",
+        "__main__",
+        "_demo",
+        "_kernelspec",
+    }
     extra = {m for m, _ in modules() if layer_of(m) is None} - orchestrators
     assert not extra, f"modules without a layer (add them to tests/test_layers.py): {extra}"
 
