@@ -140,3 +140,96 @@ def test_notebook_types_keep_their_identity_in_every_start_method(kernel: object
     out, reply, error = run_cell(kernel, 'identity("fork")\nidentity("forkserver")')
     assert reply["status"] == "ok", "\n".join(error)
     assert "IDENTITY fork OK" in out and "IDENTITY forkserver OK" in out, out
+
+
+TRAIN = """
+    import torch
+    import torch.distributed as dist
+    from notebook_launcher import notebook_launcher
+
+    def train():
+        model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+        batch = torch.ones(3, 5) if dist.get_rank() == 1 else torch.ones(3, 4)
+        return model(batch).sum().item()  # rank 1's batch has the wrong width
+"""
+#: the line of TRAIN's cell that rank 1 fails on (IPython drops a cell's leading blank lines)
+TRAIN_LINE = (
+    textwrap.dedent(TRAIN)
+    .lstrip("\n")
+    .splitlines()
+    .index("    return model(batch).sum().item()  # rank 1's batch has the wrong width")
+    + 1
+)
+
+
+def test_an_uncaught_failure_reads_like_a_local_ipython_traceback(kernel: object) -> None:
+    out, reply, error = run_cell(kernel, TRAIN)
+    assert reply["status"] == "ok", error
+    train_cell = reply["execution_count"]
+    out, reply, tb = run_cell(kernel, "notebook_launcher(train, num_processes=2, dashboard=False)")
+    launch_cell = reply["execution_count"]
+    text = "\n".join(tb)
+    assert reply["status"] == "error" and reply["ename"] == "RuntimeError", text
+    # IPython's own header, once; no second exception in front of it
+    assert sum("Traceback (most recent call last)" in line for line in tb) == 1, text
+    assert "Remote" not in text and "Traceback from rank" not in text
+    # the caller's cell, then the rank's frames by cell name, with the source lines
+    assert f"Cell In[{launch_cell}], line 1" in text
+    rank_frame = f"Cell In[{train_cell}], line {TRAIN_LINE}, in train()"
+    assert rank_frame in text, text
+    assert "/tmp/ipykernel_" not in text
+    user_line = next(i for i, line in enumerate(tb) if line.startswith(f"----> {TRAIN_LINE}"))
+    assert "model(batch)" in tb[user_line]
+    # none of the launcher's frames, none of its machinery
+    for noise in ("launcher.py", "group.py", "selectors", "failed resolving", "_worker"):
+        assert noise not in text, (noise, text)
+    # torch's frames folded; the frame that raised and the error line close to the user's
+    assert "[... skipping hidden" in text
+    error_line = next(i for i, line in enumerate(tb) if line.startswith("RuntimeError: mat1"))
+    assert error_line - user_line <= 16, text
+    assert tb[error_line + 1] == "Raised on rank 1 of 2."
+    assert len(tb) <= 40, text  # the whole of it fits a screen
+
+
+def test_every_ranks_traceback_is_reachable_from_the_exception(kernel: object) -> None:
+    run_cell(kernel, TRAIN)
+    out, reply, error = run_cell(
+        kernel,
+        """
+        try:
+            notebook_launcher(train, num_processes=2, dashboard=False)
+        except RuntimeError as exc:
+            err = exc
+        err.launch_failure.print_traceback(1)
+        print("RANKS", sorted(err.launch_failure.tracebacks))
+        """,
+    )
+    assert reply["status"] == "ok", error
+    assert re.search(rf"Cell In\[\d+\], line {TRAIN_LINE}, in train", out), out
+    assert "frames in torch.nn]" in out and "RuntimeError: mat1" in out, out
+    assert "RANKS [1]" in out or "RANKS [0, 1]" in out, out
+
+
+def test_an_error_the_launcher_raises_itself_ends_at_the_callers_line(kernel: object) -> None:
+    """A rank that dies has no frames to show: the traceback ends at the cell's call, not
+    inside the launcher (IPython always shows the last frame, hidden or not)."""
+    run_cell(
+        kernel,
+        """
+        import os, signal
+        from notebook_launcher import notebook_launcher
+
+        def killed():
+            if os.environ["RANK"] == "1":
+                os.kill(os.getpid(), signal.SIGKILL)
+            import torch.distributed as dist
+            dist.barrier()
+        """,
+    )
+    out, reply, tb = run_cell(kernel, "notebook_launcher(killed, num_processes=2, dashboard=False)")
+    text = "\n".join(tb)
+    assert reply["ename"] == "WorkerDied", text
+    assert "----> 1 notebook_launcher(killed" in text
+    for noise in ("launcher.py", "failed resolving", "raise exception_for", "skipping hidden"):
+        assert noise not in text, (noise, text)
+    assert any(line.startswith("WorkerDied: rank 1 of 2 died") for line in tb), text

@@ -223,7 +223,7 @@ def _report_failure(channel: Channel, exc: BaseException, rank: int, pid: int) -
     _flush()
     failure = exception_to_failure(exc, rank, pid, time.time(), skip_file=__file__)
     try:
-        channel.send(Raised(failure, dump_exception(exc)))
+        channel.send(Raised(failure, dump_exception(exc, skip_file=__file__)))
     except (OSError, EOFError):
         pass
 
