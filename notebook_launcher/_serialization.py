@@ -241,7 +241,7 @@ def type_name(cls: type) -> str:
 def looks_collateral(exc: BaseException) -> bool:
     """True for errors that a rank gets when *another* rank went away mid-collective."""
     names = {cls.__name__ for cls in type(exc).__mro__}
-    text = safe_str(exc)
+    text = shorten(safe_str(exc), RECORD_CHARS)  # (the markers open torch's messages)
     if "DistBackendError" in names or "DistNetworkError" in names:
         return True
     return any(m in text for m in _COLLATERAL_MARKERS) and (
@@ -260,10 +260,24 @@ def format_failure(exc: BaseException, tb: types.TracebackType | None) -> str:
     """The standard traceback text, every line cut to :data:`RECORD_CHARS` (a 20 MB
     message is in the exception, not repeated in its record)."""
     try:
-        chunks = traceback.format_exception(type(exc), exc, tb)
+        report = traceback.TracebackException(type(exc), exc, tb, compact=True)
+        _shorten_messages(report)
+        chunks = list(report.format())
     except Exception as err:  # noqa: BLE001 - e.g. a __cause__ whose __str__ raises oddly
         chunks = [f"{type_name(type(exc))}: <traceback could not be formatted: {err!r}>\n"]
     return "".join(c if len(c) <= RECORD_CHARS else shorten(c, RECORD_CHARS) + "\n" for c in chunks)
+
+
+def _shorten_messages(report: traceback.TracebackException, depth: int = 0) -> None:
+    """Cut each message of the chain before it is formatted (formatting a 20 MB line and
+    cutting it afterwards costs tens of ms). ``_str`` is the message the module formats,
+    in every Python this package supports; without it, the lines are cut afterwards."""
+    text = getattr(report, "_str", None)
+    if isinstance(text, str) and len(text) > RECORD_CHARS:
+        report._str = shorten(text, RECORD_CHARS)  # type: ignore[attr-defined]
+    for link in (report.__cause__, report.__context__):
+        if link is not None and depth < MAX_CHAIN:
+            _shorten_messages(link, depth + 1)
 
 
 def exception_to_failure(
@@ -370,6 +384,8 @@ def _pickle_exception(exc: BaseException) -> tuple[bytes | None, str]:
             return None, f"{culprit}, which cannot be pickled ({_why(err)})"
         first = f"it cannot be pickled ({_why(err)})"
     else:
+        if type(exc).__module__ == "builtins":
+            return data, ""  # Python's own exceptions rebuild from their pickle
         try:
             loads(data)
             return data, ""
@@ -543,3 +559,17 @@ def rebuild_exception(data: bytes | None) -> Rebuilt:
     if not isinstance(shipped, ShippedException):
         return Rebuilt(None, "its record could not be read")
     return _rebuild(shipped)
+
+
+def load_task(data: bytes, rank: int) -> Any:
+    """The ``(fn, args, kwargs)`` a rank received; :class:`SerializationError` naming the
+    rank and the stage when it cannot be unpickled there (its cause: what failed)."""
+    try:
+        return loads(data)
+    except Exception as exc:
+        raise SerializationError(
+            f"rank {rank} could not unpickle the launched function and its arguments "
+            f"({_why(exc)}). They were pickled in the kernel; whatever they reach must "
+            "also import and unpickle in a rank (a module on the rank's path, an object "
+            "whose __setstate__ or __reduce__ works outside the kernel)."
+        ) from exc

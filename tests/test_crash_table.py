@@ -6,6 +6,9 @@ frames in its traceback after the caller's, short notes, the other ranks stopped
 left behind (the autouse ``no_leftovers`` fixture), and the next launch in the same
 process works.
 
+Rows cover every stage a task passes (as loky's ``crash_cases`` do): the function and its
+arguments unpickled in the rank (forkserver, spawn), the function running, its result or
+exception pickled there, and unpickled in the kernel.
 """
 
 from __future__ import annotations
@@ -198,6 +201,49 @@ def raises_reduce_raises() -> None:
     _others_wait()
 
 
+def _load(where: str) -> object:
+    in_rank = os.environ.get("RANK")
+    if (where == "kernel" and in_rank == str(FAILING)) or (where == "ranks" and not in_rank):
+        raise RuntimeError(f"loads only in the {where}")
+    return LoadsOnlyIn(where)
+
+
+class LoadsOnlyIn:
+    """Pickles anywhere; unpickling raises outside ``where`` (the kernel or the ranks)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load, (self.where,))
+
+
+KERNEL_ONLY = LoadsOnlyIn("kernel")
+
+
+@in_notebook
+def uses_a_kernel_only_global() -> None:
+    assert KERNEL_ONLY is not None  # shipped with the function: rank 1 cannot load it
+    _others_wait()
+
+
+def returns_what_only_ranks_load() -> object:
+    _others_wait()
+    return LoadsOnlyIn("ranks") if _rank() == FAILING else 1
+
+
+class CarriesRankOnly(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.payload = LoadsOnlyIn("ranks")
+
+
+def raises_what_only_ranks_load() -> None:
+    if _rank() == FAILING:
+        raise CarriesRankOnly("cannot come back")
+    _others_wait()
+
+
 Row = tuple[Callable[..., object], type[BaseException], list[str]]
 
 CRASH_TABLE: dict[str, Row] = {
@@ -232,20 +278,46 @@ CRASH_TABLE: dict[str, Row] = {
         RankFailedError,
         ["rank 1 raised tests.test_crash_table.ReduceRaises: boom", "refuses to be pickled"],
     ),
+    "task-unpickle-fails-in-rank": (
+        uses_a_kernel_only_global,
+        SerializationError,
+        ["rank 1 could not unpickle the launched function", "loads only in the kernel"],
+    ),
+    "result-unpickle-fails-in-kernel": (
+        returns_what_only_ranks_load,
+        SerializationError,
+        ["the result of rank 1 could not be unpickled in the kernel", "loads only in the ranks"],
+    ),
+    "exception-unpickle-fails-in-kernel": (
+        raises_what_only_ranks_load,
+        RankFailedError,
+        [
+            "rank 1 raised tests.test_crash_table.CarriesRankOnly: cannot come back",
+            "could not be unpickled in the kernel",
+            "loads only in the ranks",
+        ],
+    ),
 }
 #: start methods per row: fork inherits the task (nothing to unpickle in the rank); the rows
 #: about classes and pickling stages also run under spawn (a fresh interpreter)
 METHODS: dict[str, tuple[str, ...]] = {
+    "task-unpickle-fails-in-rank": ("forkserver", "spawn"),
     **{
         case: ("fork", "forkserver", "spawn")
         for case in (
             "notebook-exception-class",
             "init-with-required-args",
+            "result-unpickle-fails-in-kernel",
+            "exception-unpickle-fails-in-kernel",
         )
     },
 }
 #: rows whose failure has no frame of the function (a stage before or after it ran)
-NO_USER_FRAME = {"unpicklable-return"}
+NO_USER_FRAME = {
+    "unpicklable-return",
+    "task-unpickle-fails-in-rank",
+    "result-unpickle-fails-in-kernel",
+}
 CASES = [
     pytest.param(case, method, id=f"{case}-{method}")
     for case in CRASH_TABLE
@@ -334,8 +406,9 @@ def test_the_rank_traceback_renders_like_a_local_one() -> None:
     assert "[... skipping hidden 1 frame]" in text  # notebook_launcher() itself
     assert 'raise ValueError("bad value on purpose")' in text
     assert text.index("notebook_launcher(raises_value_error") < text.index("in raises_value_error")
-    tail = text.rstrip().splitlines()[-4:]  # the error line, then the short note
-    assert tail[0] == "ValueError: bad value on purpose" and tail[1] == "Raised on rank 1 of 2."
+    lines = text.rstrip().splitlines()  # the error line, then the short note
+    at = lines.index("ValueError: bad value on purpose")
+    assert lines[at + 1] == "Raised on rank 1 of 2." and len(lines) - at <= 8, lines[at:]
 
 
 def test_many_launches_do_not_leak() -> None:

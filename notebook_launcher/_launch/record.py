@@ -24,7 +24,7 @@ from .._events import (
     WorkerFinished,
     WorkerStopped,
 )
-from .._serialization import loads
+from .._serialization import loads, safe_str
 from ..errors import RankFailure, signal_name
 from .diagnosis import Stranded, Verdict, diagnose
 from .group import WorkerProcess
@@ -96,19 +96,17 @@ class RunRecord:
             try:
                 self.results[proc.rank] = loads(proc.result)
             except Exception as exc:  # noqa: BLE001 - whatever unpickling raises
-                self._fail(
-                    RankFailure(
-                        proc.rank,
-                        "raised",
-                        proc.pid,
-                        "notebook_launcher.errors.SerializationError",
-                        f"the result of rank {proc.rank} could not be unpickled in the "
-                        f"kernel: {type(exc).__name__}: {exc}",
-                        time=now,
-                    ),
-                    None,
+                f = RankFailure(
+                    proc.rank,
+                    "raised",
+                    proc.pid,
+                    "notebook_launcher.errors.SerializationError",
+                    f"the result of rank {proc.rank} could not be unpickled in the "
+                    f"kernel: {type(exc).__name__}: {safe_str(exc)}",
+                    time=now,
                 )
-                return []
+                self._fail(f, None)
+                return [WorkerFailed(f.rank, f.exc_type or "", f.message, "", False, now)]
             self.finished_at[proc.rank] = now
             return []
         if proc.failure is not None:

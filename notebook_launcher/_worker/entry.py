@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from .._events import WorkerFinished, WorkerStarted
 from .._posix import die_with_parent
-from .._serialization import dump_exception, dumps, exception_to_failure, loads
+from .._serialization import dump_exception, dumps, exception_to_failure, load_task
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Returned, Setup, Task
 from . import progress, runtime
@@ -182,7 +182,7 @@ def _serve(
         if task is None:
             message = channel.recv()
             assert isinstance(message, Task), message
-            task = loads(message.data)
+            task = load_task(message.data, spec.rank)
         fn, args, kwargs = task
         device = _init_process_group(spec, listen_fd)
         if listen_fd is not None:
