@@ -8,8 +8,9 @@ Prints, for 2 CPU workers running a trivial function with one barrier (warm):
   * Accelerate's notebook_launcher, when it is installed
 the time from a rank raising to the exception reaching the caller, and from Ctrl-C
 (SIGINT to the kernel alone, one rank stuck in a C++ barrier) to KeyboardInterrupt with
-every rank gone. Targets (issue 2): fork launch <= 1.2x the hand-written fork baseline;
-failure <= 0.3 s; interrupt <= 1 s.
+every rank gone; and the failure latency of each hard-to-carry failure and each pickling
+stage of the crash table (``--failures-only`` measures just these). Targets (issue 2):
+fork launch <= 1.2x the hand-written fork baseline; failure <= 0.3 s; interrupt <= 1 s.
 """
 
 from __future__ import annotations
@@ -131,6 +132,120 @@ def failure_latency(method: str, reps: int) -> float:
     return statistics.median(lat)
 
 
+# --- the crash table's hard cases and pickling stages (issue 10, items 1, 11, 15) ---------
+
+
+def _mark(path: str) -> None:
+    with open(path, "w") as f:
+        f.write(repr(time.time()))
+
+
+class BenchError(Exception):
+    """Defined in the script's __main__, like a class defined in a notebook cell."""
+
+
+class NeedsTwo(Exception):
+    def __init__(self, a: int, b: str) -> None:
+        super().__init__(f"{a} and {b}")
+
+
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+class HoldsLock(Exception):
+    def __init__(self) -> None:
+        super().__init__("carries a lock")
+        import threading
+
+        self.lock = threading.Lock()
+
+
+def _only_in_ranks() -> object:
+    if "RANK" not in os.environ:
+        raise RuntimeError("loads only in the ranks")
+    return OnlyInRanks()
+
+
+class OnlyInRanks:
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_only_in_ranks, ())
+
+
+class CarriesRankOnly(Exception):
+    def __init__(self) -> None:
+        super().__init__("cannot come back")
+        self.payload = OnlyInRanks()
+
+
+def _fails_in_rank_1(path: str) -> object:
+    if os.environ.get("RANK") == "1":
+        _mark(path)
+        raise RuntimeError("loads only in the kernel")
+    return None
+
+
+class FailsInRank1:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_fails_in_rank_1, (self.path,))
+
+
+def hard_failure(kind: str, path: str, payload: object = None) -> object:
+    if dist.get_rank() != 1:
+        if kind == "result unpickles only in ranks":
+            return 0
+        dist.barrier()
+        return 0
+    time.sleep(0.05)
+    if kind == "result unpickles only in ranks":
+        _mark(path)
+        return OnlyInRanks()
+    exc: BaseException = {
+        "ValueError (reference)": lambda: ValueError("plain"),
+        "notebook class": lambda: BenchError("own class"),
+        "__init__ needs 2 args": lambda: NeedsTwo(1, "b"),
+        "20 MB message": lambda: ValueError("x" * (20 * 2**20)),
+        "str() raises": BadStr,
+        "cannot be pickled": HoldsLock,
+        "exception unpickles only in ranks": CarriesRankOnly,
+    }[kind]()
+    _mark(path)
+    raise exc
+
+
+HARD_KINDS = (
+    "ValueError (reference)",
+    "notebook class",
+    "__init__ needs 2 args",
+    "20 MB message",
+    "str() raises",
+    "cannot be pickled",
+    "exception unpickles only in ranks",
+    "result unpickles only in ranks",
+    "task unpickle fails in rank 1",
+)
+
+
+def hard_failure_latency(kind: str, method: str, reps: int) -> float:
+    path = f"/tmp/nl_bench_hard_{os.getpid()}"
+    lat = []
+    for _ in range(reps):
+        task = "task" in kind
+        args = (kind, path, FailsInRank1(path) if task else None)
+        try:
+            notebook_launcher(hard_failure, args, 2, start_method=method, dashboard=NullView())
+        except Exception:  # noqa: BLE001 - every kind has its own type
+            caught = time.time()
+        with open(path) as f:
+            lat.append(caught - float(f.read()))
+    os.unlink(path)
+    return statistics.median(lat)
+
+
 def blocked_in_barrier() -> None:
     if dist.get_rank() == 0:
         time.sleep(60)  # Python code: SIGINT raises here...
@@ -163,7 +278,13 @@ def interrupt_latency(method: str, reps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=20)
-    reps = parser.parse_args().reps
+    parser.add_argument("--failures-only", action="store_true")
+    options = parser.parse_args()
+    reps = options.reps
+    if options.failures_only:
+        hard_failures(reps)
+        forkserver.shutdown()
+        return
     rows = []
     contenders: list[Contender] = [(ours, ("fork",)), (handwritten, ("fork",))]
     try:
@@ -196,7 +317,24 @@ def main() -> None:
         print(f"rank raises -> exception in caller ({method}): median {lat * 1e3:.1f} ms")
         lat = interrupt_latency(method, max(3, reps // 4))
         print(f"Ctrl-C -> KeyboardInterrupt, ranks stopped ({method}): median {lat * 1e3:.1f} ms")
+    hard_failures(reps)
     forkserver.shutdown()
+
+
+def hard_failures(reps: int) -> None:
+    n = max(5, reps // 2)
+    print(f"failure -> exception in caller, median of {n} (spawn: 3), ms")
+    methods = ("fork", "forkserver", "spawn")
+    print(f"  {'':36s}" + "".join(f"{m:>12s}" for m in methods))
+    for kind in HARD_KINDS:
+        cells = []
+        for method in methods:
+            if method == "fork" and "task" in kind:
+                cells.append(f"{'n/a':>12s}")  # fork inherits the task: nothing to unpickle
+                continue
+            lat = hard_failure_latency(kind, method, 3 if method == "spawn" else n)
+            cells.append(f"{lat * 1e3:12.1f}")
+        print(f"  {kind:36s}" + "".join(cells))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,14 @@
 
 A launch that fails raises, in the caller:
 
-* the failing rank's **own exception type** (e.g. ``ValueError``) when a rank raised
-  and that exception could be rebuilt in the parent; its ``__cause__`` is a
-  :class:`RemoteTraceback` holding the worker's traceback, and the exception carries
-  ``exc.launch_failure`` (a :class:`LaunchFailure`) with every rank's record;
+* the failing rank's **own exception type** (e.g. ``ValueError``, or a class defined in
+  the notebook: the very same class object) when a rank raised and that exception could
+  be rebuilt in the kernel. Its ``__traceback__`` continues into the rank's own frames,
+  so IPython shows them as it shows a local error (``Cell In[2], line 7``, source lines),
+  and it carries ``exc.launch_failure`` (a :class:`LaunchFailure`) with every rank's
+  record and traceback (``exc.launch_failure.print_traceback(rank)``);
+* :class:`RankFailedError` when the rank's exception could not be rebuilt (its message
+  names the original type and why);
 * :class:`WorkerDied` when a rank exited or was killed without raising;
 * :class:`ProcessGroupMismatch` when a rank returned while others still waited for it
   in a collective;
@@ -16,11 +20,55 @@ Every exception here that carries fields defines ``__reduce__`` so it survives p
 
 from __future__ import annotations
 
+import functools
+import os
+import re
+import sys
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TextIO
+
+#: How much of an exception's message a summary line or a note repeats; the exception
+#: itself keeps all of it.
+SUMMARY_CHARS = 500
+
+
+def shorten(text: str, limit: int = SUMMARY_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit:,} more characters]"
 
 
 class LaunchError(RuntimeError):
     """A launch could not start, or one of its ranks failed."""
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython's own rendering of this error (``%xmode`` included), ending at the last
+        frame that is not the launcher's: IPython hides frames marked
+        ``__tracebackhide__`` but always shows the last one, which for an error the
+        launcher raised itself (a rank died, left, or sent back what cannot be rebuilt) is
+        ``notebook_launcher()``'s ``raise``. IPython calls this on the error it displays."""
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:
+            raise RuntimeError("_render_traceback_ is IPython's hook")
+        tb = _without_trailing_hidden_frames(self.__traceback__)
+        return list(shell.InteractiveTB.structured_traceback(type(self), self, tb))
+
+
+def _without_trailing_hidden_frames(tb: TracebackType | None) -> TracebackType | None:
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    while len(entries) > 1 and entries[-1].tb_frame.f_locals.get("__tracebackhide__"):
+        entries.pop()
+    out: TracebackType | None = None
+    for entry in reversed(entries):
+        out = TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return out
 
 
 class PreflightError(LaunchError, ValueError):
@@ -59,7 +107,7 @@ class RankFailure:
 
     def describe(self) -> str:
         if self.kind == "raised":
-            return f"rank {self.rank} raised {self.exc_type}: {self.message}"
+            return f"rank {self.rank} raised {self.exc_type}: {shorten(self.message)}"
         if self.kind == "died":
             how = (
                 f"killed by {self.signal_name}({self.exitcode})"
@@ -68,7 +116,7 @@ class RankFailure:
             )
             return f"rank {self.rank} (pid {self.pid}) died: {how}"
         if self.kind == "left":
-            waiting = self.message or "other ranks still waited for it"
+            waiting = shorten(self.message) or "other ranks still waited for it"
             return f"rank {self.rank} returned while {waiting}"
         return f"rank {self.rank} was stopped by the launcher"
 
@@ -96,29 +144,38 @@ class LaunchFailure:
             lines.append(f"Stopped by the launcher: ranks {stopped}")
         return "\n".join(lines)
 
+    @property
+    def tracebacks(self) -> dict[int, str]:
+        """Every rank that raised -> its traceback, as :meth:`format_traceback` shows it."""
+        return {f.rank: self.format_traceback(f.rank) for f in self.failures if f.traceback}
 
-class RemoteTraceback(Exception):
-    """The traceback of an exception raised in a worker, shown as the ``__cause__``."""
+    def format_traceback(self, rank: int | None = None, full: bool = False) -> str:
+        """Rank ``rank``'s traceback (default: the root cause's) with notebook cells named
+        as IPython names them; runs of library frames (torch, the standard library, this
+        launcher) are folded into one line unless ``full``."""
+        rank = self.root_cause.rank if rank is None else rank
+        records = [f for f in self.failures if f.rank == rank]
+        if not records:
+            raise KeyError(f"no record of rank {rank} in this launch")
+        record = next((f for f in records if f.traceback), records[0])
+        if not record.traceback:
+            return record.describe()
+        return format_remote_traceback(record.traceback, collapse=not full)
 
-    def __init__(self, rank: int, tb: str) -> None:
-        super().__init__(rank, tb)
-        self.rank = rank
-        self.tb = tb
+    def print_traceback(
+        self, rank: int | None = None, full: bool = False, file: TextIO | None = None
+    ) -> None:
+        """Print rank ``rank``'s traceback (default: the root cause's); see
+        :meth:`format_traceback`.
 
-    def __str__(self) -> str:
-        return f"\n\nTraceback from rank {self.rank} (most recent call last):\n{self._body()}"
+        Example::
 
-    def _body(self) -> str:
-        body = self.tb
-        prefix = "Traceback (most recent call last):\n"
-        return body[len(prefix) :] if body.startswith(prefix) else body
-
-    def __reduce__(self) -> tuple[type, tuple[int, str]]:
-        return (RemoteTraceback, (self.rank, self.tb))
-
-    def _render_traceback_(self) -> list[str]:
-        """IPython calls this to render the exception: show the worker's own traceback."""
-        return [f"Traceback from rank {self.rank} (most recent call last):", self._body()]
+            try:
+                notebook_launcher(train, num_processes=4)
+            except Exception as exc:
+                exc.launch_failure.print_traceback(2)   # what rank 2 saw
+        """
+        print(self.format_traceback(rank, full).rstrip("\n"), file=file or sys.stdout)
 
 
 class RankFailedError(LaunchError):
@@ -145,6 +202,110 @@ class SessionBroken(LaunchError):
     stop when asked). ``session.restart()`` (``%dist restart``) brings up fresh ranks."""
 
 
+# --- a rank's traceback as text ------------------------------------------------------------
+
+
+def notebook_cell_name(filename: str) -> str | None:
+    """``/tmp/ipykernel_7/123.py`` -> ``In[2]`` when this process's IPython compiled that
+    cell (ranks keep the kernel's file names); None for any other file."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    try:
+        shell = ipython.get_ipython()
+        named = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:  # noqa: BLE001 - a nicer name is optional
+        return None
+    return str(named[1]) if named else None
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple[tuple[str, str], ...]:
+    """(directory, dotted prefix) of code that is not the user's, longest first."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except AttributeError:  # a virtualenv's old site.py
+        pass
+    roots = [(os.path.normpath(d), "") for d in dirs if d]
+    package = os.path.dirname(os.path.abspath(__file__))
+    roots.append((package, "notebook_launcher."))
+    return tuple(sorted(roots, key=lambda r: -len(r[0])))
+
+
+def library_module(filename: str) -> str | None:
+    """The dotted module of a file in the standard library, an installed package or this
+    launcher (``torch.distributed.c10d_logger``); None for the user's own code."""
+    if filename.startswith("<frozen ") and filename.endswith(">"):
+        return filename[len("<frozen ") : -1]
+    for root, prefix in _library_roots():
+        if filename.startswith(root + os.sep):
+            rel = os.path.splitext(filename[len(root) + 1 :])[0]
+            return prefix + rel.replace(os.sep, ".").removesuffix(".__init__")
+    return None
+
+
+_FRAME_LINE = re.compile(r'^  File "([^"]+)", line (\d+)(.*)$')
+
+
+def _common_package(modules: list[str]) -> str:
+    parts = [m.split(".")[:2] for m in modules]
+    common = parts[0]
+    for p in parts[1:]:
+        n = 0
+        while n < min(len(common), len(p)) and common[n] == p[n]:
+            n += 1
+        common = common[:n]
+    if common:
+        return ".".join(common)
+    return ", ".join(dict.fromkeys(p[0] for p in parts))
+
+
+def format_remote_traceback(traceback: str, collapse: bool = True) -> str:
+    """A rank's traceback (the standard format) as the notebook user reads it: cells named
+    as IPython names them (``Cell In[2], line 7, in train``), and -- when ``collapse`` --
+    each run of library frames folded into one line
+    (``[... 3 frames in torch.distributed]``). The frame where the error was raised and the
+    error line itself always stay."""
+    out: list[str] = []
+    #: the frames of the current traceback section: (library module or None, lines)
+    frames: list[tuple[str | None, list[str]]] = []
+
+    def flush() -> None:
+        run: list[str] = []
+        for i, (module, lines) in enumerate(frames):
+            if collapse and module is not None and i < len(frames) - 1:
+                run.append(module)
+                continue
+            if run:
+                n = len(run)
+                out.append(f"  [... {n} frame{'s' if n > 1 else ''} in {_common_package(run)}]\n")
+                run = []
+            out.extend(lines)
+        frames.clear()
+
+    for line in traceback.splitlines(keepends=True):
+        match = _FRAME_LINE.match(line)
+        if match:
+            filename, lineno, rest = match.groups()
+            cell = notebook_cell_name(filename)
+            if cell is not None:
+                line = f"  Cell {cell}, line {lineno}{rest}" + ("\n" if line.endswith("\n") else "")
+            frames.append((None if cell else library_module(filename), [line]))
+        elif frames and line.startswith("    "):
+            frames[-1][1].append(line)  # the frame's source line, its carets
+        else:
+            flush()
+            out.append(line)
+    flush()
+    return "".join(out)
+
+
 def signal_name(returncode: int | None) -> str | None:
     """``-9`` -> ``"SIGKILL"``; ``None`` for normal exit codes."""
     import signal
@@ -166,7 +327,10 @@ __all__ = [
     "ProcessGroupMismatch",
     "RankFailedError",
     "RankFailure",
-    "RemoteTraceback",
+    "format_remote_traceback",
+    "library_module",
+    "notebook_cell_name",
+    "shorten",
     "SerializationError",
     "SessionBroken",
     "WorkerDied",

@@ -96,6 +96,7 @@ def notebook_launcher(
 
         notebook_launcher(train, args=(0.1,), num_processes=2)   # -> [0.0, 0.1]
     """
+    __tracebackhide__ = True  # IPython and pytest show the caller's frames, then the rank's
     preflight.check_args(args, kwargs)
     preflight.check_dashboard(dashboard)
     del monitor_interval  # we wait on sentinels instead of polling

@@ -45,8 +45,10 @@ notebook_launcher(bad_batch_on_rank_1, num_processes=2)
 # every rank's record. Its `root_cause` is the rank to look at. Rank 0 did nothing
 # wrong: depending on timing it was either stopped by the launcher or failed with
 # gloo's "Connection closed by peer", which the summary lists as *collateral*, a
-# consequence of rank 1 going away. The worker's traceback is attached as the
-# exception's `__cause__`.
+# consequence of rank 1 going away. The error's own traceback continues into rank 1's
+# frames (above: the cell that called the launcher, then the line of
+# `bad_batch_on_rank_1` that raised); `launch_failure.print_traceback(rank)` prints any
+# rank's traceback, with this notebook's cells named as IPython names them.
 
 # %%
 try:
@@ -59,7 +61,8 @@ print(type(error).__name__, "-", error.args[0].splitlines()[0])
 print("root cause:", root.describe())
 
 assert (root.rank, root.kind, root.exc_type) == (1, "raised", "ValueError")
-assert "in bad_batch_on_rank_1" in error.__cause__.tb  # rank 1's own traceback
+error.launch_failure.print_traceback(1)  # rank 1's own traceback
+assert "in bad_batch_on_rank_1" in error.launch_failure.tracebacks[1]
 
 
 # %% [markdown]

@@ -1,8 +1,14 @@
 """The crash table: every way a rank can fail, with real processes.
 
-Each row: the right exception in the caller, naming the rank and the cause, the
-failing rank's traceback attached, the other ranks stopped, nothing left behind (the
-autouse ``no_leftovers`` fixture), and the next launch in the same process works.
+Each row: the right exception in the caller (that very class, also when the notebook
+defined it), naming the rank and the cause or the stage that failed, the failing rank's
+frames in its traceback after the caller's, short notes, the other ranks stopped, nothing
+left behind (the autouse ``no_leftovers`` fixture), and the next launch in the same
+process works.
+
+Rows cover every stage a task passes (as loky's ``crash_cases`` do): the function and its
+arguments unpickled in the rank (forkserver, spawn), the function running, its result or
+exception pickled there, and unpickled in the kernel.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -25,7 +32,7 @@ from notebook_launcher import (
     notebook_launcher,
 )
 from notebook_launcher._events import WorkerFailed, WorkerStopped
-from notebook_launcher.errors import RemoteTraceback
+from notebook_launcher._serialization import safe_str
 
 from .helpers import Recorder
 
@@ -36,6 +43,18 @@ FAILING = 1  # the rank that misbehaves in every row
 
 def _rank() -> int:
     return int(os.environ["RANK"])
+
+
+T = TypeVar("T")
+
+
+def in_notebook(obj: T) -> T:
+    """As if defined in a notebook cell: in ``__main__``, so cloudpickle ships it by value
+    (and a class comes back as the kernel's own only if its identity is kept)."""
+    for member in [obj, *vars(obj).values()] if isinstance(obj, type) else [obj]:
+        if callable(member) and hasattr(member, "__module__"):
+            member.__module__ = "__main__"
+    return obj
 
 
 def _others_wait() -> None:
@@ -127,6 +146,104 @@ def raises_unpicklable() -> None:
     _others_wait()
 
 
+@in_notebook
+class NotebookError(Exception):
+    pass
+
+
+@in_notebook
+def raises_notebook_error() -> None:
+    if _rank() == FAILING:
+        time.sleep(0.2)
+        raise NotebookError("defined in a cell")
+    _others_wait()
+
+
+@in_notebook
+class NeedsTwo(Exception):
+    def __init__(self, a: int, b: str) -> None:
+        super().__init__(f"{a} and {b}")  # args alone cannot call __init__ again
+        self.a, self.b = a, b
+
+
+@in_notebook
+def raises_needs_two() -> None:
+    if _rank() == FAILING:
+        raise NeedsTwo(3, "x")
+    _others_wait()
+
+
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+def raises_bad_str() -> None:
+    if _rank() == FAILING:
+        raise BadStr()
+    _others_wait()
+
+
+def raises_huge_message() -> None:
+    if _rank() == FAILING:
+        raise ValueError("x" * (20 * 2**20))
+    _others_wait()
+
+
+class ReduceRaises(Exception):
+    def __reduce__(self) -> Any:
+        raise RuntimeError("this class refuses to be pickled")
+
+
+def raises_reduce_raises() -> None:
+    if _rank() == FAILING:
+        raise ReduceRaises("boom")
+    _others_wait()
+
+
+def _load(where: str) -> object:
+    in_rank = os.environ.get("RANK")
+    if (where == "kernel" and in_rank == str(FAILING)) or (where == "ranks" and not in_rank):
+        raise RuntimeError(f"loads only in the {where}")
+    return LoadsOnlyIn(where)
+
+
+class LoadsOnlyIn:
+    """Pickles anywhere; unpickling raises outside ``where`` (the kernel or the ranks)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load, (self.where,))
+
+
+KERNEL_ONLY = LoadsOnlyIn("kernel")
+
+
+@in_notebook
+def uses_a_kernel_only_global() -> None:
+    assert KERNEL_ONLY is not None  # shipped with the function: rank 1 cannot load it
+    _others_wait()
+
+
+def returns_what_only_ranks_load() -> object:
+    _others_wait()
+    return LoadsOnlyIn("ranks") if _rank() == FAILING else 1
+
+
+class CarriesRankOnly(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.payload = LoadsOnlyIn("ranks")
+
+
+def raises_what_only_ranks_load() -> None:
+    if _rank() == FAILING:
+        raise CarriesRankOnly("cannot come back")
+    _others_wait()
+
+
 Row = tuple[Callable[..., object], type[BaseException], list[str]]
 
 CRASH_TABLE: dict[str, Row] = {
@@ -147,33 +264,110 @@ CRASH_TABLE: dict[str, Row] = {
         SerializationError,
         ["rank 1 returned a _thread.lock"],
     ),
-    "unpicklable-exception": (raises_unpicklable, RankFailedError, ["rank 1", "Unpicklable"]),
+    "unpicklable-exception": (
+        raises_unpicklable,
+        RankFailedError,
+        ["rank 1 raised tests.test_crash_table.Unpicklable", "its attribute 'lock'"],
+    ),
+    "notebook-exception-class": (raises_notebook_error, NotebookError, ["defined in a cell"]),
+    "init-with-required-args": (raises_needs_two, NeedsTwo, ["3 and x", "Raised on rank 1"]),
+    "str-raises": (raises_bad_str, BadStr, ["rank 1 raised tests.test_crash_table.BadStr"]),
+    "huge-message": (raises_huge_message, ValueError, ["more characters]"]),
+    "exception-reduce-raises": (
+        raises_reduce_raises,
+        RankFailedError,
+        ["rank 1 raised tests.test_crash_table.ReduceRaises: boom", "refuses to be pickled"],
+    ),
+    "task-unpickle-fails-in-rank": (
+        uses_a_kernel_only_global,
+        SerializationError,
+        ["rank 1 could not unpickle the launched function", "loads only in the kernel"],
+    ),
+    "result-unpickle-fails-in-kernel": (
+        returns_what_only_ranks_load,
+        SerializationError,
+        ["the result of rank 1 could not be unpickled in the kernel", "loads only in the ranks"],
+    ),
+    "exception-unpickle-fails-in-kernel": (
+        raises_what_only_ranks_load,
+        RankFailedError,
+        [
+            "rank 1 raised tests.test_crash_table.CarriesRankOnly: cannot come back",
+            "could not be unpickled in the kernel",
+            "loads only in the ranks",
+        ],
+    ),
 }
+#: start methods per row: fork inherits the task (nothing to unpickle in the rank); the rows
+#: about classes and pickling stages also run under spawn (a fresh interpreter)
+METHODS: dict[str, tuple[str, ...]] = {
+    "task-unpickle-fails-in-rank": ("forkserver", "spawn"),
+    **{
+        case: ("fork", "forkserver", "spawn")
+        for case in (
+            "notebook-exception-class",
+            "init-with-required-args",
+            "result-unpickle-fails-in-kernel",
+            "exception-unpickle-fails-in-kernel",
+        )
+    },
+}
+#: rows whose failure has no frame of the function (a stage before or after it ran)
+NO_USER_FRAME = {
+    "unpicklable-return",
+    "task-unpickle-fails-in-rank",
+    "result-unpickle-fails-in-kernel",
+}
+CASES = [
+    pytest.param(case, method, id=f"{case}-{method}")
+    for case in CRASH_TABLE
+    for method in METHODS.get(case, ("fork", "forkserver"))
+]
 
 
-@pytest.mark.parametrize("method", ["fork", "forkserver"])
-@pytest.mark.parametrize("case", list(CRASH_TABLE))
+@pytest.mark.parametrize(("case", "method"), CASES)
 def test_crash_table(case: str, method: str) -> None:
     fn, expected, fragments = CRASH_TABLE[case]
     rec = Recorder()
     with pytest.raises(expected) as info:
         notebook_launcher(fn, (), 2, start_method=method, dashboard=rec)
-    text = str(info.value) + "\n".join(getattr(info.value, "__notes__", []))
+    exc = info.value
+    assert type(exc) is expected  # the very class, also one the notebook defined
+    notes = "\n".join(getattr(exc, "__notes__", []))
+    text = safe_str(exc) + notes
     for fragment in fragments:
-        assert fragment in text, f"{fragment!r} missing from:\n{text}"
-    failure = info.value.launch_failure  # type: ignore[attr-defined]
+        assert fragment in text, f"{fragment!r} missing from:\n{text[:5000]}"
+    assert len(notes) < 5000  # a long message is not repeated in the notes
+    failure = exc.launch_failure  # type: ignore[attr-defined]
     assert failure.root_cause.rank == FAILING
-    if failure.root_cause.kind in ("raised", "left"):
-        cause = info.value.__cause__
-        assert isinstance(cause, RemoteTraceback)
-        if expected is not SerializationError:  # (a return value has no frame to show)
-            assert fn.__name__ in cause.tb  # the user's frames...
-            assert "_worker.py" not in cause.tb  # ...and none of the launcher's
+    if failure.root_cause.kind == "raised":
+        _assert_reads_like_a_local_traceback(exc, None if case in NO_USER_FRAME else fn)
     # The other rank is collateral or stopped, never blamed.
     assert all(f.rank != FAILING for f in failure.collateral)
     assert rec.of(WorkerStopped) or rec.of(WorkerFailed)
     # The next launch in the same process works.
     assert notebook_launcher(_rank, (), 2, start_method=method, dashboard=Recorder()) == [0, 1]
+
+
+def _assert_reads_like_a_local_traceback(exc: BaseException, fn: Callable[..., Any] | None) -> None:
+    """The caller's frame, then the rank's (the user's function among them), with the
+    launcher's own frames marked for IPython and pytest to hide; no "remote" exception
+    in front of it."""
+    assert exc.__cause__ is None or not type(exc.__cause__).__name__.startswith("Remote")
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    names = [t.tb_frame.f_code.co_name for t in frames]
+    assert names[0] == "test_crash_table", names
+    if fn is not None:
+        assert fn.__name__ in names, names
+    package = os.path.dirname(notebook_launcher.__code__.co_filename)
+    for t in frames[:-1]:  # (IPython always shows the frame that raised)
+        if t.tb_frame.f_code.co_filename.startswith(package):
+            assert t.tb_frame.f_locals.get("__tracebackhide__"), t.tb_frame.f_code
+    assert not any("_worker" in t.tb_frame.f_code.co_filename for t in frames)
 
 
 def rank0_blocked_in_barrier_rank1_raises() -> None:
@@ -197,14 +391,24 @@ def test_collateral_errors_are_listed_not_blamed() -> None:
     assert "Raised on rank 1 of 3" in notes
 
 
-def test_ipython_renders_the_remote_traceback() -> None:
+def test_the_rank_traceback_renders_like_a_local_one() -> None:
+    """IPython's own renderer (what a kernel calls) shows the rank's line where it raised,
+    after the caller's, with the launcher's frame folded; no "remote" header."""
+    from IPython.core.ultratb import VerboseTB
+
     with pytest.raises(ValueError) as info:
         notebook_launcher(raises_value_error, (), 2, dashboard=Recorder())
-    cause = info.value.__cause__
-    assert isinstance(cause, RemoteTraceback)
-    rendered = "\n".join(cause._render_traceback_())
-    assert "Traceback from rank 1" in rendered
-    assert 'raise ValueError("bad value on purpose")' in rendered
+    exc = info.value
+    text = "\n".join(
+        VerboseTB(theme_name="nocolor").structured_traceback(type(exc), exc, exc.__traceback__)
+    )
+    assert "Remote" not in text
+    assert "[... skipping hidden 1 frame]" in text  # notebook_launcher() itself
+    assert 'raise ValueError("bad value on purpose")' in text
+    assert text.index("notebook_launcher(raises_value_error") < text.index("in raises_value_error")
+    lines = text.rstrip().splitlines()  # the error line, then the short note
+    at = lines.index("ValueError: bad value on purpose")
+    assert lines[at + 1] == "Raised on rank 1 of 2." and len(lines) - at <= 8, lines[at:]
 
 
 def test_many_launches_do_not_leak() -> None:

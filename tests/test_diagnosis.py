@@ -20,7 +20,7 @@ from notebook_launcher._launch.diagnosis import (
 )
 from notebook_launcher._launch.record import BarrierTracker, last_words
 from notebook_launcher._serialization import dump_exception
-from notebook_launcher.errors import RankFailure, RemoteTraceback
+from notebook_launcher.errors import RankFailure
 
 pytestmark = pytest.mark.unit  # the tier: see tests/conftest.py
 
@@ -198,9 +198,7 @@ def test_exception_for(name: str) -> None:
         assert phrase in text, (phrase, text)
     report = exc.launch_failure  # type: ignore[attr-defined]
     assert report.root_cause is verdict.cause
-    if verdict.kind == "raised":
-        assert isinstance(exc.__cause__, RemoteTraceback)
-        assert exc.__cause__.rank == verdict.cause.rank
+    assert exc.__cause__ is None  # no header pair of a separate "remote" exception
 
 
 def test_exception_for_refuses_a_good_run() -> None:

@@ -30,9 +30,10 @@ from ..errors import (
     ProcessGroupMismatch,
     RankFailedError,
     RankFailure,
-    RemoteTraceback,
     SerializationError,
     WorkerDied,
+    notebook_cell_name,
+    shorten,
 )
 
 
@@ -44,8 +45,13 @@ class Stranded:
     gone: tuple[int, ...]
 
     def where(self) -> str:
+        """``Cell In[4], line 7 (wait_for_everyone, barrier #2)``: a notebook cell is named
+        as IPython names it; any other file as ``path:line``."""
         w = self.waiter
-        return f"{w.location} ({w.kind}, barrier #{w.index})"
+        path, sep, line = w.location.rpartition(":")
+        cell = notebook_cell_name(path) if sep else None
+        location = f"Cell {cell}, line {line}" if cell else w.location
+        return f"{location} ({w.kind}, barrier #{w.index})"
 
 
 @dataclass(frozen=True)
@@ -127,29 +133,41 @@ def exception_for(
 ) -> BaseException:
     """What the user catches for a failed run.
 
-    ``raised``: the rank's own exception (rebuilt from ``exc_data``) with its traceback as
-    ``__cause__`` and the launch summary as a note; :class:`RankFailedError` when it cannot
-    be rebuilt. ``died``: :class:`WorkerDied` with the exit code or signal and the last
-    lines the rank wrote. ``left``: :class:`ProcessGroupMismatch` naming who left and where
-    the others waited. Every one carries ``launch_failure`` (all ranks' records).
+    ``raised``: the rank's own exception (rebuilt from ``exc_data``, see
+    :func:`~notebook_launcher._serialization.rebuild_exception`), its ``__traceback__``
+    the rank's frames, the launch summary as a note; :class:`RankFailedError` naming the
+    type and why when it cannot be rebuilt. ``died``: :class:`WorkerDied` with the exit
+    code or signal and the last lines the rank wrote. ``left``:
+    :class:`ProcessGroupMismatch` naming who left and where the others waited (with the
+    waiting rank's frames). Every one carries ``launch_failure`` (all ranks' records).
+    Raising it adds the caller's frames in front of the rank's, as for a local error.
     """
     failure = verdict.cause
     if failure is None:
         raise ValueError("exception_for() needs a failed verdict")
+    exc_data = exc_data or {}
     report = LaunchFailure(failure, list(verdict.failures), world_size)
     if verdict.kind == "left":
-        return _left_error(verdict, report)
+        return _left_error(verdict, report, exc_data)
     if verdict.kind == "died":
         return _died_error(failure, world_size, report)
-    exc = rebuild_exception((exc_data or {}).get(failure.rank), failure)
+    rebuilt = rebuild_exception(exc_data.get(failure.rank))
     note = f"Raised on rank {failure.rank} of {world_size}.\n{report.summary()}"
+    others = [f.rank for f in report.failures if f.traceback and f.rank != failure.rank]
+    if others:
+        note += f"\nTracebacks of ranks {others} too: exc.launch_failure.print_traceback(rank)"
+    exc = rebuilt.exc
     if exc is None:
-        message = f"rank {failure.rank} raised {failure.exc_type}: {failure.message}\n{note}"
+        message = rebuilt.message or failure.message
+        kind = (failure.exc_type or "").rpartition(".")[2]
+        why = f"\nThe {kind} itself could not be rebuilt in the kernel: {rebuilt.reason}."
+        text = f"rank {failure.rank} raised {failure.exc_type}: {message}{why}\n{note}"
         if "SerializationError" in (failure.exc_type or ""):
-            exc = SerializationError(message)
+            text = f"{message}\n{note}"
+            exc = SerializationError(text)
         else:
-            exc = RankFailedError(message, report)
-        exc.__cause__ = RemoteTraceback(failure.rank, failure.traceback)
+            exc = RankFailedError(text, report)
+        exc = exc.with_traceback(rebuilt.traceback)
     elif hasattr(exc, "add_note"):
         exc.add_note(note)
     try:
@@ -173,7 +191,9 @@ def _died_error(failure: RankFailure, world_size: int, report: LaunchFailure) ->
     )
 
 
-def _left_error(verdict: Verdict, report: LaunchFailure) -> ProcessGroupMismatch:
+def _left_error(
+    verdict: Verdict, report: LaunchFailure, exc_data: Mapping[int, bytes | None]
+) -> ProcessGroupMismatch:
     """Some rank returned while others still waited for it: say who, and where."""
     stuck = [f for f in verdict.failures if f.kind == "raised"]
     if verdict.stranded is not None:
@@ -188,7 +208,7 @@ def _left_error(verdict: Verdict, report: LaunchFailure) -> ProcessGroupMismatch
         got = first.message.strip().splitlines()[0] if first.message else ""
         waiting = (
             f"rank(s) {sorted({f.rank for f in stuck})} still waited for them in a "
-            f"collective or barrier (rank {first.rank} got {first.exc_type}: {got[:200]})"
+            f"collective or barrier (rank {first.rank} got {first.exc_type}: {shorten(got, 200)})"
         )
     err = ProcessGroupMismatch(
         f"rank(s) {left} returned from the function while {waiting}. Every rank must "
@@ -197,8 +217,8 @@ def _left_error(verdict: Verdict, report: LaunchFailure) -> ProcessGroupMismatch
         "rank that returns early.\n" + report.summary(),
         report,
     )
-    if stuck:
-        err.__cause__ = RemoteTraceback(stuck[0].rank, stuck[0].traceback)
+    if stuck:  # where the waiting rank was: its frames, as if it raised this
+        err = err.with_traceback(rebuild_exception(exc_data.get(stuck[0].rank)).traceback)
     return err
 
 

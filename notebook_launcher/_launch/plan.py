@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import _settings
 from .._events import LaunchStarted
-from .._serialization import dumps_checked, payload_size_warning
+from .._serialization import dumps_checked, payload_size_warning, share_class_identities
 from .._spec import WorkerSpec
 from ..errors import LargePayloadWarning
 from . import preflight
@@ -132,6 +132,7 @@ def prepare_task(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], m
                 importlib.import_module(name)
             except ImportError:
                 pass
+        share_class_identities(function, *args, *kwargs.values())  # see _serialization
         return (function, args, kwargs)
     data = dumps_checked((function, args, kwargs), "the launched function and its args")
     note = payload_size_warning(len(data))

@@ -24,7 +24,7 @@ from .._events import (
     WorkerFinished,
     WorkerStopped,
 )
-from .._serialization import loads
+from .._serialization import loads, safe_str
 from ..errors import RankFailure, signal_name
 from .diagnosis import Stranded, Verdict, diagnose
 from .group import WorkerProcess
@@ -110,19 +110,17 @@ class RunRecord:
         try:
             self.results[rank] = loads(data)
         except Exception as exc:  # noqa: BLE001 - whatever unpickling raises
-            self._fail(
-                RankFailure(
-                    rank,
-                    "raised",
-                    pid,
-                    "notebook_launcher.errors.SerializationError",
-                    f"the result of rank {rank} could not be unpickled in the "
-                    f"kernel: {type(exc).__name__}: {exc}",
-                    time=now,
-                ),
-                None,
+            f = RankFailure(
+                rank,
+                "raised",
+                pid,
+                "notebook_launcher.errors.SerializationError",
+                f"the result of rank {rank} could not be unpickled in the "
+                f"kernel: {type(exc).__name__}: {safe_str(exc)}",
+                time=now,
             )
-            return []
+            self._fail(f, None)
+            return [WorkerFailed(f.rank, f.exc_type or "", f.message, "", False, now)]
         self.finished_at[rank] = now
         return []
 

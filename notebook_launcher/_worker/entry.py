@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 from .. import _settings
 from .._events import WorkerFinished, WorkerStarted
 from .._posix import die_with_parent, guard_process_group, lead_own_process_group
-from .._serialization import dump_exception, dumps, exception_to_failure, loads
+from .._serialization import dump_exception, dumps, exception_to_failure, load_task
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Returned, Setup, Task
 from . import progress, runtime
@@ -187,7 +187,7 @@ def _serve(
         if task is None and not spec.session:
             message = channel.recv()
             assert isinstance(message, Task), message
-            task = loads(message.data)
+            task = load_task(message.data, spec.rank)
         device, store = _init_process_group(spec, listen_fd)
         if listen_fd is not None:
             os.close(listen_fd)
@@ -237,7 +237,7 @@ def _report_failure(channel: Channel, exc: BaseException, rank: int, pid: int) -
     _flush()
     failure = exception_to_failure(exc, rank, pid, time.time(), skip_file=__file__)
     try:
-        channel.send(Raised(failure, dump_exception(exc)))
+        channel.send(Raised(failure, dump_exception(exc, skip_file=__file__)))
     except (OSError, EOFError):
         pass
 

@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._events import WorkerFinished, WorkerStarted
-from .._serialization import dump_exception, dumps, exception_to_failure, loads
+from .._serialization import dump_exception, dumps, exception_to_failure, load_task
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Reform, Reformed, Returned, Run, Shutdown
 from . import collectives, runtime
@@ -113,7 +113,7 @@ class RankSession:
         runtime.reset_barrier_count()
         runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, self.device, time.time()))
         try:
-            fn, args, kwargs = loads(message.data)
+            fn, args, kwargs = load_task(message.data, spec.rank)
             self.running = True
             try:
                 result = fn(*args, **kwargs)

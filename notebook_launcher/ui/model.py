@@ -20,7 +20,6 @@ show "elapsed" or "waiting for" take ``now`` so tests need no real clock.
 from __future__ import annotations
 
 import re
-import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from .._events import (
     WorkerStarted,
     WorkerStopped,
 )
+from ..errors import format_remote_traceback, notebook_cell_name
 
 # Rank statuses, in the words the dashboard shows.
 STARTING = "starting"
@@ -83,32 +83,15 @@ def notebook_cell_location(location: str) -> str:
     """``/tmp/ipykernel_7/123.py:14`` -> ``In[2]:14`` when this process's IPython compiled
     that cell (workers keep the kernel's file names); anything else is left as it is."""
     path, sep, line = location.rpartition(":")
-    ipython = sys.modules.get("IPython")
-    if not sep or ipython is None:
-        return location
-    try:
-        shell = ipython.get_ipython()
-        named = shell.compile.format_code_name(path) if shell is not None else None
-    except Exception:  # noqa: BLE001 - a nicer name is optional
-        return location
-    return f"{named[1]}:{line}" if named else location
-
-
-_TB_FILE = re.compile(r'File "([^"]+)", line (\d+)')
+    named = notebook_cell_name(path) if sep else None
+    return f"{named}:{line}" if named else location
 
 
 def notebook_cell_traceback(traceback: str) -> str:
-    """A worker's traceback with notebook cells named as IPython names them
-    (``File "/tmp/ipykernel_7/123.py", line 4`` -> ``Cell In[2], line 4``)."""
-
-    def name(match: re.Match[str]) -> str:
-        location = notebook_cell_location(f"{match.group(1)}:{match.group(2)}")
-        if location.startswith("In["):
-            cell, _, line = location.rpartition(":")
-            return f"Cell {cell}, line {line}"
-        return match.group(0)
-
-    return _TB_FILE.sub(name, traceback)
+    """A worker's traceback as the notebook user reads it: cells named as IPython names
+    them (``Cell In[2], line 4``), runs of library frames folded into one line
+    (:func:`notebook_launcher.errors.format_remote_traceback`)."""
+    return format_remote_traceback(traceback)
 
 
 def fmt_duration(seconds: float | None) -> str:
