@@ -157,10 +157,16 @@ def test_bf16_autocast_on_cpu() -> None:
     assert torch.allclose(plain(x), x @ plain.weight.t() + plain.bias)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal of fp16")
-def test_fp16_needs_a_gpu() -> None:
-    with pytest.raises(ValueError, match="fp16"):
-        Accelerator(mixed_precision="fp16")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks fp16 on a CPU")
+def test_fp16_on_cpu_trains_in_fp32_with_a_warning() -> None:
+    # Accelerate's behaviour: accepted, no autocast and no GradScaler on a CPU.
+    with pytest.warns(UserWarning, match="fp16' on CPU"):
+        acc = Accelerator(mixed_precision="fp16")
+    model = acc.prepare(torch.nn.Linear(4, 2))
+    assert acc.mixed_precision == "fp16" and acc.scaler is None and not acc.native_amp
+    with acc.autocast():
+        assert model(torch.randn(3, 4)).dtype == torch.float32
+    assert "forward" not in model.__dict__  # no autocast wrapper on the model either
 
 
 @needs_cuda

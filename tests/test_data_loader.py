@@ -177,10 +177,21 @@ def test_seedable_sampler_depends_on_seed_and_epoch_only() -> None:
     b = SeedableRandomSampler(range(20), data_seed=7)
     torch.rand(5)  # global RNG use in between changes nothing
     assert list(a) == list(b)
+    assert a.epoch == b.epoch == 1  # a full pass advances the epoch, as in Accelerate
     a.set_epoch(1)
     first_epoch1 = list(a)
+    b.set_epoch(0)
     assert first_epoch1 != list(b) and sorted(first_epoch1) == list(range(20))
+    a.set_epoch(1)
     assert list(a) == first_epoch1
+
+
+def test_seedable_sampler_seeds_from_initial_seed_without_drawing() -> None:
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    sampler = SeedableRandomSampler(range(10))
+    assert sampler.initial_seed == 123 == torch.random.initial_seed()
+    assert torch.equal(torch.get_rng_state(), state)  # the global stream was not touched
 
 
 def test_data_loader_shard_tracks_gradient_state_nested() -> None:

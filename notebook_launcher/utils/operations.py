@@ -419,6 +419,42 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Send the tensor that one process holds to every process; the others pass ``None``.
+
+    Unlike :func:`broadcast`, the receivers need not know its shape or dtype. Any one process
+    may hold it (not only the main one); none or several holding a tensor raises
+    ``ValueError`` on every rank (Accelerate sums them silently). Returns a tensor on
+    ``PartialState().device`` everywhere.
+
+    Example::
+
+        weights = torch.randn(3) if state.is_main_process else None
+        weights = copy_tensor_to_devices(weights)   # rank 0's values on every rank
+    """
+    ps = _state.PartialState()
+    if tensor is not None and not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"copy_tensor_to_devices sends a tensor or None, got {type(tensor)}")
+    if not ps.use_distributed:
+        if tensor is None:
+            raise ValueError("copy_tensor_to_devices: no process holds a tensor (got None)")
+        return tensor.to(ps.device)
+    mine = None if tensor is None else (tuple(tensor.shape), tensor.dtype)
+    everyone = _all_gather_objects(mine, ps.num_processes)
+    holders = [i for i, info in enumerate(everyone) if info is not None]
+    if len(holders) != 1:
+        raise ValueError(
+            "copy_tensor_to_devices needs exactly one process holding a tensor and None on "
+            f"the others; processes {holders or 'none'} hold one"
+        )
+    shape, dtype = everyone[holders[0]]
+    if tensor is None:
+        out = torch.empty(shape, dtype=dtype, device=ps.device)
+    else:
+        out = tensor.detach().to(ps.device).clone()
+    return _broadcast_one(out, holders[0])
+
+
 def _check_src(src: int, num: int) -> None:
     if not isinstance(src, int) or not 0 <= src < num:
         raise ValueError(f"from_process must be a process index in [0, {num}), got {src!r}")
@@ -554,9 +590,11 @@ def wait_for_everyone() -> None:
 
 
 __all__ = [
+    "DistributedOperationException",
     "broadcast",
     "broadcast_object_list",
     "concatenate",
+    "copy_tensor_to_devices",
     "find_batch_size",
     "find_device",
     "gather",
