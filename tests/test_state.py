@@ -130,6 +130,7 @@ def test_reinitialising_with_conflicting_settings_raises() -> None:
     with pytest.raises(ValueError, match="mixed_precision='no' and cannot be changed to 'bf16'"):
         AcceleratorState(mixed_precision="bf16")
 
+
 def test_latest_gradient_accumulation_settings_win() -> None:
     # Accelerate's rule (its tests build one Accelerator per case, each with its settings).
     GradientState(GradientAccumulationPlugin(num_steps=2))
