@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _preflight as preflight
+from ._accelerate_env import accelerate_env
 from ._events import (
     BarrierEnter,
     BarrierExit,
@@ -214,7 +215,7 @@ def _specs(
     threads: int | None,
 ) -> list[WorkerSpec]:
     extra = {
-        "ACCELERATE_MIXED_PRECISION": precision,
+        **accelerate_env(precision, "nccl" if gpus else "gloo", threads, os.environ),
         "NOTEBOOK_LAUNCHER_START_METHOD": method,
     }
     env = extra if method == "fork" else {**os.environ, **extra}
