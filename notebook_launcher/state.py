@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import itertools
 import math
 import os
 import sys
@@ -76,6 +77,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _TRUE = ("1", "true", "yes", "on", "y", "t")
 _INIT_KWARGS = ("backend", "timeout", "init_method", "pg_options")
+_GENERATIONS = itertools.count()
 #: Barriers shorter than this (seconds) are not reported to the dashboard (see ``_barrier``).
 _BARRIER_QUIET = 0.02
 
@@ -647,6 +649,7 @@ def _build_partial_state(
             device.type == "cuda",
             "env ACCELERATE_MIXED_PRECISION",
         )
+    checks = parse_flag_from_env("NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES", True)
     return {
         "device": device,
         "distributed_type": dtype,
@@ -662,6 +665,10 @@ def _build_partial_state(
         "_trigger": False,
         "_init_kwargs": init_kwargs,
         "_barrier_quiet": _barrier_quiet_from_env(),
+        # read once: the collectives consult them on every call (utils/operations.py)
+        "_check_collectives": checks,
+        "_small_world": world if world > 1 and checks and device.type == "cpu" else 0,
+        "_generation": next(_GENERATIONS),  # a new state may mean a new process group
     }
 
 

@@ -260,3 +260,73 @@ def _uncaught_mismatch() -> None:
 def test_uncaught_mismatch_reaches_the_caller_as_distributed_operation_exception() -> None:
     with pytest.raises(DistributedOperationException, match="Process 1: \\[2\\] float32"):
         notebook_launcher(_uncaught_mismatch, num_processes=2, dashboard=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Packets: small inputs travel with their shape check (one collective), large ones after it
+# --------------------------------------------------------------------------------------------
+
+
+def _packet_worker(mixed: bool) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    r, n = PartialState().process_index, PartialState().num_processes
+    big = torch.arange(2000, dtype=torch.float32) + r  # 8000 bytes: over the packet
+    out: dict[str, Any] = {}
+    for name, t in {
+        "f32": torch.tensor([[1.5 + r, 2.0]]),
+        "bool": torch.tensor([r == 0, True]),
+        "bf16": torch.tensor([0.5 + r], dtype=torch.bfloat16),
+        "i64_scalar": torch.tensor(7 + r),
+        "grad": torch.ones(3, requires_grad=True) * (r + 1),
+        "strided": torch.arange(6.0).reshape(2, 3).t() + r,
+        "big": big,
+    }.items():
+        expected = [torch.empty_like(t.detach().reshape(-1)) for _ in range(n)]
+        dist.all_gather(expected, t.detach().contiguous().reshape(-1))
+        got = gather(t)
+        out[f"gather_{name}"] = (got.dtype == t.dtype, got.reshape(-1).tolist())
+        out[f"expected_{name}"] = torch.cat(expected).tolist()
+    value = torch.tensor([r + 1.0, -2.0 * r])
+    out["reduce"] = {
+        how: reduce(value, how, scale=2.0).tolist() for how in ("sum", "mean", "max", "min")
+    }
+    out["reduce_bool"] = reduce(torch.tensor([r == 1, False]), "sum").tolist()
+    out["reduce_big"] = reduce(big, "sum")[:2].tolist()
+    out["broadcast_small"] = broadcast(torch.full((2,), float(r)), from_process=1).tolist()
+    out["broadcast_big"] = broadcast(big.clone(), from_process=1)[:2].tolist()
+    if mixed:  # rank 0 takes the small path, rank 1 the large one: a clean error on both
+        out["mixed"] = _catch(lambda: gather(torch.ones(1) if r == 0 else big))
+    out["after"] = gather(torch.tensor([r])).tolist()
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("checks", ["1", "0"])
+def test_packet_paths_match_the_bare_collectives(
+    monkeypatch: pytest.MonkeyPatch, checks: str
+) -> None:
+    monkeypatch.setenv("NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES", checks)
+    # without the check a mismatch would abort a rank (gloo): that case needs it on
+    results = notebook_launcher(_packet_worker, (checks == "1",), 2, dashboard=False)
+    for out in results:
+        for key, (same_dtype, values) in (
+            (k, v) for k, v in out.items() if k.startswith("gather_")
+        ):
+            assert same_dtype, key
+            assert values == out["expected_" + key[len("gather_") :]], key
+        assert out["reduce"] == {
+            "sum": [6.0, -4.0],
+            "mean": [3.0, -2.0],
+            "max": [4.0, 0.0],
+            "min": [2.0, -4.0],
+        }
+        assert out["reduce_bool"] == [True, False]
+        assert out["reduce_big"] == [1.0, 3.0]
+        assert out["broadcast_small"] == [1.0, 1.0]
+        assert out["broadcast_big"] == [1.0, 2.0]
+        if checks == "1":
+            assert out["mixed"].startswith("DistributedOperationException: Cannot apply gather")
+            assert "Process 0: [1] float32" in out["mixed"]
+            assert "Process 1: [2000] float32" in out["mixed"]
+        assert out["after"] == [0, 1]
