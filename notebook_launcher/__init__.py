@@ -29,7 +29,15 @@ if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .data_loader import skip_first_batches
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
-    from .utils.dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin
+    from .utils.dataclasses import (
+        AutocastKwargs,
+        DataLoaderConfiguration,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        GradientAccumulationPlugin,
+        GradScalerKwargs,
+    )
+    from .utils.random import synchronize_rng_states
 
 __version__ = "0.1.0"
 
@@ -39,9 +47,14 @@ _LAZY = {
     "DistributedType": "notebook_launcher.state",
     "GradientState": "notebook_launcher.state",
     "PartialState": "notebook_launcher.state",
+    "AutocastKwargs": "notebook_launcher.utils.dataclasses",
     "DataLoaderConfiguration": "notebook_launcher.utils.dataclasses",
+    "DDPCommunicationHookType": "notebook_launcher.utils.dataclasses",
+    "DistributedDataParallelKwargs": "notebook_launcher.utils.dataclasses",
     "GradientAccumulationPlugin": "notebook_launcher.utils.dataclasses",
+    "GradScalerKwargs": "notebook_launcher.utils.dataclasses",
     "skip_first_batches": "notebook_launcher.data_loader",
+    "synchronize_rng_states": "notebook_launcher.utils.random",
 }
 
 
@@ -61,9 +74,13 @@ def __dir__() -> list[str]:
 __all__ = [
     "Accelerator",
     "AcceleratorState",
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",
     "LaunchError",
@@ -76,4 +93,5 @@ __all__ = [
     "__version__",
     "notebook_launcher",
     "skip_first_batches",
+    "synchronize_rng_states",
 ]

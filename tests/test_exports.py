@@ -10,9 +10,13 @@ import notebook_launcher
 EXPECTED = {
     "Accelerator",
     "AcceleratorState",
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",
     "LaunchError",
@@ -25,6 +29,7 @@ EXPECTED = {
     "__version__",
     "notebook_launcher",
     "skip_first_batches",
+    "synchronize_rng_states",
 }
 
 
@@ -44,3 +49,7 @@ def test_ui_and_package_import_do_not_import_torch() -> None:
     assert "torch" not in _modules_after("import notebook_launcher.ui")
     assert "torch" not in _modules_after("import notebook_launcher")
     assert "torch" not in _modules_after("import notebook_launcher.ipython_extension")
+    # the kernel side reads the shared settings before anything loads torch
+    assert "torch" not in _modules_after("import notebook_launcher._preflight")
+    assert "torch" not in _modules_after("from notebook_launcher.utils import PrecisionType")
+    assert "torch" not in _modules_after("from notebook_launcher import DDPCommunicationHookType")

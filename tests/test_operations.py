@@ -330,3 +330,56 @@ def test_packet_paths_match_the_bare_collectives(
             assert "Process 0: [1] float32" in out["mixed"]
             assert "Process 1: [2000] float32" in out["mixed"]
         assert out["after"] == [0, 1]
+
+
+def _copy_and_rng_worker() -> dict[str, Any]:
+    from notebook_launcher.utils import copy_tensor_to_devices, synchronize_rng_states
+
+    r = PartialState().process_index
+    out: dict[str, Any] = {}
+    held = torch.tensor([[1, 2, 3]], dtype=torch.int32) if r == 1 else None
+    copied = copy_tensor_to_devices(held)  # held by rank 1, not the main process
+    out["copied"] = (copied.dtype, copied.tolist())
+    out["none"] = _catch_value(lambda: copy_tensor_to_devices(None))
+    out["two"] = _catch_value(lambda: copy_tensor_to_devices(torch.ones(1)))
+    torch.manual_seed(100 + r)
+    generator = torch.Generator().manual_seed(200 + r)
+    synchronize_rng_states(["torch", "generator"], generator=generator)
+    out["draws"] = (torch.rand(2).tolist(), torch.rand(2, generator=generator).tolist())
+    out["xla"] = _catch_value(lambda: synchronize_rng_states(["xla"]))
+    return out
+
+
+def _catch_value(fn: Any) -> str:
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_copy_tensor_to_devices_and_synchronize_rng_states() -> None:
+    a, b = notebook_launcher(_copy_and_rng_worker, num_processes=2, dashboard=False)
+    assert a["copied"] == b["copied"] == (torch.int32, [[1, 2, 3]])
+    assert "exactly one process" in a["none"] and "none hold one" in b["none"]
+    assert "processes [0, 1] hold one" in a["two"]
+    assert a["draws"] == b["draws"]  # rank 0's generator states everywhere
+    assert "notebook_launcher runs on CPUs and CUDA GPUs" in a["xla"]
+
+
+def test_availability_checks_and_version_helpers() -> None:
+    from notebook_launcher import utils
+
+    assert utils.compare_versions("2.13.0+cpu", ">=", "2.13") is True
+    assert utils.compare_versions("1.9.1", "<", "1.10") is True  # numeric, not lexicographic
+    assert utils.is_torch_version(">=", "2.2") is True
+    assert utils.str_to_bool("Yes") == 1 and utils.str_to_bool("off", to_bool=True) is False
+    with pytest.raises(ValueError, match="invalid truth value"):
+        utils.str_to_bool("maybe")
+    assert utils.is_pytest_available() is True
+    assert utils.is_bf16_available() is True and utils.is_fp16_available() is True
+    assert utils.is_cuda_available() is torch.cuda.is_available()
+    for name in utils.__all__:
+        if name.startswith("is_") and name.endswith("_available"):
+            assert isinstance(getattr(utils, name)(), bool), name
