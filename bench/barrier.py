@@ -34,7 +34,7 @@ import torch.distributed as dist
 from notebook_launcher import notebook_launcher
 from notebook_launcher.state import PartialState
 from notebook_launcher.ui import NullView
-from notebook_launcher.utils import gather, reduce
+from notebook_launcher.utils import gather, operations, reduce
 
 
 def _time(fn: Callable[[], Any], n: int) -> float:
@@ -97,6 +97,23 @@ def _bench(barriers: int, rounds: int) -> dict[str, dict[str, float]]:
     out["gather"] = _paired(lambda: gather(tensor), bare_gather, barriers, rounds)
     out["gather a/a"] = _paired(bare_gather, bare_gather, barriers, rounds)
     out["reduce"] = _paired(lambda: reduce(tensor, "sum"), bare_reduce, barriers, rounds)
+    # gather()'s own cost, free of network noise: its packet exchange replaced by a no-op
+    # that leaves every rank's digest in place, against calling that no-op directly.
+    real_start = operations._Packets.start
+
+    class _Done:
+        def wait(self) -> None:
+            return None
+
+    def start_noop(packets: Any, digest: int) -> _Done:
+        packets.digests[:] = digest
+        return _Done()
+
+    operations._Packets.start = start_noop  # type: ignore[method-assign]
+    try:
+        out["gather own"] = _paired(lambda: gather(tensor), noop, barriers * 10, rounds)
+    finally:
+        operations._Packets.start = real_start  # type: ignore[method-assign]
     return out
 
 
@@ -113,8 +130,8 @@ def main() -> None:
         dashboard=NullView(),
     )
     r = results[0]
-    b, aa, g, gaa, red, own = (
-        r[k] for k in ("barrier", "a/a", "gather", "gather a/a", "reduce", "own")
+    b, aa, g, gaa, red, own, gown = (
+        r[k] for k in ("barrier", "a/a", "gather", "gather a/a", "reduce", "own", "gather own")
     )
     own_us = (own["a"] - own["b"]) * 1e6
     print(f"{args.processes} ranks, {args.rounds} paired rounds x {args.barriers} barriers")
@@ -133,6 +150,7 @@ def main() -> None:
     print(f"  A/A noise, bare all_gather: {gaa['ratio']:8.3f}")
     print(f"  bare all_gather(16 floats): {g['b'] * 1e6:8.1f} us/call")
     print(f"  gather() with shape check:  {g['a'] * 1e6:8.1f} us/call")
+    print(f"  gather's own cost (no-op'd): {(gown['a'] - gown['b']) * 1e6:7.2f} us/call")
     verdict = "ok" if g["ratio"] <= 1.20 else "OVER"
     print(f"  gather ratio (median pairs): {g['ratio']:7.3f}   budget <= 1.20: {verdict}")
 

@@ -383,3 +383,16 @@ def test_availability_checks_and_version_helpers() -> None:
     for name in utils.__all__:
         if name.startswith("is_") and name.endswith("_available"):
             assert isinstance(getattr(utils, name)(), bool), name
+
+
+def _many_dims_worker() -> list[int]:
+    r = PartialState().process_index
+    shape = [1] * 40  # 40 dims: the sizes no longer fit the packet, a second exchange follows
+    shape[-1] = 1 + r
+    return list(pad_across_processes(torch.ones(shape), dim=-1).shape)
+
+
+@pytest.mark.timeout(60)
+def test_pad_across_processes_with_many_dims() -> None:
+    for shape in notebook_launcher(_many_dims_worker, num_processes=2, dashboard=False):
+        assert shape == [1] * 39 + [2]

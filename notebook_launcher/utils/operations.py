@@ -10,7 +10,7 @@ Shape safety (why a mismatch never hangs the notebook): with gloo, an ``all_gath
 catch it, so it cannot be turned into an exception after the fact); a mismatched ``broadcast``
 silently corrupts the receivers. So on gloo, :func:`gather`, :func:`reduce`,
 :func:`broadcast`, :func:`broadcast_object_list` and :func:`pad_across_processes` start with
-one fixed-size exchange (a 1 KiB *packet* per rank, which can never trip gloo's size check)
+one fixed-size exchange (a 256-byte *packet* per rank, which can never trip gloo's size check)
 carrying a 64-bit digest of the call (operation, structure, shapes, dtypes) and, when they
 fit, the data itself: a small gather or reduce is then a single collective, the check
 included. Larger inputs follow in their own collective once the digests agreed. Different
@@ -315,9 +315,10 @@ def _checked(ps: _state.PartialState, leaves: list[torch.Tensor]) -> bool:
 
 
 #: Bytes every rank sends in the first exchange of a checked collective, whatever its inputs:
-#: a fixed size can never trip gloo's size check. Small inputs travel inside it, so a small
-#: gather, reduce or broadcast is one collective (``bench/barrier.py`` measures the cost).
-_PACKET = 1024
+#: a fixed size can never trip gloo's size check. Inputs up to 240 bytes (60 float32) travel
+#: inside it, so a small gather, reduce or broadcast is one collective. On loopback gloo a
+#: 256-byte all_gather costs about what a 64-byte one does, a 1 KiB one clearly more.
+_PACKET = 256
 #: The packet's header: the int64 digest of the call, padded so payloads stay 16-byte aligned.
 _HEADER = 16
 
@@ -378,6 +379,8 @@ class _Buffers(threading.local):
 _buffers = _Buffers()
 #: (op, dtype, shape) -> digest of a single-tensor call (hashing a description costs more).
 _digests: dict[tuple[Any, ...], int] = {}
+#: (shape, world) -> shape of the gathered tensor.
+_gathered_shapes: dict[tuple[torch.Size, int], tuple[int, ...]] = {}
 #: Tensor dtypes numpy can view bytes as (the small-tensor fast paths below need one).
 _NUMPY_DTYPES: dict[torch.dtype, Any] = {
     torch.float64: np.float64,
@@ -534,16 +537,25 @@ def _gather_small(t: torch.Tensor) -> torch.Tensor | None:
     lets its threads go to sleep, and waking them costs ~100 us, so every microsecond of
     Python around the collective shows ten times over (``bench/barrier.py``): the state is
     read from its dict (building ``PartialState()`` costs a microsecond), the copies are
-    ``memmove``s, and the result is allocated while the packets travel.
+    ``memmove``s, and the result is allocated (through numpy, twice as fast as
+    ``torch.empty``) while the packets travel.
     """
     sent = _small_send("gather", None, t)
     if sent is None:
         return None
-    world = sent[0].world
-    out = torch.empty((world * t.shape[0], *t.shape[1:]) if t.ndim else (world,), dtype=t.dtype)
+    packets = sent[0]
+    shape = _gathered_shapes.get((t.shape, packets.world))
+    if shape is None:
+        shape = (packets.world * t.shape[0], *t.shape[1:]) if t.ndim else (packets.world,)
+        _gathered_shapes[(t.shape, packets.world)] = shape
+    dtype = _NUMPY_DTYPES.get(t.dtype)
+    if dtype is not None:
+        out = torch.from_numpy(np.empty(shape, dtype=dtype))
+    else:
+        out = torch.empty(shape, dtype=t.dtype)
     _small_finish("gather", None, t, sent)
     nbytes, base = t.nbytes, out.data_ptr()
-    for rank, source in enumerate(sent[0].recv_payloads):
+    for rank, source in enumerate(packets.recv_payloads):
         ctypes.memmove(base + rank * nbytes, source, nbytes)
     return out
 
@@ -839,8 +851,12 @@ def pad_across_processes(
                 ps.device,
                 what="numbers of dimensions",
             )
-            assert rows is not None  # 64 dims of int64 always fit
-            every = _unpacked(rows, [shape])[0]  # (world, ndim): every rank's shape
+            if rows is not None:
+                every = _unpacked(rows, [shape])[0]  # (world, ndim): every rank's shape
+            else:  # many dims: the ranks agreed on ndim, so this exchange sizes match
+                every = torch.empty(ps.num_processes * t.ndim, dtype=torch.int64, device=ps.device)
+                _all_gather_single(every, shape.to(ps.device))
+                every = every.cpu().view(ps.num_processes, t.ndim)
         d = dim + t.ndim if dim < 0 else dim
         if t.ndim == 0 or not 0 <= d < t.ndim:
             return t
