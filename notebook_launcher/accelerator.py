@@ -56,7 +56,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -79,9 +79,6 @@ from .utils.dataclasses import (
 )
 
 logger = logging.getLogger(__name__)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 # ------------------------------------------------------------------- autocast wrapper
 
