@@ -7,9 +7,11 @@ round next to it, and the median of those paired ratios is reported (pairing can
 slow drift of a shared machine's load). An A/A comparison (bare against bare, same
 procedure) shows how much of a ratio is noise.
 
-Also measures ``gather()`` (which exchanges a shape digest first, so that a mismatch
-raises instead of aborting) against a bare ``all_gather`` of the same 16 floats: a
-separate, informational figure.
+Also measures ``gather()`` and ``reduce()`` of 16 floats against a bare ``all_gather`` /
+``all_reduce`` of the same tensor, with the same paired procedure and its own A/A line. On gloo
+both check that the ranks agree on the shapes (a mismatch raises instead of aborting a rank);
+the check travels in the same packet as the data, so a small gather is one collective. The
+budget for ``gather()`` is a ratio <= 1.20.
 
 Usage::
 
@@ -32,7 +34,7 @@ import torch.distributed as dist
 from notebook_launcher import notebook_launcher
 from notebook_launcher.state import PartialState
 from notebook_launcher.ui import NullView
-from notebook_launcher.utils import gather
+from notebook_launcher.utils import gather, operations, reduce
 
 
 def _time(fn: Callable[[], Any], n: int) -> float:
@@ -85,12 +87,33 @@ def _bench(barriers: int, rounds: int) -> dict[str, dict[str, float]]:
     tensor = torch.ones(16)
     buffer = torch.empty(16 * state.num_processes)
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    out["gather"] = _paired(
-        lambda: gather(tensor),
-        lambda: all_gather(buffer, tensor),
-        max(barriers // 2, 20),
-        max(rounds // 2, 5),
-    )
+
+    def bare_gather() -> None:
+        all_gather(buffer, tensor)
+
+    def bare_reduce() -> None:
+        dist.all_reduce(tensor.clone())
+
+    out["gather"] = _paired(lambda: gather(tensor), bare_gather, barriers, rounds)
+    out["gather a/a"] = _paired(bare_gather, bare_gather, barriers, rounds)
+    out["reduce"] = _paired(lambda: reduce(tensor, "sum"), bare_reduce, barriers, rounds)
+    # gather()'s own cost, free of network noise: its packet exchange replaced by a no-op
+    # that leaves every rank's digest in place, against calling that no-op directly.
+    real_start = operations._Packets.start
+
+    class _Done:
+        def wait(self) -> None:
+            return None
+
+    def start_noop(packets: Any, digest: int) -> _Done:
+        packets.digests[:] = digest
+        return _Done()
+
+    operations._Packets.start = start_noop  # type: ignore[method-assign]
+    try:
+        out["gather own"] = _paired(lambda: gather(tensor), noop, barriers * 10, rounds)
+    finally:
+        operations._Packets.start = real_start  # type: ignore[method-assign]
     return out
 
 
@@ -107,7 +130,9 @@ def main() -> None:
         dashboard=NullView(),
     )
     r = results[0]
-    b, aa, g, own = r["barrier"], r["a/a"], r["gather"], r["own"]
+    b, aa, g, gaa, red, own, gown = (
+        r[k] for k in ("barrier", "a/a", "gather", "gather a/a", "reduce", "own", "gather own")
+    )
     own_us = (own["a"] - own["b"]) * 1e6
     print(f"{args.processes} ranks, {args.rounds} paired rounds x {args.barriers} barriers")
     print(f"  bare dist.barrier():        {b['b'] * 1e6:8.1f} us/call (median round)")
@@ -119,9 +144,15 @@ def main() -> None:
         f"  own cost (barrier no-op'd): {own_us:8.2f} us/call = "
         f"{own_us / (b['b'] * 1e6) * 100:.1f}% of a bare barrier"
     )
+    print(f"  bare all_reduce(16 floats): {red['b'] * 1e6:8.1f} us/call")
+    print(f"  reduce() with shape check:  {red['a'] * 1e6:8.1f} us/call")
+    print(f"  ratio (informational):      {red['ratio']:8.3f}")
+    print(f"  A/A noise, bare all_gather: {gaa['ratio']:8.3f}")
     print(f"  bare all_gather(16 floats): {g['b'] * 1e6:8.1f} us/call")
-    print(f"  gather() + shape digest:    {g['a'] * 1e6:8.1f} us/call")
-    print(f"  ratio (informational):      {g['ratio']:8.3f}")
+    print(f"  gather() with shape check:  {g['a'] * 1e6:8.1f} us/call")
+    print(f"  gather's own cost (no-op'd): {(gown['a'] - gown['b']) * 1e6:7.2f} us/call")
+    verdict = "ok" if g["ratio"] <= 1.20 else "OVER"
+    print(f"  gather ratio (median pairs): {g['ratio']:7.3f}   budget <= 1.20: {verdict}")
 
 
 if __name__ == "__main__":

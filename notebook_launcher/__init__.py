@@ -31,7 +31,15 @@ if TYPE_CHECKING:
     from .launcher import notebook_launcher
     from .session import Session, start
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
-    from .utils.dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin
+    from .utils.dataclasses import (
+        AutocastKwargs,
+        DataLoaderConfiguration,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        GradientAccumulationPlugin,
+        GradScalerKwargs,
+    )
+    from .utils.random import synchronize_rng_states
 
 __version__ = "0.1.0"
 
@@ -41,13 +49,18 @@ _LAZY = {
     "DistributedType": "notebook_launcher.state",
     "GradientState": "notebook_launcher.state",
     "PartialState": "notebook_launcher.state",
+    "AutocastKwargs": "notebook_launcher.utils.dataclasses",
     "DataLoaderConfiguration": "notebook_launcher.utils.dataclasses",
+    "DDPCommunicationHookType": "notebook_launcher.utils.dataclasses",
+    "DistributedDataParallelKwargs": "notebook_launcher.utils.dataclasses",
     "GradientAccumulationPlugin": "notebook_launcher.utils.dataclasses",
+    "GradScalerKwargs": "notebook_launcher.utils.dataclasses",
     "skip_first_batches": "notebook_launcher.data_loader",
     "notebook_launcher": "notebook_launcher.launcher",
     "start": "notebook_launcher.session",
     "Session": "notebook_launcher.session",
     "SessionBroken": "notebook_launcher.errors",
+    "synchronize_rng_states": "notebook_launcher.utils.random",
 }
 
 
@@ -75,9 +88,13 @@ def __dir__() -> list[str]:
 __all__ = [
     "Accelerator",
     "AcceleratorState",
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",
     "LaunchError",
@@ -93,4 +110,5 @@ __all__ = [
     "notebook_launcher",
     "skip_first_batches",
     "start",
+    "synchronize_rng_states",
 ]

@@ -54,8 +54,9 @@ import gc
 import logging
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -64,7 +65,9 @@ from torch.utils.data import DataLoader
 from . import checkpointing
 from .data_loader import DataLoaderShard, prepare_data_loader
 from .data_loader import skip_first_batches as _skip_first_batches
-from .state import AcceleratorState, DistributedType, GradientState
+from .optimizer import AcceleratedOptimizer
+from .scheduler import AcceleratedScheduler
+from .state import AcceleratorState, DistributedType, GradientState, PartialState, ProcessControl
 from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -77,199 +80,7 @@ from .utils.dataclasses import (
 
 logger = logging.getLogger(__name__)
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-# ------------------------------------------------------------------------------- wrappers
-
-
-class AcceleratedOptimizer(torch.optim.Optimizer):
-    """An optimizer that steps (and zeroes gradients) only when gradients are synced.
-
-    Under fp16 it steps through the ``GradScaler`` and records in ``step_was_skipped`` whether
-    the scaler skipped the step (inf/NaN gradients). Everything else is the wrapped optimizer's:
-    ``param_groups``, ``state``, ``defaults``, ``state_dict``...
-
-    Example::
-
-        optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
-        optimizer.step()   # a no-op on the non-sync steps of gradient accumulation
-    """
-
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        device_placement: bool = True,
-        scaler: torch.amp.GradScaler | None = None,
-    ) -> None:
-        # Deliberately no super().__init__: this object is a view of ``optimizer``.
-        self.optimizer = optimizer
-        self.scaler = scaler
-        self.gradient_state = GradientState()
-        self.device_placement = device_placement
-        self._is_overflow = False
-        self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
-        self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
-        if device_placement and optimizer.state:
-            # state made before the model moved (e.g. loaded on the CPU): load_state_dict
-            # casts every state tensor to its parameter's device
-            optimizer.load_state_dict(optimizer.state_dict())
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.optimizer.defaults = value
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        self.optimizer.add_param_group(param_group)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
-
-    def step(self, closure: Callable[[], float] | None = None) -> Any:
-        if not self.gradient_state.sync_gradients:
-            return None
-        if self.scaler is None:
-            self._is_overflow = False
-            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        scale_before = self.scaler.get_scale()
-        result = (
-            self.scaler.step(self.optimizer, closure)
-            if closure
-            else self.scaler.step(self.optimizer)
-        )
-        self.scaler.update()
-        self._is_overflow = self.scaler.get_scale() < scale_before
-        return result
-
-    @property
-    def step_was_skipped(self) -> bool:
-        """Whether the last ``step`` was skipped by the GradScaler (inf/NaN gradients)."""
-        return self._is_overflow
-
-    @property
-    def is_overflow(self) -> bool:
-        return self._is_overflow
-
-    def train(self) -> None:
-        if hasattr(self.optimizer, "train"):
-            self.optimizer.train()
-
-    def eval(self) -> None:
-        if hasattr(self.optimizer, "eval"):
-            self.optimizer.eval()
-
-    def __getattr__(self, name: str) -> Any:
-        # Only for names not found on the wrapper: the wrapped optimizer's own extras
-        # (custom attributes, torch's hook registries...).
-        if name.startswith("__") or name == "optimizer":
-            raise AttributeError(name)
-        return getattr(self.optimizer, name)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "gradient_state"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.gradient_state = GradientState()
-
-    def __repr__(self) -> str:
-        return f"AcceleratedOptimizer({self.optimizer!r})"
-
-
-class AcceleratedScheduler:
-    """A learning-rate scheduler that steps only after a real optimizer step.
-
-    On non-sync steps of gradient accumulation it does not step (with ``adjust_scheduler`` it
-    bumps the step counter so torch does not warn); after a step the GradScaler skipped it does
-    not step either. Without ``split_batches`` it steps ``num_processes`` times per optimizer
-    step, like Accelerate: a schedule written for one process over the whole dataset then
-    ends at the same point when ``n`` ranks each see ``1/n`` of the batches.
-
-    Example::
-
-        scheduler = accelerator.prepare(OneCycleLR(optimizer, max_lr=0.1, total_steps=1000))
-        scheduler.step()   # after optimizer.step(), every batch
-    """
-
-    def __init__(
-        self,
-        scheduler: Any,
-        optimizers: Any,
-        step_with_optimizer: bool = True,
-        split_batches: bool = False,
-    ) -> None:
-        self.scheduler = scheduler
-        self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
-        self.split_batches = split_batches
-        self.step_with_optimizer = step_with_optimizer
-        self.gradient_state = GradientState()
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        if not self.step_with_optimizer:
-            self.scheduler.step(*args, **kwargs)
-            return
-        if not self.gradient_state.sync_gradients:
-            if self.gradient_state.adjust_scheduler and hasattr(self.scheduler, "_step_count"):
-                self.scheduler._step_count += 1
-            return
-        for opt in self.optimizers:
-            if getattr(opt, "step_was_skipped", False):
-                return
-        if self.split_batches:
-            self.scheduler.step(*args, **kwargs)
-            return
-        for _ in range(AcceleratorState().num_processes):
-            total = getattr(self.scheduler, "total_steps", None)
-            if total is not None and self.scheduler._step_count > total:
-                break
-            self.scheduler.step(*args, **kwargs)
-
-    def get_last_lr(self) -> Any:
-        return self.scheduler.get_last_lr()
-
-    def state_dict(self) -> Any:
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state_dict: Any) -> None:
-        self.scheduler.load_state_dict(state_dict)
-
-    def get_lr(self) -> Any:
-        return self.scheduler.get_lr()
-
-    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
-        return self.scheduler.print_lr(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "scheduler":
-            raise AttributeError(name)
-        return getattr(self.scheduler, name)
+# ------------------------------------------------------------------- autocast wrapper
 
 
 def _convert_to_fp32(value: Any) -> Any:
@@ -298,13 +109,14 @@ def _autocast_forward(forward: Callable[..., Any], autocast: Callable[[], Any]) 
 # ---------------------------------------------------------------------------- Accelerator
 
 
-class Accelerator:
+class Accelerator(ProcessControl):
     """Accelerate's ``Accelerator``, for DDP on CPU (gloo) and GPU (nccl).
 
     Args:
         device_placement: move prepared models and batches to ``accelerator.device``.
         split_batches: shorthand for ``DataLoaderConfiguration(split_batches=...)``.
-        mixed_precision: ``"no"``, ``"bf16"`` (CPU and GPU) or ``"fp16"`` (GPU); ``None`` reads
+        mixed_precision: ``"no"``, ``"bf16"`` (CPU and GPU) or ``"fp16"`` (GPU; on a CPU it
+            is accepted with a warning and trains in fp32, as in Accelerate); ``None`` reads
             ``ACCELERATE_MIXED_PRECISION`` (set by ``notebook_launcher(mixed_precision=...)``).
         gradient_accumulation_steps: batches per optimizer step (or pass
             ``gradient_accumulation_plugin``, not both).
@@ -421,10 +233,10 @@ class Accelerator:
         self.flag_tensor: torch.Tensor | None = None
 
         self.scaler: torch.amp.GradScaler | None = None
-        self.native_amp = self.state.mixed_precision in ("fp16", "bf16")
-        if self.state.mixed_precision == "fp16":
-            if self.device.type != "cuda":
-                raise ValueError("mixed_precision='fp16' needs a CUDA GPU; use 'bf16' on CPU")
+        # fp16 on a CPU is accepted (the state warned) and trains in fp32, as in Accelerate.
+        mp = self.state.mixed_precision
+        self.native_amp = mp == "bf16" or (mp == "fp16" and self.device.type == "cuda")
+        if mp == "fp16" and self.native_amp:
             scaler_kwargs: dict[str, Any] = (
                 self.scaler_handler.to_kwargs() if self.scaler_handler else {}
             )
@@ -439,41 +251,16 @@ class Accelerator:
         self._load_model_state_pre_hooks: list[Callable[..., Any]] = []
 
     # ------------------------------------------------------------------ properties
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
+    # device, num_processes, process_index, the is_*_process flags, wait_for_everyone,
+    # main_process_first, on_*_process, split_between_processes and print come from
+    # ProcessControl (state.py), which delegates them to PartialState.
+
+    def _view(self, name: str) -> PartialState:
+        return self.state._view(name)
 
     @property
     def distributed_type(self) -> DistributedType:
         return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.use_distributed
 
     @property
     def mixed_precision(self) -> str:
@@ -537,57 +324,7 @@ class Accelerator:
         """Whether the last optimizer step was skipped by the fp16 GradScaler."""
         return any(opt.step_was_skipped for opt in self._optimizers)
 
-    # -------------------------------------------------------------- process control
-    def wait_for_everyone(self) -> None:
-        """Barrier across ranks (reported to the dashboard); no-op in a single process.
-
-        Example::
-
-            accelerator.wait_for_everyone()   # every rank finished writing its shard
-        """
-        self.state.wait_for_everyone()
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        with self.state.main_process_first():
-            yield
-
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        with self.state.local_main_process_first():
-            yield
-
-    def on_main_process(self, function: F | None = None) -> F:
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: F | None = None) -> F:
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: F | None = None) -> F:
-        return self.state.on_last_process(function)
-
-    def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(
-        self, function: F | None = None, local_process_index: int | None = None
-    ) -> F:
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        with self.state.split_between_processes(inputs, apply_padding=apply_padding) as part:
-            yield part
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once (on the main process).
-
-        Example::
-
-            accelerator.print(f"epoch {epoch}: loss {loss:.3f}")
-        """
-        self.state.print(*args, **kwargs)
-
+    # -------------------------------------------------------------- triggers
     def set_trigger(self) -> None:
         """Raise this rank's flag; the next :meth:`check_trigger` is True on every rank.
 
@@ -599,7 +336,7 @@ class Accelerator:
                 break
         """
         self.flag_tensor = torch.tensor(1, device=self.device)
-        self.state.set_trigger()
+        super().set_trigger()
 
     def check_trigger(self) -> bool:
         """True on every rank if any rank called :meth:`set_trigger` since the last check.
@@ -611,7 +348,7 @@ class Accelerator:
             if accelerator.check_trigger():
                 break   # every rank leaves the loop at the same step
         """
-        fired = self.state.check_trigger()
+        fired = super().check_trigger()
         self.flag_tensor = torch.tensor(0, device=self.device)
         return fired
 
@@ -682,6 +419,8 @@ class Accelerator:
                 kwargs.setdefault("device_ids", [self.device.index or 0])
                 kwargs.setdefault("output_device", self.device.index or 0)
             model = DistributedDataParallel(model, **kwargs)
+            if self.ddp_handler is not None:
+                self.ddp_handler.register_comm_hook(model)
             self._models[-1] = model
         return model
 
@@ -740,6 +479,8 @@ class Accelerator:
         if device_placement is None:
             device_placement = self.device_placement
         config = self.dataloader_config
+        if config.use_stateful_dataloader:
+            _refuse_stateful_dataloader()
         prepared = prepare_data_loader(
             data_loader,
             device=self.device,
@@ -772,7 +513,16 @@ class Accelerator:
                 for batch in loader:
                     ...
         """
-        if not self.use_distributed:
+        if not self.use_distributed or self.distributed_type == DistributedType.NO:
+            yield
+            return
+        if self.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+            warnings.warn(
+                "Joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP "
+                f"training, not {self.distributed_type}: `join_uneven_inputs` has no effect.",
+                UserWarning,
+                stacklevel=3,
+            )
             yield
             return
         from torch.distributed.algorithms import Join
@@ -901,7 +651,7 @@ class Accelerator:
                 out = model(x)
         """
         handler = autocast_handler or self.autocast_handler or AutocastKwargs()
-        if self.mixed_precision == "no" or not handler.enabled:
+        if not self.native_amp or not handler.enabled:
             return contextlib.nullcontext()
         dtype = torch.bfloat16 if self.mixed_precision == "bf16" else torch.float16
         kwargs: dict[str, Any] = {}
@@ -1308,6 +1058,23 @@ class _Handle:
     def remove(self) -> None:
         if self._hook in self._hooks:
             self._hooks.remove(self._hook)
+
+
+def _refuse_stateful_dataloader() -> None:
+    """``use_stateful_dataloader``: Accelerate's ImportError without torchdata; with it, a
+    clear refusal (this package resumes mid-epoch with ``skip_first_batches`` instead)."""
+    from .utils.imports import is_torchdata_stateful_dataloader_available
+
+    if not is_torchdata_stateful_dataloader_available():
+        raise ImportError(
+            "StatefulDataLoader is not available. Please install torchdata version 0.8.0 or "
+            "higher to use it."
+        )
+    raise NotImplementedError(
+        "DataLoaderConfiguration(use_stateful_dataloader=True) is not supported by "
+        "notebook_launcher: save_state()/load_state() record the epoch and the sampler's "
+        "state; resume mid-epoch with accelerator.skip_first_batches(loader, done_batches)."
+    )
 
 
 def _is_scheduler(obj: Any) -> bool:

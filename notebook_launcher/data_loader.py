@@ -91,13 +91,15 @@ class SeedableRandomSampler(RandomSampler):
     """A ``RandomSampler`` whose order depends only on ``(initial_seed, epoch)``.
 
     Every rank computes the same permutation without communicating, and a resumed run
-    reproduces it after ``set_epoch(epoch)``.
+    reproduces it after ``set_epoch(epoch)``. As in Accelerate, the seed is ``data_seed`` or
+    else ``torch.random.initial_seed()`` (what ``set_seed``/``torch.manual_seed`` set; nothing
+    is drawn from the global RNG), and each full pass advances the epoch by one.
 
     Example::
 
         sampler = SeedableRandomSampler(dataset, data_seed=42)
         sampler.set_epoch(3)
-        order = list(sampler)
+        order = list(sampler)   # epoch 3's order; the sampler is now at epoch 4
     """
 
     def __init__(
@@ -111,9 +113,7 @@ class SeedableRandomSampler(RandomSampler):
         if generator is None:
             generator = torch.Generator()
         super().__init__(data_source, replacement, num_samples, generator)
-        if data_seed is None:
-            data_seed = int(torch.empty((), dtype=torch.int64).random_().item()) % (2**62)
-        self.initial_seed = int(data_seed)
+        self.initial_seed = int(data_seed if data_seed is not None else torch.random.initial_seed())
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -123,6 +123,7 @@ class SeedableRandomSampler(RandomSampler):
         assert self.generator is not None
         self.generator.manual_seed(self.initial_seed + self.epoch)
         yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
 
 
 class BatchSamplerShard(BatchSampler):
@@ -447,8 +448,9 @@ class DataLoaderShard(DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Pass ``epoch`` to the sampler (or dataset) so it can reshuffle per epoch."""
         self.iteration = epoch
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        inner = getattr(getattr(self.batch_sampler, "batch_sampler", None), "sampler", None)
+        batches = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        sampler = getattr(batches, "sampler", None)
+        inner = getattr(getattr(batches, "batch_sampler", None), "sampler", None)
         for candidate in (sampler, inner):
             if candidate is not None and hasattr(candidate, "set_epoch"):
                 candidate.set_epoch(epoch)
@@ -808,8 +810,10 @@ def prepare_data_loader(
         )
         return new
 
-    batch_sampler = dataloader.batch_sampler
-    assert batch_sampler is not None
+    # DataLoader(sampler=BatchSampler(...), batch_size=None) hands the dataset whole lists of
+    # indices: the BatchSampler plays the batch sampler's part, and stays a sampler below.
+    sampler_is_batch_sampler = dataloader.batch_sampler is None
+    batch_sampler = _batch_sampler_of(dataloader)
     sampler = getattr(batch_sampler, "sampler", None)
     if isinstance(sampler, RandomSampler):
         if use_seedable_sampler and not isinstance(sampler, SeedableRandomSampler):
@@ -838,7 +842,7 @@ def prepare_data_loader(
         samples = shard_sampler._num_samples()  # type: ignore[attr-defined]
         drop_last = shard_sampler.drop_last
     else:
-        shard_sampler = batch_sampler  # type: ignore[assignment]
+        shard_sampler = batch_sampler
         total_batch_size = getattr(batch_sampler, "batch_size", None)
         try:
             samples = len(getattr(batch_sampler, "sampler"))  # noqa: B009
@@ -857,8 +861,27 @@ def prepare_data_loader(
         non_blocking=non_blocking,
         remainder=remainder,
         total_batch_size=total_batch_size,
-        batch_sampler=shard_sampler,
+        **_sampling(shard_sampler, sampler_is_batch_sampler),
         **kwargs,
+    )
+
+
+def _sampling(batches: Any, as_sampler: bool) -> dict[str, Any]:
+    """DataLoader arguments that make ``batches`` yield the batches' indices."""
+    return {"sampler": batches, "batch_size": None} if as_sampler else {"batch_sampler": batches}
+
+
+def _batch_sampler_of(dataloader: DataLoader) -> Any:
+    """What yields the loader's batches of indices: its batch sampler, or a ``BatchSampler``
+    passed as its sampler (with ``batch_size=None``)."""
+    if dataloader.batch_sampler is not None:
+        return dataloader.batch_sampler
+    if isinstance(dataloader.sampler, BatchSampler):
+        return dataloader.sampler
+    raise ValueError(
+        "prepare_data_loader shards batches: give the DataLoader a batch_size, a "
+        "batch_sampler, or a BatchSampler as its sampler (with batch_size=None); it has "
+        f"batch_size=None and a {type(dataloader.sampler).__name__}"
     )
 
 
@@ -950,7 +973,9 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             )
         else:
             kwargs = dict(dataloader._base_kwargs)
-            kwargs["batch_sampler"] = SkipBatchSampler(dataloader.batch_sampler, num_batches)  # type: ignore[arg-type]
+            as_sampler = dataloader.batch_sampler is None
+            batches = dataloader.sampler if as_sampler else dataloader.batch_sampler
+            kwargs.update(_sampling(SkipBatchSampler(batches, num_batches), as_sampler))  # type: ignore[arg-type]
             new = DataLoaderShard(
                 dataloader.dataset,
                 device=dataloader.device,

@@ -23,8 +23,9 @@ Differences from Accelerate (defects fixed, names kept):
 * ``split_between_processes`` never mutates the caller's dict; a rank with nothing to do
   gets an empty slice (not a copy of the last element) unless ``apply_padding=True``;
   padding works for tuples and tensors.
-* Re-initialising a state with settings that conflict with the existing ones raises
-  ``ValueError`` naming both values (Accelerate silently keeps some of them).
+* Re-initialising ``PartialState``/``AcceleratorState`` with a device, backend or mixed
+  precision that conflicts with the existing one raises ``ValueError`` naming both values.
+  Gradient-accumulation settings follow Accelerate: the latest ``Accelerator`` sets them.
 
 Barriers and the dashboard: inside a launched worker, every process-control barrier
 (``wait_for_everyone``, ``main_process_first``, ...) that keeps a rank waiting longer than
@@ -47,10 +48,11 @@ Example::
 from __future__ import annotations
 
 import builtins
-import enum
 import functools
+import itertools
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -60,6 +62,8 @@ import torch
 import torch.distributed as dist
 
 from ._worker import barriers, runtime
+from .utils.constants import FP16_ON_CPU_WARNING, parse_mixed_precision
+from .utils.dataclasses import DistributedType
 
 if TYPE_CHECKING:
     from .utils.dataclasses import GradientAccumulationPlugin
@@ -67,35 +71,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 _TRUE = ("1", "true", "yes", "on", "y", "t")
-_MIXED_PRECISIONS = ("no", "fp16", "bf16")
 _INIT_KWARGS = ("backend", "timeout", "init_method", "pg_options")
-
-
-class DistributedType(str, enum.Enum):
-    """The kind of distributed setup the current process is part of.
-
-    This package produces ``NO``, ``MULTI_CPU`` and ``MULTI_GPU``; the other members exist so
-    that Accelerate code comparing against them keeps working.
-
-    Example::
-
-        if PartialState().distributed_type == DistributedType.MULTI_GPU:
-            ...
-    """
-
-    NO = "NO"
-    MULTI_CPU = "MULTI_CPU"
-    MULTI_GPU = "MULTI_GPU"
-    MULTI_NPU = "MULTI_NPU"
-    MULTI_MLU = "MULTI_MLU"
-    MULTI_XPU = "MULTI_XPU"
-    DEEPSPEED = "DEEPSPEED"
-    FSDP = "FSDP"
-    XLA = "XLA"
-    MEGATRON_LM = "MEGATRON_LM"
-
-    def __str__(self) -> str:
-        return self.value
+_GENERATIONS = itertools.count()
 
 
 _DISTRIBUTED_TYPES = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
@@ -116,18 +93,13 @@ def _debug_from_env() -> bool:
 
 
 def _check_mixed_precision(value: str | None, cuda: bool, source: str) -> str:
-    """Normalise a mixed-precision setting; raise ``ValueError`` saying how to fix a bad one."""
-    mp = "no" if value is None or str(value).strip() == "" else str(value).strip().lower()
-    if mp not in _MIXED_PRECISIONS:
-        raise ValueError(
-            f"Unknown mixed_precision {value!r} ({source}); choose one of "
-            f"{', '.join(repr(m) for m in _MIXED_PRECISIONS)}."
-        )
+    """Normalise a mixed-precision setting; raise ``ValueError`` saying how to fix a bad one.
+
+    ``fp16`` without CUDA is accepted with a warning and trains in fp32, as in Accelerate.
+    """
+    mp = parse_mixed_precision(value, source)
     if mp == "fp16" and not cuda:
-        raise ValueError(
-            f"mixed_precision='fp16' ({source}) needs a CUDA GPU, and this process runs on CPU. "
-            "Use mixed_precision='bf16' (supported on CPU) or 'no'."
-        )
+        warnings.warn(FP16_ON_CPU_WARNING, UserWarning, stacklevel=4)
     return mp
 
 
@@ -206,6 +178,12 @@ class PartialState:
     def initialized(self) -> bool:
         """Whether the shared state has been built in this process."""
         return bool(self._shared_state)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names not found normally: after _reset_state(), say so as Accelerate does.
+        if name in _PARTIAL_STATE_FIELDS:
+            raise AttributeError(_reset_message("PartialState", name))
+        raise AttributeError(f"'PartialState' object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         if not self.initialized:
@@ -522,6 +500,7 @@ def _build_partial_state(
             device.type == "cuda",
             "env ACCELERATE_MIXED_PRECISION",
         )
+    checks = parse_flag_from_env("NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES", True)
     return {
         "device": device,
         "distributed_type": dtype,
@@ -537,6 +516,10 @@ def _build_partial_state(
         "_trigger": False,
         "_init_kwargs": init_kwargs,
         "_barrier_quiet": barriers.quiet_from_env(),
+        # read once: the collectives consult them on every call (utils/operations.py)
+        "_check_collectives": checks,
+        "_small_world": world if world > 1 and checks and device.type == "cpu" else 0,
+        "_generation": next(_GENERATIONS),  # a new state may mean a new process group
     }
 
 
@@ -610,11 +593,176 @@ def split_inputs(inputs: Any, index: int, num: int, apply_padding: bool = False)
 
 
 # --------------------------------------------------------------------------------------------
+# Process control, delegated (written once for AcceleratorState and the Accelerator)
+# --------------------------------------------------------------------------------------------
+
+#: Names a built PartialState answers; after ``_reset_state()`` they raise Accelerate's error.
+_PARTIAL_STATE_FIELDS = frozenset(
+    {
+        "device",
+        "distributed_type",
+        "num_processes",
+        "process_index",
+        "local_process_index",
+        "backend",
+        "debug",
+        "fork_launched",
+        "mixed_precision",
+        "is_main_process",
+        "is_local_main_process",
+        "is_last_process",
+        "use_distributed",
+    }
+)
+_ACCELERATOR_STATE_FIELDS = _PARTIAL_STATE_FIELDS | {
+    "dynamo_plugin",
+    "deepspeed_plugin",
+    "fsdp_plugin",
+    "megatron_lm_plugin",
+    "use_ipex",
+}
+
+
+def _reset_message(cls: str, name: str) -> str:
+    """Accelerate's wording, so code (and tests) that match on it keep working."""
+    return (
+        f"`{cls}` object has no attribute `{name}`. This happens if `{cls}._reset_state()` was "
+        "called and an `Accelerator` or `PartialState` was not reinitialized."
+    )
+
+
+class ProcessControl:
+    """PartialState's process-control API, for objects that stand in front of it.
+
+    :class:`AcceleratorState` and :class:`~notebook_launcher.accelerator.Accelerator` both expose
+    ``wait_for_everyone``, ``main_process_first``, the ``on_*_process`` decorators,
+    ``split_between_processes``, ``print`` and the triggers; each implements only
+    :meth:`_view`, which returns the :class:`PartialState` that does the work (or raises when
+    the state was reset), so barriers reach the dashboard the same way from all three.
+
+    Example::
+
+        accelerator.wait_for_everyone()       # == PartialState().wait_for_everyone()
+    """
+
+    def _view(self, name: str) -> PartialState:
+        raise NotImplementedError
+
+    # ---- identity ---------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self._view("device").device
+
+    @property
+    def num_processes(self) -> int:
+        return self._view("num_processes").num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self._view("process_index").process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self._view("local_process_index").local_process_index
+
+    @property
+    def use_distributed(self) -> bool:
+        return self._view("use_distributed").use_distributed
+
+    @property
+    def is_main_process(self) -> bool:
+        return self._view("is_main_process").is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self._view("is_local_main_process").is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self._view("is_last_process").is_last_process
+
+    # ---- barriers and decorators ------------------------------------------------------------
+
+    def wait_for_everyone(self) -> None:
+        """Barrier across ranks (reported to the dashboard); a no-op in a single process.
+
+        Example::
+
+            accelerator.wait_for_everyone()   # every rank finished writing its shard
+        """
+        self._view("wait_for_everyone").wait_for_everyone()
+
+    @contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """See :meth:`PartialState.main_process_first`."""
+        with self._view("main_process_first").main_process_first():
+            yield
+
+    @contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """See :meth:`PartialState.local_main_process_first`."""
+        with self._view("local_main_process_first").local_main_process_first():
+            yield
+
+    def on_main_process(self, function: F | None = None) -> F:
+        """See :meth:`PartialState.on_main_process`."""
+        return self._view("on_main_process").on_main_process(function)
+
+    def on_local_main_process(self, function: F | None = None) -> F:
+        """See :meth:`PartialState.on_local_main_process`."""
+        return self._view("on_local_main_process").on_local_main_process(function)
+
+    def on_last_process(self, function: F | None = None) -> F:
+        """See :meth:`PartialState.on_last_process`."""
+        return self._view("on_last_process").on_last_process(function)
+
+    def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
+        """See :meth:`PartialState.on_process`."""
+        return self._view("on_process").on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function: F | None = None, local_process_index: int | None = None
+    ) -> F:
+        """See :meth:`PartialState.on_local_process`."""
+        return self._view("on_local_process").on_local_process(
+            function, local_process_index=local_process_index
+        )
+
+    @contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """See :meth:`PartialState.split_between_processes`."""
+        with self._view("split_between_processes").split_between_processes(
+            inputs, apply_padding=apply_padding
+        ) as part:
+            yield part
+
+    # ---- output and triggers ----------------------------------------------------------------
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine.
+
+        Example::
+
+            accelerator.print(f"epoch {epoch}: loss {loss:.3f}")
+        """
+        self._view("print").print(*args, **kwargs)
+
+    def set_trigger(self) -> None:
+        """See :meth:`PartialState.set_trigger`."""
+        self._view("set_trigger").set_trigger()
+
+    def check_trigger(self) -> bool:
+        """See :meth:`PartialState.check_trigger` (a collective: call it on every rank)."""
+        return self._view("check_trigger").check_trigger()
+
+
+# --------------------------------------------------------------------------------------------
 # AcceleratorState
 # --------------------------------------------------------------------------------------------
 
 
-class AcceleratorState:
+class AcceleratorState(ProcessControl):
     """:class:`PartialState` plus the training settings an ``Accelerator`` needs.
 
     Args:
@@ -705,119 +853,47 @@ class AcceleratorState:
         PartialState(cpu)
 
     def __repr__(self) -> str:
-        return repr(PartialState()).replace("PartialState", "AcceleratorState")
+        return repr(self._view("__repr__")).replace("PartialState", "AcceleratorState")
+
+    def _view(self, name: str) -> PartialState:
+        if not self.initialized:
+            raise AttributeError(_reset_message("AcceleratorState", name))
+        return PartialState()
 
     def __getattr__(self, name: str) -> Any:
         # Only called for names not found normally: fall back to PartialState's fields.
         if name.startswith("__"):
             raise AttributeError(name)
+        if not self.initialized and name in _ACCELERATOR_STATE_FIELDS:
+            raise AttributeError(_reset_message("AcceleratorState", name))
         shared = PartialState._shared_state
         if name in shared:
             return shared[name]
         raise AttributeError(f"'AcceleratorState' object has no attribute {name!r}")
 
-    # ---- PartialState's attributes --------------------------------------------------------
-
-    @property
-    def _partial(self) -> PartialState:
-        return PartialState()
-
-    @property
-    def device(self) -> torch.device:
-        return self._partial.device
-
     @property
     def distributed_type(self) -> DistributedType:
-        return self._partial.distributed_type
+        """PartialState's, unless set on this object (Accelerate's tests pose as FSDP that way)."""
+        override = self._shared_state.get("_distributed_type")
+        return override if override is not None else self._view("distributed_type").distributed_type
 
-    @property
-    def num_processes(self) -> int:
-        return self._partial.num_processes
-
-    @property
-    def process_index(self) -> int:
-        return self._partial.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self._partial.local_process_index
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType) -> None:
+        # The process group is what it is: only this view changes, PartialState keeps the truth.
+        self._view("distributed_type")
+        self._shared_state["_distributed_type"] = DistributedType(value)
 
     @property
     def backend(self) -> str | None:
-        return self._partial.backend
+        return self._view("backend").backend
 
     @property
     def debug(self) -> bool:
-        return self._partial.debug
-
-    @property
-    def use_distributed(self) -> bool:
-        return self._partial.use_distributed
-
-    @property
-    def is_main_process(self) -> bool:
-        return self._partial.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self._partial.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self._partial.is_last_process
-
-    # ---- PartialState's methods -----------------------------------------------------------
-
-    def wait_for_everyone(self) -> None:
-        """See :meth:`PartialState.wait_for_everyone`."""
-        self._partial.wait_for_everyone()
-
-    @contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """See :meth:`PartialState.main_process_first`."""
-        with self._partial.main_process_first():
-            yield
-
-    @contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        """See :meth:`PartialState.local_main_process_first`."""
-        with self._partial.local_main_process_first():
-            yield
-
-    def on_main_process(self, function: F | None = None) -> F:
-        return self._partial.on_main_process(function)
-
-    def on_local_main_process(self, function: F | None = None) -> F:
-        return self._partial.on_local_main_process(function)
-
-    def on_last_process(self, function: F | None = None) -> F:
-        return self._partial.on_last_process(function)
-
-    def on_process(self, function: F | None = None, process_index: int | None = None) -> F:
-        return self._partial.on_process(function, process_index=process_index)
-
-    def on_local_process(
-        self, function: F | None = None, local_process_index: int | None = None
-    ) -> F:
-        return self._partial.on_local_process(function, local_process_index=local_process_index)
-
-    @contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """See :meth:`PartialState.split_between_processes`."""
-        with self._partial.split_between_processes(inputs, apply_padding) as part:
-            yield part
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        self._partial.print(*args, **kwargs)
-
-    def set_trigger(self) -> None:
-        self._partial.set_trigger()
-
-    def check_trigger(self) -> bool:
-        return self._partial.check_trigger()
+        return self._view("debug").debug
 
     def destroy_process_group(self, group: Any = None) -> None:
-        self._partial.destroy_process_group(group)
+        """See :meth:`PartialState.destroy_process_group`."""
+        self._view("destroy_process_group").destroy_process_group(group)
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
@@ -852,8 +928,9 @@ class GradientState:
     Args:
         gradient_accumulation_plugin: a
             :class:`~notebook_launcher.utils.dataclasses.GradientAccumulationPlugin`; the
-            first one given sets ``num_steps``, ``adjust_scheduler`` and
-            ``sync_with_dataloader``. A later, *different* one raises ``ValueError``.
+            latest one given sets ``num_steps``, ``adjust_scheduler``,
+            ``sync_with_dataloader`` and ``sync_each_batch`` (as in Accelerate: a second
+            ``Accelerator`` with other settings updates them).
 
     Attributes:
         sync_gradients: whether the next backward syncs gradients across ranks.
@@ -874,7 +951,6 @@ class GradientState:
     active_dataloader: Any
     dataloader_references: list[Any]
     plugin_kwargs: dict[str, Any]
-    _plugin_explicit: bool
 
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None):
         self.__dict__ = self._shared_state
@@ -886,21 +962,14 @@ class GradientState:
                     "active_dataloader": None,
                     "dataloader_references": [None],
                     "plugin_kwargs": kwargs,
-                    "_plugin_explicit": gradient_accumulation_plugin is not None,
                     "_is_xla_gradients_synced": False,
                 }
             )
             return
-        if gradient_accumulation_plugin is None or kwargs == self.plugin_kwargs:
-            return
-        if self._plugin_explicit:
-            raise ValueError(
-                "GradientState is already initialized with gradient accumulation settings "
-                f"{self.plugin_kwargs} and cannot be changed to {kwargs}. Create a single "
-                "Accelerator per process, or call notebook_launcher.state._reset_state() first."
-            )
-        self._shared_state["plugin_kwargs"] = kwargs
-        self._shared_state["_plugin_explicit"] = True
+        if gradient_accumulation_plugin is not None and kwargs != self.plugin_kwargs:
+            # Accelerate's rule: the latest plugin wins (its tests build one Accelerator per
+            # case, each with its own settings).
+            self._shared_state["plugin_kwargs"] = kwargs
 
     @property
     def initialized(self) -> bool:

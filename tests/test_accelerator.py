@@ -159,10 +159,16 @@ def test_bf16_autocast_on_cpu() -> None:
     assert torch.allclose(plain(x), x @ plain.weight.t() + plain.bias)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal of fp16")
-def test_fp16_needs_a_gpu() -> None:
-    with pytest.raises(ValueError, match="fp16"):
-        Accelerator(mixed_precision="fp16")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks fp16 on a CPU")
+def test_fp16_on_cpu_trains_in_fp32_with_a_warning() -> None:
+    # Accelerate's behaviour: accepted, no autocast and no GradScaler on a CPU.
+    with pytest.warns(UserWarning, match="fp16' on CPU"):
+        acc = Accelerator(mixed_precision="fp16")
+    model = acc.prepare(torch.nn.Linear(4, 2))
+    assert acc.mixed_precision == "fp16" and acc.scaler is None and not acc.native_amp
+    with acc.autocast():
+        assert model(torch.randn(3, 4)).dtype == torch.float32
+    assert "forward" not in model.__dict__  # no autocast wrapper on the model either
 
 
 @needs_cuda
@@ -611,3 +617,102 @@ def test_prepare_in_parent_without_launcher_is_single_process() -> None:
     assert not torch.distributed.is_initialized()
     assert [len(x) for x, _ in loader] == [4, 4, 2]
     assert GradientState().active_dataloader is None
+
+
+# ----------------------------------------------------------------- Accelerate parity details
+
+
+def _comm_hook_worker(hook: str) -> dict[str, Any]:
+    from notebook_launcher.utils.dataclasses import DistributedDataParallelKwargs
+
+    handler = DistributedDataParallelKwargs(comm_hook=hook, comm_state_option={})
+    acc = Accelerator(kwargs_handlers=[handler])
+    torch.manual_seed(0)
+    model = acc.prepare(torch.nn.Linear(4, 1))
+    x = torch.full((2, 4), float(acc.process_index + 1))
+    model(x).sum().backward()
+    hooks = [getattr(h, "__name__", "") for h, _ in model._comm_hooks]
+    return {"grad": model.module.weight.grad.clone(), "kwargs": handler.to_kwargs(), "hooks": hooks}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hook", ["fp16", "power_sgd"])  # bf16 compression needs NCCL
+def test_ddp_comm_hook_is_registered(hook: str) -> None:
+    results = notebook_launcher(_comm_hook_worker, args=(hook,), num_processes=2, dashboard=False)
+    # ranks fed 1s and 2s: averaged to 3 per weight through the hook (PowerSGD starts with
+    # plain all-reduces), like plain DDP
+    for r in results:
+        assert torch.equal(r["grad"], torch.full((1, 4), 3.0))
+        assert r["kwargs"] == {}  # hook fields are not DDP constructor arguments
+        assert r["hooks"] == [{"fp16": "fp16_compress_hook", "power_sgd": "powerSGD_hook"}[hook]]
+
+
+def test_comm_wrapper_must_be_a_compression() -> None:
+    from notebook_launcher.utils.dataclasses import DistributedDataParallelKwargs
+
+    with pytest.raises(ValueError, match="comm_wrapper must be"):
+        DistributedDataParallelKwargs(comm_hook="power_sgd", comm_wrapper="power_sgd")
+
+
+def test_state_reset_under_an_accelerator_says_what_happened() -> None:
+    from notebook_launcher.state import AcceleratorState, PartialState
+
+    acc = Accelerator()
+    AcceleratorState._reset_state()
+    with pytest.raises(
+        AttributeError, match=r"`AcceleratorState` object has no attribute `device`"
+    ):
+        acc.prepare(torch.nn.Linear(1, 1))
+    state = PartialState()
+    PartialState._reset_state()
+    with pytest.raises(AttributeError, match=r"`PartialState._reset_state\(\)` was called"):
+        _ = state.process_index
+
+
+def test_distributed_type_can_be_posed_on_the_accelerator_state_only() -> None:
+    acc = Accelerator()
+    acc.state.distributed_type = DistributedType.FSDP
+    assert acc.distributed_type == DistributedType.FSDP
+    from notebook_launcher.state import PartialState
+
+    assert PartialState().distributed_type == DistributedType.NO  # the truth is untouched
+    with acc.join_uneven_inputs([torch.nn.Linear(1, 1)]):  # single process: nothing to join
+        pass
+
+
+def _join_warning_worker() -> list[str]:
+    import warnings
+
+    acc = Accelerator()
+    acc.state.distributed_type = DistributedType.FSDP
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with acc.join_uneven_inputs([torch.nn.Linear(1, 1)]):
+            pass
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.timeout(60)
+def test_join_warns_outside_ddp() -> None:
+    for messages in notebook_launcher(_join_warning_worker, num_processes=2, dashboard=False):
+        assert len(messages) == 1 and "only supported for multi-GPU" in messages[0]
+
+
+def test_stateful_dataloader_needs_torchdata_as_in_accelerate() -> None:
+    from notebook_launcher.utils.imports import is_torchdata_stateful_dataloader_available
+
+    acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    loader = DataLoader(TensorDataset(torch.ones(4)), batch_size=2)
+    if is_torchdata_stateful_dataloader_available():
+        with pytest.raises(NotImplementedError, match="skip_first_batches"):
+            acc.prepare(loader)
+    else:
+        with pytest.raises(ImportError, match="Please install torchdata version 0.8.0"):
+            acc.prepare(loader)
+
+
+def test_a_second_accelerator_updates_gradient_accumulation() -> None:
+    Accelerator(gradient_accumulation_steps=4)
+    acc = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
+    assert acc.gradient_accumulation_steps == 2 == GradientState().num_steps
+    assert Accelerator().gradient_accumulation_steps == 1  # Accelerate's rule: latest wins

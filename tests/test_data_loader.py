@@ -179,10 +179,21 @@ def test_seedable_sampler_depends_on_seed_and_epoch_only() -> None:
     b = SeedableRandomSampler(range(20), data_seed=7)
     torch.rand(5)  # global RNG use in between changes nothing
     assert list(a) == list(b)
+    assert a.epoch == b.epoch == 1  # a full pass advances the epoch, as in Accelerate
     a.set_epoch(1)
     first_epoch1 = list(a)
+    b.set_epoch(0)
     assert first_epoch1 != list(b) and sorted(first_epoch1) == list(range(20))
+    a.set_epoch(1)
     assert list(a) == first_epoch1
+
+
+def test_seedable_sampler_seeds_from_initial_seed_without_drawing() -> None:
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    sampler = SeedableRandomSampler(range(10))
+    assert sampler.initial_seed == 123 == torch.random.initial_seed()
+    assert torch.equal(torch.get_rng_state(), state)  # the global stream was not touched
 
 
 def test_data_loader_shard_tracks_gradient_state_nested() -> None:
@@ -349,3 +360,22 @@ def test_sharding_on_real_ranks(world: int, n: int) -> None:
     # split_batches: rank r gets the r-th pair of every global batch of 2 * world
     assert results[1]["split"][0] == [2, 3]
     assert all(len(b) == 2 for r in results for b in r["split"])
+
+
+def test_a_batch_sampler_passed_as_the_sampler_is_sharded() -> None:
+    # DataLoader(sampler=BatchSampler(...), batch_size=None): the dataset gets whole lists of
+    # indices (Accelerate's test_distributed_data_loop uses this form).
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, index: list[int]) -> torch.Tensor:
+            return torch.tensor(index)
+
+    sampler = BatchSampler(SequentialSampler(range(10)), batch_size=2, drop_last=False)
+    loader = DataLoader(Rows(), sampler=sampler, batch_size=None)
+    shards = [prepare_data_loader(loader, num_processes=2, process_index=r) for r in range(2)]
+    assert [b.tolist() for b in shards[0]] == [[0, 1], [4, 5], [8, 9]]
+    assert [b.tolist() for b in shards[1]] == [[2, 3], [6, 7], [0, 1]]  # even_batches wraps
+    skipped = skip_first_batches(shards[1], 1)
+    assert [b.tolist() for b in skipped] == [[6, 7], [0, 1]]

@@ -14,9 +14,13 @@ pytestmark = pytest.mark.unit
 EXPECTED = {
     "Accelerator",
     "AcceleratorState",
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",
     "LaunchError",
@@ -32,6 +36,7 @@ EXPECTED = {
     "notebook_launcher",
     "skip_first_batches",
     "start",
+    "synchronize_rng_states",
 }
 
 
@@ -51,3 +56,7 @@ def test_ui_and_package_import_do_not_import_torch() -> None:
     assert "torch" not in _modules_after("import notebook_launcher.ui")
     assert "torch" not in _modules_after("import notebook_launcher")
     assert "torch" not in _modules_after("import notebook_launcher.ipython_extension")
+    # the kernel side reads the shared settings before anything loads torch
+    assert "torch" not in _modules_after("import notebook_launcher._launch.preflight")
+    assert "torch" not in _modules_after("from notebook_launcher.utils import PrecisionType")
+    assert "torch" not in _modules_after("from notebook_launcher import DDPCommunicationHookType")

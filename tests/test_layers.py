@@ -29,7 +29,16 @@ pytestmark = pytest.mark.unit
 PACKAGE = Path(notebook_launcher.__file__).resolve().parent
 PKG = "notebook_launcher"
 
-BOTTOM = ("errors", "_events", "_spec", "_posix", "_serialization", "_settings", "_wire")
+BOTTOM = (
+    "errors",
+    "_events",
+    "_spec",
+    "_posix",
+    "_serialization",
+    "_settings",
+    "_accelerate_env",
+    "_wire",
+)
 WORKER_API = (
     "state",
     "accelerator",
@@ -38,7 +47,6 @@ WORKER_API = (
     "data_loader",
     "checkpointing",
     "utils",
-    "_accelerate_env",
 )
 #: layer -> the layers (top-level names under the package) it may import
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -53,6 +61,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 EXCEPTIONS: dict[str, tuple[str, ...]] = {
     # a session's namespace offers `state` (a PartialState), as the issue asks
     "_worker.session": ("state",),
+    # the allowed mixed-precision values, defined once for both sides (torch-free)
+    "_launch.preflight": ("utils.constants",),
 }
 #: third-party modules a layer must not import anywhere (module level or in a function)
 FORBIDDEN_ANYWHERE = {"ui": ("torch", "cloudpickle")}

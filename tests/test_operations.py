@@ -262,3 +262,139 @@ def _uncaught_mismatch() -> None:
 def test_uncaught_mismatch_reaches_the_caller_as_distributed_operation_exception() -> None:
     with pytest.raises(DistributedOperationException, match="Process 1: \\[2\\] float32"):
         notebook_launcher(_uncaught_mismatch, num_processes=2, dashboard=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Packets: small inputs travel with their shape check (one collective), large ones after it
+# --------------------------------------------------------------------------------------------
+
+
+def _packet_worker(mixed: bool) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    r, n = PartialState().process_index, PartialState().num_processes
+    big = torch.arange(2000, dtype=torch.float32) + r  # 8000 bytes: over the packet
+    out: dict[str, Any] = {}
+    for name, t in {
+        "f32": torch.tensor([[1.5 + r, 2.0]]),
+        "bool": torch.tensor([r == 0, True]),
+        "bf16": torch.tensor([0.5 + r], dtype=torch.bfloat16),
+        "i64_scalar": torch.tensor(7 + r),
+        "grad": torch.ones(3, requires_grad=True) * (r + 1),
+        "strided": torch.arange(6.0).reshape(2, 3).t() + r,
+        "big": big,
+    }.items():
+        expected = [torch.empty_like(t.detach().reshape(-1)) for _ in range(n)]
+        dist.all_gather(expected, t.detach().contiguous().reshape(-1))
+        got = gather(t)
+        out[f"gather_{name}"] = (got.dtype == t.dtype, got.reshape(-1).tolist())
+        out[f"expected_{name}"] = torch.cat(expected).tolist()
+    value = torch.tensor([r + 1.0, -2.0 * r])
+    out["reduce"] = {
+        how: reduce(value, how, scale=2.0).tolist() for how in ("sum", "mean", "max", "min")
+    }
+    out["reduce_bool"] = reduce(torch.tensor([r == 1, False]), "sum").tolist()
+    out["reduce_big"] = reduce(big, "sum")[:2].tolist()
+    out["broadcast_small"] = broadcast(torch.full((2,), float(r)), from_process=1).tolist()
+    out["broadcast_big"] = broadcast(big.clone(), from_process=1)[:2].tolist()
+    if mixed:  # rank 0 takes the small path, rank 1 the large one: a clean error on both
+        out["mixed"] = _catch(lambda: gather(torch.ones(1) if r == 0 else big))
+    out["after"] = gather(torch.tensor([r])).tolist()
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("checks", ["1", "0"])
+def test_packet_paths_match_the_bare_collectives(
+    monkeypatch: pytest.MonkeyPatch, checks: str
+) -> None:
+    monkeypatch.setenv("NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES", checks)
+    # without the check a mismatch would abort a rank (gloo): that case needs it on
+    results = notebook_launcher(_packet_worker, (checks == "1",), 2, dashboard=False)
+    for out in results:
+        for key, (same_dtype, values) in (
+            (k, v) for k, v in out.items() if k.startswith("gather_")
+        ):
+            assert same_dtype, key
+            assert values == out["expected_" + key[len("gather_") :]], key
+        assert out["reduce"] == {
+            "sum": [6.0, -4.0],
+            "mean": [3.0, -2.0],
+            "max": [4.0, 0.0],
+            "min": [2.0, -4.0],
+        }
+        assert out["reduce_bool"] == [True, False]
+        assert out["reduce_big"] == [1.0, 3.0]
+        assert out["broadcast_small"] == [1.0, 1.0]
+        assert out["broadcast_big"] == [1.0, 2.0]
+        if checks == "1":
+            assert out["mixed"].startswith("DistributedOperationException: Cannot apply gather")
+            assert "Process 0: [1] float32" in out["mixed"]
+            assert "Process 1: [2000] float32" in out["mixed"]
+        assert out["after"] == [0, 1]
+
+
+def _copy_and_rng_worker() -> dict[str, Any]:
+    from notebook_launcher.utils import copy_tensor_to_devices, synchronize_rng_states
+
+    r = PartialState().process_index
+    out: dict[str, Any] = {}
+    held = torch.tensor([[1, 2, 3]], dtype=torch.int32) if r == 1 else None
+    copied = copy_tensor_to_devices(held)  # held by rank 1, not the main process
+    out["copied"] = (copied.dtype, copied.tolist())
+    out["none"] = _catch_value(lambda: copy_tensor_to_devices(None))
+    out["two"] = _catch_value(lambda: copy_tensor_to_devices(torch.ones(1)))
+    torch.manual_seed(100 + r)
+    generator = torch.Generator().manual_seed(200 + r)
+    synchronize_rng_states(["torch", "generator"], generator=generator)
+    out["draws"] = (torch.rand(2).tolist(), torch.rand(2, generator=generator).tolist())
+    out["xla"] = _catch_value(lambda: synchronize_rng_states(["xla"]))
+    return out
+
+
+def _catch_value(fn: Any) -> str:
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.timeout(60)
+def test_copy_tensor_to_devices_and_synchronize_rng_states() -> None:
+    a, b = notebook_launcher(_copy_and_rng_worker, num_processes=2, dashboard=False)
+    assert a["copied"] == b["copied"] == (torch.int32, [[1, 2, 3]])
+    assert "exactly one process" in a["none"] and "none hold one" in b["none"]
+    assert "processes [0, 1] hold one" in a["two"]
+    assert a["draws"] == b["draws"]  # rank 0's generator states everywhere
+    assert "notebook_launcher runs on CPUs and CUDA GPUs" in a["xla"]
+
+
+def test_availability_checks_and_version_helpers() -> None:
+    from notebook_launcher import utils
+
+    assert utils.compare_versions("2.13.0+cpu", ">=", "2.13") is True
+    assert utils.compare_versions("1.9.1", "<", "1.10") is True  # numeric, not lexicographic
+    assert utils.is_torch_version(">=", "2.2") is True
+    assert utils.str_to_bool("Yes") == 1 and utils.str_to_bool("off", to_bool=True) is False
+    with pytest.raises(ValueError, match="invalid truth value"):
+        utils.str_to_bool("maybe")
+    assert utils.is_pytest_available() is True
+    assert utils.is_bf16_available() is True and utils.is_fp16_available() is True
+    assert utils.is_cuda_available() is torch.cuda.is_available()
+    for name in utils.__all__:
+        if name.startswith("is_") and name.endswith("_available"):
+            assert isinstance(getattr(utils, name)(), bool), name
+
+
+def _many_dims_worker() -> list[int]:
+    r = PartialState().process_index
+    shape = [1] * 40  # 40 dims: the sizes no longer fit the packet, a second exchange follows
+    shape[-1] = 1 + r
+    return list(pad_across_processes(torch.ones(shape), dim=-1).shape)
+
+
+@pytest.mark.timeout(60)
+def test_pad_across_processes_with_many_dims() -> None:
+    for shape in notebook_launcher(_many_dims_worker, num_processes=2, dashboard=False):
+        assert shape == [1] * 39 + [2]

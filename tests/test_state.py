@@ -106,7 +106,7 @@ def test_mixed_precision_from_env_and_constructor(monkeypatch: pytest.MonkeyPatc
     ("make", "error", "match"),
     [
         (lambda: PartialState(nonsense=1), TypeError, "nonsense"),
-        (lambda: AcceleratorState(mixed_precision="fp16"), ValueError, "needs a CUDA GPU"),
+        (lambda: AcceleratorState(mixed_precision="fp8"), ValueError, "fp8.*not supported"),
         (lambda: AcceleratorState(mixed_precision="fp64"), ValueError, "Unknown mixed_precision"),
         (lambda: AcceleratorState(fsdp_plugin=object()), NotImplementedError, "fsdp_plugin"),
     ],
@@ -117,22 +117,29 @@ def test_bad_settings_raise_clear_errors(make: Any, error: type[Exception], matc
     assert AcceleratorState._shared_state == {}
 
 
-def test_fp16_from_env_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
-    with pytest.raises(ValueError, match="ACCELERATE_MIXED_PRECISION.*bf16"):
-        PartialState()
-    assert state_in_use() is None
+@pytest.mark.parametrize("source", ["env", "argument"])
+def test_fp16_without_cuda_warns_and_is_kept(monkeypatch: pytest.MonkeyPatch, source: str) -> None:
+    # Accelerate accepts fp16 on a CPU (and trains in fp32): so do we, saying so.
+    if source == "env":
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    with pytest.warns(UserWarning, match="fp16' on CPU.*trains in fp32"):
+        state = AcceleratorState(mixed_precision=None if source == "env" else "fp16")
+    assert state.mixed_precision == "fp16"
 
 
 def test_reinitialising_with_conflicting_settings_raises() -> None:
     AcceleratorState(mixed_precision="no")
     with pytest.raises(ValueError, match="mixed_precision='no' and cannot be changed to 'bf16'"):
         AcceleratorState(mixed_precision="bf16")
+
+
+def test_latest_gradient_accumulation_settings_win() -> None:
+    # Accelerate's rule (its tests build one Accelerator per case, each with its settings).
     GradientState(GradientAccumulationPlugin(num_steps=2))
-    GradientState()  # no settings: no conflict
-    with pytest.raises(ValueError, match="cannot be changed"):
-        GradientState(GradientAccumulationPlugin(num_steps=4))
+    GradientState()  # no settings: nothing changes
     assert GradientState().num_steps == 2
+    GradientState(GradientAccumulationPlugin(num_steps=4, sync_each_batch=True))
+    assert (GradientState().num_steps, GradientState().sync_each_batch) == (4, True)
 
 
 def test_accelerator_state_delegates_to_partial_state() -> None:

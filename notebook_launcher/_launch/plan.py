@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _settings
+from .._accelerate_env import accelerate_env
 from .._events import LaunchStarted
 from .._serialization import dumps_checked, payload_size_warning, share_class_identities
 from .._spec import WorkerSpec
@@ -164,8 +165,8 @@ def _specs(
     method: str,
     threads: int | None,
 ) -> list[WorkerSpec]:
-    extra = {
-        "ACCELERATE_MIXED_PRECISION": precision,
+    extra = {  # what real Accelerate (and Transformers' Trainer) reads to join the group
+        **accelerate_env(precision, "nccl" if gpus else "gloo", threads, os.environ),
         "NOTEBOOK_LAUNCHER_START_METHOD": method,
     }
     env = extra if method == "fork" else {**os.environ, **extra}

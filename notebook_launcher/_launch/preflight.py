@@ -9,15 +9,16 @@ import signal
 import socket
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from .._posix import die_with_parent, quiet_fork
 from .._spec import LAUNCHER_ENV
 from ..errors import PreflightError
+from ..utils.constants import FP16_ON_CPU_WARNING, parse_mixed_precision
 
 START_METHODS = ("fork", "spawn", "forkserver")
-MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 
 
 def check_function(function: Any) -> None:
@@ -75,16 +76,12 @@ def resolve_num_processes(num_processes: Any, gpus: int) -> int:
 
 
 def check_mixed_precision(mixed_precision: Any, gpus: int) -> str:
-    value = str(mixed_precision).lower() if mixed_precision is not None else "no"
-    if value not in MIXED_PRECISION:
-        raise PreflightError(
-            f"mixed_precision={mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}."
-        )
-    if value in ("fp16", "fp8") and not gpus:
-        raise PreflightError(
-            f"mixed_precision={value!r} needs a GPU and none is visible. On CPU use "
-            "mixed_precision='bf16' (or 'no')."
-        )
+    try:
+        value = parse_mixed_precision(mixed_precision, "notebook_launcher(mixed_precision=...)")
+    except ValueError as exc:
+        raise PreflightError(str(exc)) from None
+    if value == "fp16" and not gpus:
+        warnings.warn(FP16_ON_CPU_WARNING, UserWarning, stacklevel=3)
     return value
 
 

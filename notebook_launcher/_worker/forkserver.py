@@ -32,6 +32,7 @@ PRELOAD = (
     "numpy",
     "notebook_launcher.state",
     "notebook_launcher.utils",
+    "notebook_launcher.utils.operations",  # utils loads its torch parts on first use
     "notebook_launcher.accelerator",
     "notebook_launcher._worker.progress",
     "tqdm.auto",

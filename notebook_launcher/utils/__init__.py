@@ -1,5 +1,9 @@
-"""Helpers with Accelerate's ``accelerate.utils`` names: collective operations, seeding,
-nested-structure helpers and the plugin dataclasses.
+"""Helpers with Accelerate's ``accelerate.utils`` names: collective operations, seeding, the
+``is_*_available`` checks, nested-structure helpers and the plugin dataclasses.
+
+The torch-free parts (dataclasses, constants, availability checks) are imported with the
+package; the rest (operations, seeding, ``parse_flag_from_env``) loads on first use, so the
+kernel side can read the constants without importing torch.
 
 Example::
 
@@ -8,51 +12,103 @@ Example::
 
 from __future__ import annotations
 
-from ..state import DistributedType, parse_flag_from_env
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .constants import PrecisionType
 from .dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
+    DDPCommunicationHookType,
     DistributedDataParallelKwargs,
+    DistributedType,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     KwargsHandler,
-    PrecisionType,
     ProjectConfiguration,
+    RNGType,
 )
-from .operations import (
-    broadcast,
-    broadcast_object_list,
-    concatenate,
-    find_batch_size,
-    find_device,
-    gather,
-    gather_object,
-    honor_type,
-    is_namedtuple,
-    is_torch_tensor,
-    listify,
-    pad_across_processes,
-    recursively_apply,
-    reduce,
-    send_to_device,
-    slice_tensors,
-    wait_for_everyone,
+from .imports import (
+    check_cuda_fp8_capability,
+    compare_versions,
+    is_aim_available,
+    is_bf16_available,
+    is_bnb_available,
+    is_clearml_available,
+    is_comet_ml_available,
+    is_cuda_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_dvclive_available,
+    is_fp8_available,
+    is_fp16_available,
+    is_habana_gaudi1,
+    is_hpu_available,
+    is_import_timer_available,
+    is_matplotlib_available,
+    is_mlflow_available,
+    is_mlu_available,
+    is_mps_available,
+    is_msamp_available,
+    is_musa_available,
+    is_neuron_available,
+    is_npu_available,
+    is_pandas_available,
+    is_peft_available,
+    is_pippy_available,
+    is_pytest_available,
+    is_rich_available,
+    is_rocm_available,
+    is_schedulefree_available,
+    is_sdaa_available,
+    is_swanlab_available,
+    is_tensorboard_available,
+    is_timm_available,
+    is_torch_version,
+    is_torch_xla_available,
+    is_torchao_available,
+    is_torchdata_stateful_dataloader_available,
+    is_torchvision_available,
+    is_trackio_available,
+    is_transformer_engine_available,
+    is_transformer_engine_mxfp8_available,
+    is_transformers_available,
+    is_triton_available,
+    is_wandb_available,
+    is_xpu_available,
+    str_to_bool,
 )
-from .random import set_seed
 
-__all__ = [
-    "AutocastKwargs",
-    "DataLoaderConfiguration",
-    "DistributedDataParallelKwargs",
-    "DistributedType",
-    "GradScalerKwargs",
-    "GradientAccumulationPlugin",
-    "KwargsHandler",
-    "PrecisionType",
-    "ProjectConfiguration",
+if TYPE_CHECKING:
+    from ..errors import DistributedOperationException
+    from ..state import parse_flag_from_env
+    from .operations import (
+        broadcast,
+        broadcast_object_list,
+        concatenate,
+        copy_tensor_to_devices,
+        find_batch_size,
+        find_device,
+        gather,
+        gather_object,
+        honor_type,
+        is_namedtuple,
+        is_torch_tensor,
+        listify,
+        pad_across_processes,
+        recursively_apply,
+        reduce,
+        send_to_device,
+        slice_tensors,
+        wait_for_everyone,
+    )
+    from .random import set_seed, synchronize_rng_state, synchronize_rng_states
+
+_OPERATIONS = (
     "broadcast",
     "broadcast_object_list",
     "concatenate",
+    "copy_tensor_to_devices",
     "find_batch_size",
     "find_device",
     "gather",
@@ -62,11 +118,116 @@ __all__ = [
     "is_torch_tensor",
     "listify",
     "pad_across_processes",
+    "recursively_apply",
+    "reduce",
+    "send_to_device",
+    "slice_tensors",
+    "wait_for_everyone",
+)
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(_OPERATIONS, "notebook_launcher.utils.operations"),
+    "set_seed": "notebook_launcher.utils.random",
+    "synchronize_rng_state": "notebook_launcher.utils.random",
+    "synchronize_rng_states": "notebook_launcher.utils.random",
+    "parse_flag_from_env": "notebook_launcher.state",
+    "DistributedOperationException": "notebook_launcher.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'notebook_launcher.utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+__all__ = [
+    "AutocastKwargs",
+    "DDPCommunicationHookType",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedOperationException",
+    "DistributedType",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "KwargsHandler",
+    "PrecisionType",
+    "ProjectConfiguration",
+    "RNGType",
+    "broadcast",
+    "broadcast_object_list",
+    "check_cuda_fp8_capability",
+    "compare_versions",
+    "concatenate",
+    "copy_tensor_to_devices",
+    "find_batch_size",
+    "find_device",
+    "gather",
+    "gather_object",
+    "honor_type",
+    "is_aim_available",
+    "is_bf16_available",
+    "is_bnb_available",
+    "is_clearml_available",
+    "is_comet_ml_available",
+    "is_cuda_available",
+    "is_datasets_available",
+    "is_deepspeed_available",
+    "is_dvclive_available",
+    "is_fp16_available",
+    "is_fp8_available",
+    "is_habana_gaudi1",
+    "is_hpu_available",
+    "is_import_timer_available",
+    "is_matplotlib_available",
+    "is_mlflow_available",
+    "is_mlu_available",
+    "is_mps_available",
+    "is_msamp_available",
+    "is_musa_available",
+    "is_namedtuple",
+    "is_neuron_available",
+    "is_npu_available",
+    "is_pandas_available",
+    "is_peft_available",
+    "is_pippy_available",
+    "is_pytest_available",
+    "is_rich_available",
+    "is_rocm_available",
+    "is_schedulefree_available",
+    "is_sdaa_available",
+    "is_swanlab_available",
+    "is_tensorboard_available",
+    "is_timm_available",
+    "is_torch_tensor",
+    "is_torch_version",
+    "is_torch_xla_available",
+    "is_torchao_available",
+    "is_torchdata_stateful_dataloader_available",
+    "is_torchvision_available",
+    "is_trackio_available",
+    "is_transformer_engine_available",
+    "is_transformer_engine_mxfp8_available",
+    "is_transformers_available",
+    "is_triton_available",
+    "is_wandb_available",
+    "is_xpu_available",
+    "listify",
+    "pad_across_processes",
     "parse_flag_from_env",
     "recursively_apply",
     "reduce",
     "send_to_device",
     "set_seed",
     "slice_tensors",
+    "str_to_bool",
+    "synchronize_rng_state",
+    "synchronize_rng_states",
     "wait_for_everyone",
 ]

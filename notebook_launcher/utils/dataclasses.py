@@ -1,7 +1,7 @@
 """Plugin and configuration dataclasses, named and defaulted as Accelerate documents them.
 
-Plain data with validation in ``__post_init__``; no torch.distributed calls here, so the state
-module and the Accelerator can both import this file without cycles.
+Plain data with validation in ``__post_init__``; no torch import here, so the kernel side and
+the state module can both import this file without cycles.
 
 Example::
 
@@ -16,25 +16,85 @@ import enum
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .constants import PrecisionType
 
-class PrecisionType(str, enum.Enum):
-    """The mixed-precision modes: ``"no"``, ``"fp16"``, ``"bf16"``.
+
+class DistributedType(str, enum.Enum):
+    """The kind of distributed setup the current process is part of.
+
+    This package produces ``NO``, ``MULTI_CPU`` and ``MULTI_GPU``; the other members are
+    Accelerate's, so that code comparing against them keeps working.
 
     Example::
 
-        PrecisionType.list()   # ["no", "fp16", "bf16"]
+        if PartialState().distributed_type == DistributedType.MULTI_GPU:
+            ...
+    """
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RNGType(str, enum.Enum):
+    """The random number generators :func:`~notebook_launcher.utils.synchronize_rng_states`
+    knows; this package's devices use ``TORCH``, ``CUDA`` and ``GENERATOR``.
+
+    Example::
+
+        synchronize_rng_states(["torch", RNGType.GENERATOR], generator=g)
+    """
+
+    TORCH = "torch"
+    CUDA = "cuda"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
+    XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
+    GENERATOR = "generator"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class DDPCommunicationHookType(str, enum.Enum):
+    """How DDP communicates gradients (``DistributedDataParallelKwargs.comm_hook``).
+
+    ``FP16``/``BF16`` compress gradients to half precision for the all-reduce; ``POWER_SGD``
+    and ``BATCHED_POWER_SGD`` send low-rank approximations (``comm_state_option`` configures
+    ``PowerSGDState``).
+
+    Example::
+
+        DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.BF16)
     """
 
     NO = "no"
     FP16 = "fp16"
     BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
 
     def __str__(self) -> str:
         return self.value
-
-    @classmethod
-    def list(cls) -> list[str]:
-        return [m.value for m in cls]
 
 
 class KwargsHandler:
@@ -111,6 +171,9 @@ class DataLoaderConfiguration:
             ``(seed, epoch)``, so results are reproducible across runs and resumptions.
         data_seed: the seed of that sampler (default: the global seed at prepare time).
         non_blocking: pass ``non_blocking=True`` when moving batches to the device.
+        use_stateful_dataloader: Accelerate's switch to ``torchdata``'s ``StatefulDataLoader``.
+            ``prepare`` raises Accelerate's ``ImportError`` without ``torchdata`` >= 0.8 and
+            ``NotImplementedError`` with it: resume mid-epoch with ``skip_first_batches``.
 
     Example::
 
@@ -123,6 +186,7 @@ class DataLoaderConfiguration:
     use_seedable_sampler: bool = field(default=False)
     data_seed: int | None = field(default=None)
     non_blocking: bool = field(default=False)
+    use_stateful_dataloader: bool = field(default=False)
 
 
 @dataclass
@@ -160,9 +224,14 @@ class ProjectConfiguration:
 class DistributedDataParallelKwargs(KwargsHandler):
     """Arguments forwarded to ``torch.nn.parallel.DistributedDataParallel`` by ``prepare``.
 
+    ``comm_hook`` / ``comm_wrapper`` / ``comm_state_option`` pick a DDP communication hook
+    (:class:`DDPCommunicationHookType`), registered on the wrapped model by ``prepare``; they
+    are not DDP constructor arguments, so :meth:`to_kwargs` leaves them out.
+
     Example::
 
         Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+        Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(comm_hook="bf16")])
     """
 
     dim: int = 0
@@ -172,6 +241,56 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict[str, Any] = field(default_factory=dict)
+
+    _HOOK_FIELDS = ("comm_hook", "comm_wrapper", "comm_state_option")
+
+    def __post_init__(self) -> None:
+        self.comm_hook = DDPCommunicationHookType(self.comm_hook)
+        self.comm_wrapper = DDPCommunicationHookType(self.comm_wrapper)
+        if self.comm_wrapper not in (
+            DDPCommunicationHookType.NO,
+            DDPCommunicationHookType.FP16,
+            DDPCommunicationHookType.BF16,
+        ):
+            raise ValueError(
+                f"comm_wrapper must be 'no', 'fp16' or 'bf16' (it compresses what another hook "
+                f"sends), got {self.comm_wrapper.value!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The DDP constructor's fields (the hook fields are applied by
+        :meth:`register_comm_hook`)."""
+        return {k: v for k, v in super().to_dict().items() if k not in self._HOOK_FIELDS}
+
+    def register_comm_hook(self, model: Any) -> None:
+        """Register the chosen communication hook on a ``DistributedDataParallel`` model."""
+        if self.comm_hook == DDPCommunicationHookType.NO:
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        hooks: dict[DDPCommunicationHookType, Any] = {
+            DDPCommunicationHookType.FP16: default_hooks.fp16_compress_hook,
+            DDPCommunicationHookType.BF16: default_hooks.bf16_compress_hook,
+            DDPCommunicationHookType.POWER_SGD: powerSGD_hook.powerSGD_hook,
+            DDPCommunicationHookType.BATCHED_POWER_SGD: powerSGD_hook.batched_powerSGD_hook,
+        }
+        wrappers: dict[DDPCommunicationHookType, Any] = {
+            DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+            DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper,
+        }
+        hook = hooks[self.comm_hook]
+        if self.comm_wrapper in wrappers:
+            hook = wrappers[self.comm_wrapper](hook)
+        state = None
+        if self.comm_hook in (
+            DDPCommunicationHookType.POWER_SGD,
+            DDPCommunicationHookType.BATCHED_POWER_SGD,
+        ):
+            state = powerSGD_hook.PowerSGDState(None, **self.comm_state_option)
+        model.register_comm_hook(state=state, hook=hook)
 
 
 @dataclass
@@ -206,11 +325,14 @@ class AutocastKwargs(KwargsHandler):
 
 __all__ = [
     "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
+    "DistributedType",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "KwargsHandler",
     "PrecisionType",
     "ProjectConfiguration",
+    "RNGType",
 ]

@@ -5,21 +5,26 @@ and dict subclasses keep their type) and works the same in a single process (whe
 a no-op or a local copy) and across ranks. Non-contiguous tensors are accepted.
 
 Shape safety (why a mismatch never hangs the notebook): with gloo, an ``all_gather`` or
-``all_reduce`` whose ranks disagree on shapes aborts the receiving process from C++
-(``SIGABRT``, "Received data size doesn't match expected size") while the other rank goes
-on with garbage; a mismatched ``broadcast`` silently corrupts the receivers; with nccl a
-mismatch can hang. So before :func:`gather`, :func:`reduce`, :func:`broadcast` and
-:func:`broadcast_object_list` the ranks exchange one fixed-size 64-bit digest of the call
-(operation name, structure, shapes, dtypes). Equal digests cost one tiny collective; a
-difference makes every rank exchange the full descriptions and raise
+``all_reduce`` whose ranks disagree on shapes aborts a process from C++ (``SIGABRT``: gloo's
+"Received data size doesn't match expected size" is thrown on its I/O thread, where nothing can
+catch it, so it cannot be turned into an exception after the fact); a mismatched ``broadcast``
+silently corrupts the receivers. So on gloo, :func:`gather`, :func:`reduce`,
+:func:`broadcast`, :func:`broadcast_object_list` and :func:`pad_across_processes` start with
+one fixed-size exchange (a 256-byte *packet* per rank, which can never trip gloo's size check)
+carrying a 64-bit digest of the call (operation, structure, shapes, dtypes) and, when they
+fit, the data itself: a small gather or reduce is then a single collective, the check
+included. Larger inputs follow in their own collective once the digests agreed. Different
+digests make every rank exchange the full descriptions and raise
 :class:`~notebook_launcher.errors.DistributedOperationException` naming each rank's shapes.
-:func:`pad_across_processes` checks the number of dimensions inside the size exchange it
-needs anyway. Set ``NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES=0`` to skip the digest (on CUDA
-the digest comparison also synchronises the host with the device, like ``.item()``).
+
+On NCCL, like Accelerate, shapes are checked in debug mode only (comparing digests would
+synchronise the host with the GPU on every call); ``pad_across_processes`` exchanges the
+sizes it needs anyway. Set ``NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES=0`` (read when the state is
+built) to skip the check on gloo too.
 
 Debug mode (``PartialState().debug``: env ``NOTEBOOK_LAUNCHER_DEBUG`` or
 ``ACCELERATE_DEBUG_MODE`` set to ``1``/``true``) exchanges the full description before
-*every* collective here, ``gather_object`` included, even when the digest is switched off.
+*every* collective here, ``gather_object`` included, on every backend.
 
 Example::
 
@@ -31,11 +36,13 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
-import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -243,9 +250,15 @@ def _format_description(desc: Any) -> str:
     return repr(desc).replace("'", "")
 
 
-def _checks_enabled() -> bool:
-    value = os.environ.get("NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES", "1").strip().lower()
-    return value not in ("0", "false", "no", "off")
+def _signature(data: Any) -> str:
+    """Structure, shapes and dtypes of ``data`` in a short string: what the digest covers."""
+    if isinstance(data, torch.Tensor):
+        return f"{data.dtype}{tuple(data.shape)}"
+    if isinstance(data, (list, tuple)):
+        return f"{type(data).__name__}[{','.join(_signature(d) for d in data)}]"
+    if isinstance(data, Mapping):
+        return "{" + ",".join(f"{k!r}:{_signature(v)}" for k, v in data.items()) + "}"
+    return type(data).__name__
 
 
 def _digest(item: Any) -> int:
@@ -276,35 +289,223 @@ def _raise_mismatch(op: str, descriptions: list[Any], what: str = "shapes") -> N
     raise DistributedOperationException("\n".join(lines))
 
 
-def _verify(
-    op: str, description: Any, *, key: Any = None, always: bool = True, what: str = "shapes"
-) -> None:
-    """Make sure every rank calls ``op`` with matching inputs before the collective runs.
+def _verify_debug(op: str, description: Any, key: Any = None, what: str = "shapes") -> None:
+    """Debug mode: every rank's full description, compared before the collective runs."""
+    ps = _state.PartialState()
+    mine_key = (op, description if key is None else key)
+    everything = _all_gather_objects((mine_key, (op, description)), ps.num_processes)
+    if any(k != mine_key for k, _ in everything):
+        _raise_mismatch(op, [item for _, item in everything], what)
 
-    Ranks must agree on ``key`` (default: ``description``); a mismatch raises
-    :class:`DistributedOperationException` on every rank, listing each rank's
-    ``description``. ``always``: run the cheap digest check outside debug mode too (for
-    ops where a mismatch would abort, corrupt or hang); debug mode exchanges the full
-    descriptions every time.
+
+def _checked(ps: _state.PartialState, leaves: list[torch.Tensor]) -> bool:
+    """Whether a collective on ``leaves`` runs the default (non-debug) shape check.
+
+    On gloo a shape mismatch aborts a rank from C++ (``SIGABRT``: gloo's "Received data size
+    doesn't match expected size" is thrown on its I/O thread, where nothing can catch it), so
+    CPU collectives are checked; the check rides along with the data (:func:`_packet`). On
+    NCCL, like Accelerate, only debug mode checks: comparing digests there would synchronise
+    the host with the GPU on every call.
+    """
+    return (
+        ps._shared_state.get("_check_collectives", True)
+        and ps.device.type == "cpu"
+        and all(t.device.type == "cpu" for t in leaves)
+    )
+
+
+#: Bytes every rank sends in the first exchange of a checked collective, whatever its inputs:
+#: a fixed size can never trip gloo's size check. Inputs up to 240 bytes (60 float32) travel
+#: inside it, so a small gather, reduce or broadcast is one collective. On loopback gloo a
+#: 256-byte all_gather costs about what a 64-byte one does, a 1 KiB one clearly more.
+_PACKET = 256
+#: The packet's header: the int64 digest of the call, padded so payloads stay 16-byte aligned.
+_HEADER = 16
+
+
+class _Packets:
+    """Send and receive buffers of the packet exchange for one process group, with numpy
+    views of their header fields: reused call after call, because allocating them (or any
+    tensor op around a collective) shows in its latency (see :func:`_gather_small`)."""
+
+    def __init__(self, world: int, generation: int) -> None:
+        self.generation = generation
+        self.world = world
+        self.send = torch.zeros(_PACKET, dtype=torch.uint8)
+        self.recv = torch.zeros(world * _PACKET, dtype=torch.uint8)
+        self.send_np = self.send.numpy()
+        self.rows = self.recv.numpy().reshape(world, _PACKET)
+        self.header = self.send_np[:8].view(np.int64)
+        self.digests = self.rows[:, :8].view(np.int64)[:, 0]
+        self.send_payload = self.send.data_ptr() + _HEADER
+        self.recv_payloads = [self.recv.data_ptr() + r * _PACKET + _HEADER for r in range(world)]
+
+    def start(self, digest: int) -> Any:
+        """Send the packet whose payload is in place; returns the work to ``wait()`` on.
+
+        Calls the process group's own ``_allgather_base`` when it has one: the checks of
+        ``dist.all_gather_single`` cost ~3 us, which gloo's latency amplifies. The group is
+        looked up each time (0.1 us): holding it would keep it alive past
+        ``destroy_process_group``.
+        """
+        self.header[0] = digest
+        base = getattr(dist.group.WORLD, "_allgather_base", None)
+        if base is not None:
+            return base(self.recv, self.send)
+        return _all_gather_single(self.recv, self.send, async_op=True)
+
+    def agreed(self, digest: int) -> bool:
+        """After the exchange: whether every rank sent ``digest``."""
+        return self.digests.tolist().count(digest) == self.world
+
+    def exchange(self, digest: int) -> bool:
+        self.start(digest).wait()
+        return self.agreed(digest)
+
+
+class _Buffers(threading.local):
+    """:class:`_Packets` of the current process group, per thread (threads never share one)."""
+
+    def __init__(self) -> None:
+        self.packets: _Packets | None = None
+
+    def get(self, world: int, generation: int) -> _Packets:
+        found = self.packets
+        if found is None or found.generation != generation or found.world != world:
+            found = self.packets = _Packets(world, generation)
+        return found
+
+
+_buffers = _Buffers()
+#: (op, dtype, shape) -> digest of a single-tensor call (hashing a description costs more).
+_digests: dict[tuple[Any, ...], int] = {}
+#: (shape, world) -> shape of the gathered tensor.
+_gathered_shapes: dict[tuple[torch.Size, int], tuple[int, ...]] = {}
+#: Tensor dtypes numpy can view bytes as (the small-tensor fast paths below need one).
+_NUMPY_DTYPES: dict[torch.dtype, Any] = {
+    torch.float64: np.float64,
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+    torch.complex64: np.complex64,
+    torch.complex128: np.complex128,
+}
+
+
+def _small_digest(op: str, extra: Any, t: torch.Tensor) -> int:
+    """The digest :func:`_packet` would compute for ``(op, (signature, extra))``, cached."""
+    key = (op, extra, t.dtype, t.shape)
+    digest = _digests.get(key)
+    if digest is None:
+        signature = _signature(t) if extra is None else (_signature(t), extra)
+        digest = _digests[key] = _digest((op, signature))
+    return digest
+
+
+def _small_send(op: str, extra: Any, t: torch.Tensor) -> tuple[_Packets, Any, int] | None:
+    """Start exchanging one small contiguous CPU tensor in a packet; ``None`` if no fast path.
+
+    The lean twin of :func:`_packet` for the common case: same bytes on the wire, same
+    digests, ``memmove`` for the copies and no tensor op before the collective. Returns
+    ``(packets, work, digest)``: the caller prepares its result while the data travels, then
+    calls :func:`_small_finish`.
+    """
+    shared = _state.PartialState._shared_state
+    if not shared or shared["debug"] or not shared["_small_world"]:
+        return None
+    nbytes = t.nbytes
+    if nbytes > _PACKET - _HEADER or not t.is_cpu or not t.is_contiguous():
+        return None
+    digest = _small_digest(op, extra, t)
+    packets = _buffers.get(shared["_small_world"], shared["_generation"])
+    ctypes.memmove(packets.send_payload, t.data_ptr(), nbytes)
+    return packets, packets.start(digest), digest
+
+
+def _small_finish(op: str, extra: Any, t: torch.Tensor, sent: tuple[_Packets, Any, int]) -> None:
+    """Wait for :func:`_small_send`'s exchange; raise on every rank if the digests differ."""
+    packets, work, digest = sent
+    work.wait()
+    if not packets.agreed(digest):
+
+        def describe() -> Any:
+            return _describe(t) if extra is None else (_describe(t), extra)
+
+        _raise_mismatch(op, _all_gather_objects((op, describe()), packets.world))
+
+
+def _offsets(leaves: list[torch.Tensor]) -> tuple[list[int], int]:
+    """Where each leaf's bytes start in the packet (16-byte aligned), and where they end."""
+    offsets, end = [], _HEADER
+    for t in leaves:
+        offsets.append(end)
+        end += -(-t.numel() * t.element_size() // 16) * 16
+    return offsets, end
+
+
+def _packet(
+    op: str,
+    key: Any,
+    describe: Callable[[], Any],
+    payload: list[torch.Tensor],
+    device: torch.device,
+    what: str = "shapes",
+    send: bool = True,
+) -> np.ndarray | None:
+    """The checked collective's first exchange: an ``all_gather`` of ``_PACKET`` bytes per rank.
+
+    Each rank sends the digest of ``(op, key)`` and, when they fit, the bytes of ``payload``
+    (not with ``send=False``: a broadcast's receivers). Equal digests mean equal shapes and
+    dtypes everywhere, so every rank also agrees on whether the payload fitted. Returns the
+    ``(world, _PACKET)`` byte rows when it did (the data has already arrived: unpack it with
+    :func:`_unpacked` before the next collective reuses the buffer), ``None`` when the caller
+    must now run its own collective. Different digests raise
+    :class:`DistributedOperationException` on every rank, with each rank's ``describe()``
+    (exchanged only then).
     """
     ps = _state.PartialState()
-    if not ps.use_distributed:
-        return
-    item = (op, description)
-    mine_key = (op, description if key is None else key)
-    if ps.debug:
-        everything = _all_gather_objects((mine_key, item), ps.num_processes)
-        if any(k != mine_key for k, _ in everything):
-            _raise_mismatch(op, [i for _, i in everything], what)
-        return
-    if not (always and _checks_enabled()):
-        return
-    mine = torch.tensor([_digest(mine_key)], dtype=torch.int64, device=ps.device)
-    everyone = torch.empty(ps.num_processes, dtype=torch.int64, device=ps.device)
-    _all_gather_single(everyone, mine)
-    if bool((everyone == mine).all()):
-        return
-    _raise_mismatch(op, _all_gather_objects(item, ps.num_processes), what)
+    world = ps.num_processes
+    offsets, end = _offsets(payload)
+    fits = end <= _PACKET
+    digest = _digest((op, key))
+    packets = _buffers.get(world, ps._shared_state["_generation"])
+    if fits and send:
+        for t, start in zip(payload, offsets, strict=True):
+            raw = t.detach().reshape(-1).view(torch.uint8)
+            packets.send_np[start : start + raw.numel()] = raw.cpu().numpy()
+    if device.type == "cpu":
+        agreed = packets.exchange(digest)
+    else:  # pad_across_processes on NCCL: the exchange it needs anyway, on the device
+        packets.header[0] = digest
+        on_device = torch.empty(world * _PACKET, dtype=torch.uint8, device=device)
+        _all_gather_single(on_device, packets.send.to(device))
+        packets.recv.copy_(on_device)
+        agreed = all(d == digest for d in packets.digests.tolist())
+    if not agreed:
+        _raise_mismatch(op, _all_gather_objects((op, describe()), world), what)
+    return packets.rows if fits else None
+
+
+def _unpacked(rows: np.ndarray, leaves: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every rank's copy of each leaf, from the packet rows: ``(world, *leaf.shape)`` each."""
+    out = []
+    offsets, _ = _offsets(leaves)
+    for t, start in zip(leaves, offsets, strict=True):
+        size = t.numel() * t.element_size()
+        chunk = torch.from_numpy(np.ascontiguousarray(rows[:, start : start + size]))
+        out.append(chunk.view(t.dtype).reshape(rows.shape[0], *t.shape))
+    return out
+
+
+def _rebuild(data: Any, values: list[torch.Tensor]) -> Any:
+    """``data`` with its tensor leaves replaced, in order, by ``values``."""
+    it = iter(values)
+    return recursively_apply(lambda _: next(it), data)
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,6 +530,36 @@ def _gather_one(tensor: torch.Tensor, num: int) -> torch.Tensor:
     return out.to(orig) if orig is not None else out
 
 
+def _gather_small(t: torch.Tensor) -> torch.Tensor | None:
+    """:func:`gather` of one small CPU tensor: one packet carries the data and the check.
+
+    Kept lean on purpose. On gloo a rank that spends more than ~5 us between two collectives
+    lets its threads go to sleep, and waking them costs ~100 us, so every microsecond of
+    Python around the collective shows ten times over (``bench/barrier.py``): the state is
+    read from its dict (building ``PartialState()`` costs a microsecond), the copies are
+    ``memmove``s, and the result is allocated (through numpy, twice as fast as
+    ``torch.empty``) while the packets travel.
+    """
+    sent = _small_send("gather", None, t)
+    if sent is None:
+        return None
+    packets = sent[0]
+    shape = _gathered_shapes.get((t.shape, packets.world))
+    if shape is None:
+        shape = (packets.world * t.shape[0], *t.shape[1:]) if t.ndim else (packets.world,)
+        _gathered_shapes[(t.shape, packets.world)] = shape
+    dtype = _NUMPY_DTYPES.get(t.dtype)
+    if dtype is not None:
+        out = torch.from_numpy(np.empty(shape, dtype=dtype))
+    else:
+        out = torch.empty(shape, dtype=t.dtype)
+    _small_finish("gather", None, t, sent)
+    nbytes, base = t.nbytes, out.data_ptr()
+    for rank, source in enumerate(packets.recv_payloads):
+        ctypes.memmove(base + rank * nbytes, source, nbytes)
+    return out
+
+
 def gather(tensor: Any) -> Any:
     """Concatenate (along dim 0) each tensor of ``tensor`` from every process.
 
@@ -340,11 +571,21 @@ def gather(tensor: Any) -> Any:
 
         gather(torch.tensor([state.process_index]))   # 2 ranks: tensor([0, 1])
     """
+    if type(tensor) is torch.Tensor:
+        small = _gather_small(tensor)
+        if small is not None:
+            return small
     ps = _state.PartialState()
     if not ps.use_distributed:
         return recursively_apply(lambda t: t, tensor, error_on_other_type=True)
-    recursively_apply(lambda t: t, tensor, error_on_other_type=True)
-    _verify("gather", _describe(tensor))
+    leaves = _leaves(recursively_apply(lambda t: t, tensor, error_on_other_type=True))
+    if ps.debug:
+        _verify_debug("gather", _describe(tensor))
+    elif _checked(ps, leaves):
+        rows = _packet("gather", _signature(tensor), lambda: _describe(tensor), leaves, ps.device)
+        if rows is not None:  # small: the data came with the check
+            every = _unpacked(rows, leaves)
+            return _rebuild(tensor, [e.reshape(-1, *e.shape[2:]) for e in every])
     return recursively_apply(_gather_one, tensor, ps.num_processes)
 
 
@@ -363,7 +604,8 @@ def gather_object(object: Any) -> list[Any]:
     flatten = isinstance(object, (list, tuple))
     if not ps.use_distributed:
         return list(object) if flatten else [object]
-    _verify("gather_object", "list" if flatten else "object", always=False, what="kinds")
+    if ps.debug:
+        _verify_debug("gather_object", "list" if flatten else "object", what="kinds")
     gathered = _all_gather_objects(object, ps.num_processes)
     if flatten:
         return [x for part in gathered for x in part]
@@ -392,10 +634,25 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """
     ps = _state.PartialState()
     _check_src(from_process, ps.num_processes)
-    recursively_apply(lambda t: t, tensor, error_on_other_type=True)
+    leaves = _leaves(recursively_apply(lambda t: t, tensor, error_on_other_type=True))
     if not ps.use_distributed:
         return tensor
-    _verify("broadcast", (_describe(tensor), from_process))
+    if ps.debug:
+        _verify_debug("broadcast", (_describe(tensor), from_process))
+    elif _checked(ps, leaves):
+        key = (_signature(tensor), from_process)
+
+        def describe() -> Any:
+            return (_describe(tensor), from_process)
+
+        sending = ps.process_index == from_process
+        rows = _packet("broadcast", key, describe, leaves, ps.device, send=sending)
+        if rows is not None:  # small: the source's data came with the check
+            if ps.process_index != from_process:
+                with torch.no_grad():
+                    for t, every in zip(leaves, _unpacked(rows, leaves), strict=True):
+                        t.copy_(every[from_process])
+            return tensor
     return recursively_apply(_broadcast_one, tensor, from_process)
 
 
@@ -413,10 +670,50 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     _check_src(from_process, ps.num_processes)
     if not ps.use_distributed:
         return object_list
-    _verify("broadcast_object_list", (len(object_list), from_process), what="list lengths")
+    key = (len(object_list), from_process)
+    if ps.debug:
+        _verify_debug("broadcast_object_list", key, what="list lengths")
+    elif _checked(ps, []):
+        _packet("broadcast_object_list", key, lambda: key, [], ps.device, what="list lengths")
     device = ps.device if ps.device.type == "cuda" else None
     dist.broadcast_object_list(object_list, src=from_process, device=device)
     return object_list
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Send the tensor that one process holds to every process; the others pass ``None``.
+
+    Unlike :func:`broadcast`, the receivers need not know its shape or dtype. Any one process
+    may hold it (not only the main one); none or several holding a tensor raises
+    ``ValueError`` on every rank (Accelerate sums them silently). Returns a tensor on
+    ``PartialState().device`` everywhere.
+
+    Example::
+
+        weights = torch.randn(3) if state.is_main_process else None
+        weights = copy_tensor_to_devices(weights)   # rank 0's values on every rank
+    """
+    ps = _state.PartialState()
+    if tensor is not None and not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"copy_tensor_to_devices sends a tensor or None, got {type(tensor)}")
+    if not ps.use_distributed:
+        if tensor is None:
+            raise ValueError("copy_tensor_to_devices: no process holds a tensor (got None)")
+        return tensor.to(ps.device)
+    mine = None if tensor is None else (tuple(tensor.shape), tensor.dtype)
+    everyone = _all_gather_objects(mine, ps.num_processes)
+    holders = [i for i, info in enumerate(everyone) if info is not None]
+    if len(holders) != 1:
+        raise ValueError(
+            "copy_tensor_to_devices needs exactly one process holding a tensor and None on "
+            f"the others; processes {holders or 'none'} hold one"
+        )
+    shape, dtype = everyone[holders[0]]
+    if tensor is None:
+        out = torch.empty(shape, dtype=dtype, device=ps.device)
+    else:
+        out = tensor.detach().to(ps.device).clone()
+    return _broadcast_one(out, holders[0])
 
 
 def _check_src(src: int, num: int) -> None:
@@ -448,10 +745,31 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
                     f"dtype {t.dtype}: the mean of integers is fractional. Use "
                     "reduction='sum' and divide, or pass tensor.float()."
                 )
+    if type(tensor) is torch.Tensor and reduction != "none":
+        small = _reduce_small(tensor, reduction, scale)
+        if small is not None:
+            return small
     ps = _state.PartialState()
     distributed = ps.use_distributed and reduction != "none"
-    if distributed:
-        _verify("reduce", (_describe(tensor), reduction))
+    if distributed and ps.debug:
+        _verify_debug("reduce", (_describe(tensor), reduction))
+    elif distributed and _checked(ps, leaves):
+        wires = [_for_wire(t) for t in leaves]
+
+        def describe() -> Any:
+            return (_describe(tensor), reduction)
+
+        key = (_signature(tensor), reduction)
+        rows = _packet("reduce", key, describe, [w for w, _ in wires], ps.device)
+        if rows is not None:  # small: every rank has every rank's values; reduce them here
+            every = _unpacked(rows, [w for w, _ in wires])
+            done = []
+            for (_, orig), values in zip(wires, every, strict=True):
+                out = _local_reduction(values, reduction)
+                if orig is not None:
+                    out = out.to(orig)
+                done.append(out * scale if scale != 1.0 else out)
+            return _rebuild(tensor, done)
     op = {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}.get(reduction, dist.ReduceOp.SUM)
 
     def one(t: torch.Tensor) -> torch.Tensor:
@@ -468,6 +786,38 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         return out
 
     return recursively_apply(one, tensor)
+
+
+def _reduce_small(t: torch.Tensor, reduction: str, scale: float) -> torch.Tensor | None:
+    """:func:`reduce` of one small CPU tensor: one packet, then each rank reduces the rows
+    (in rank order: every rank computes the same result)."""
+    dtype = _NUMPY_DTYPES.get(t.dtype)
+    sent = _small_send("reduce", reduction, t) if dtype is not None else None
+    if sent is None:
+        return None
+    _small_finish("reduce", reduction, t, sent)
+    packets = sent[0]
+    values = packets.rows[:, _HEADER : _HEADER + t.nbytes].view(dtype)
+    if reduction == "max":
+        out = values.max(axis=0)
+    elif reduction == "min":
+        out = values.min(axis=0)
+    else:
+        out = values.sum(axis=0, dtype=values.dtype)
+        if reduction == "mean":
+            out = out / packets.world
+    result = torch.from_numpy(np.array(out.reshape(t.shape)))
+    return result * scale if scale != 1.0 else result
+
+
+def _local_reduction(values: torch.Tensor, reduction: str) -> torch.Tensor:
+    """``values`` stacks every rank's tensor (rank order): the same result on every rank."""
+    if reduction == "max":
+        return values.amax(dim=0)
+    if reduction == "min":
+        return values.amin(dim=0)
+    total = values.sum(dim=0, dtype=values.dtype)
+    return total / values.shape[0] if reduction == "mean" else total
 
 
 def pad_across_processes(
@@ -491,29 +841,28 @@ def pad_across_processes(
             if t.ndim > _MAX_DIMS:
                 raise ValueError(f"pad_across_processes supports up to {_MAX_DIMS} dims")
             if ps.debug:
-                _verify("pad_across_processes", _describe(t), key=(t.ndim, t.dtype))
-            info = torch.full((_MAX_DIMS + 1,), -1, dtype=torch.int64, device=ps.device)
-            info[0] = t.ndim
-            if t.ndim:
-                info[1 : t.ndim + 1] = torch.tensor(t.shape, dtype=torch.int64)
-            every = torch.empty((ps.num_processes, _MAX_DIMS + 1), dtype=torch.int64)
-            every = every.to(ps.device)
-            _all_gather_single(every, info[None])
-            every = every.cpu()
-            ndims = every[:, 0].tolist()
-            if len(set(ndims)) > 1:
-                shapes = [row[1 : row[0] + 1].tolist() for row in every]
-                _raise_mismatch(
-                    "pad_across_processes",
-                    [("pad_across_processes", s) for s in shapes],
-                    "numbers of dimensions",
-                )
+                _verify_debug("pad_across_processes", _describe(t), key=(t.ndim, t.dtype))
+            shape = torch.tensor(t.shape, dtype=torch.int64)
+            rows = _packet(
+                "pad_across_processes",
+                t.ndim,
+                lambda: _describe(t),
+                [shape],
+                ps.device,
+                what="numbers of dimensions",
+            )
+            if rows is not None:
+                every = _unpacked(rows, [shape])[0]  # (world, ndim): every rank's shape
+            else:  # many dims: the ranks agreed on ndim, so this exchange sizes match
+                every = torch.empty(ps.num_processes * t.ndim, dtype=torch.int64, device=ps.device)
+                _all_gather_single(every, shape.to(ps.device))
+                every = every.cpu().view(ps.num_processes, t.ndim)
         d = dim + t.ndim if dim < 0 else dim
         if t.ndim == 0 or not 0 <= d < t.ndim:
             return t
         if not ps.use_distributed:
             return t
-        max_size = int(every[:, d + 1].max())
+        max_size = int(every[:, d].max())
         if max_size == t.shape[d]:
             return t
         new_shape = list(t.shape)
@@ -554,9 +903,11 @@ def wait_for_everyone() -> None:
 
 
 __all__ = [
+    "DistributedOperationException",
     "broadcast",
     "broadcast_object_list",
     "concatenate",
+    "copy_tensor_to_devices",
     "find_batch_size",
     "find_device",
     "gather",

@@ -1,0 +1,289 @@
+"""Run Accelerate's own test scripts against notebook_launcher (used by test_parity_accelerate).
+
+Three pieces, each usable on its own:
+
+* :func:`accelerate_sources` fetches the ``accelerate==1.15.0`` wheel with
+  ``pip download --no-deps`` into a cache outside the repository (``$NOTEBOOK_LAUNCHER_CACHE``
+  or ``~/.cache/notebook_launcher``) and unpacks only ``accelerate/test_utils/``: their test
+  scripts and helpers, never installed, never vendored.
+* :class:`AccelerateShim`, an import hook named ``accelerate``: ``accelerate``,
+  ``accelerate.utils.operations`` and the other modules Accelerate's scripts import resolve to
+  notebook_launcher's own modules (the same objects), ``accelerate.test_utils.*`` to the
+  unpacked wheel files, and anything else raises ``ModuleNotFoundError`` naming the module, so a
+  missing piece shows as such. It is installed only inside the processes that run the scripts
+  (the ranks, or a child acting as the notebook kernel), never in the pytest process, where
+  the real ``accelerate`` stays importable.
+* :func:`run_cases`, the rank side: installs the shim, imports one script and runs its test
+  functions one by one, each from a fresh state, writing each outcome (passed, failed with
+  its traceback, skipped with its reason) to a JSON-lines file as soon as it is known, so the
+  kernel side still knows what ran when a case takes the launch down.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import unittest
+import warnings
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ACCELERATE_VERSION = "1.15.0"
+
+#: accelerate module -> ours. Everything their scripts import must resolve through this.
+ALIASES = {
+    "accelerate": "notebook_launcher",
+    "accelerate.accelerator": "notebook_launcher.accelerator",
+    "accelerate.checkpointing": "notebook_launcher.checkpointing",
+    "accelerate.data_loader": "notebook_launcher.data_loader",
+    "accelerate.launchers": "notebook_launcher.launcher",
+    "accelerate.optimizer": "notebook_launcher.optimizer",
+    "accelerate.scheduler": "notebook_launcher.scheduler",
+    "accelerate.state": "notebook_launcher.state",
+    "accelerate.utils": "notebook_launcher.utils",
+    "accelerate.utils.constants": "notebook_launcher.utils.constants",
+    "accelerate.utils.dataclasses": "notebook_launcher.utils.dataclasses",
+    "accelerate.utils.imports": "notebook_launcher.utils.imports",
+    "accelerate.utils.operations": "notebook_launcher.utils.operations",
+    "accelerate.utils.random": "notebook_launcher.utils.random",
+}
+_HELPERS = "accelerate.test_utils"
+
+
+# ------------------------------------------------------------------------------ the wheel
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("NOTEBOOK_LAUNCHER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "notebook_launcher"
+    )
+    return Path(root) / f"accelerate-{ACCELERATE_VERSION}"
+
+
+def accelerate_sources() -> Path:
+    """Directory holding ``accelerate/test_utils/`` of the released wheel (fetched once)."""
+    root = cache_dir()
+    if (root / "accelerate" / "test_utils" / "scripts" / "test_ops.py").is_file():
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                tmp,
+                f"accelerate=={ACCELERATE_VERSION}",
+            ],
+            check=True,
+            timeout=300,
+            capture_output=True,
+        )
+        (wheel,) = Path(tmp).glob("accelerate-*.whl")
+        unpacked = Path(tmp) / "unpacked"
+        with zipfile.ZipFile(wheel) as archive:
+            members = [n for n in archive.namelist() if n.startswith("accelerate/test_utils/")]
+            archive.extractall(unpacked, members)
+        try:
+            os.replace(unpacked, root)  # atomic: a half-unpacked cache never looks complete
+        except OSError:
+            if not root.is_dir():  # a concurrent run won the race otherwise
+                raise
+    return root
+
+
+# ------------------------------------------------------------------------------ the shim
+
+
+class AccelerateShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import accelerate...`` answered by notebook_launcher (see the module docstring)."""
+
+    def __init__(self, sources: Path) -> None:
+        self.sources = sources
+        self._specs: dict[str, Any] = {}
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "accelerate" and not fullname.startswith("accelerate."):
+            return None
+        if fullname in ALIASES:
+            return importlib.util.spec_from_loader(fullname, self)
+        if fullname == _HELPERS or fullname.startswith(_HELPERS + "."):
+            base = self.sources.joinpath(*fullname.split("."))
+            if base.is_dir():
+                return importlib.util.spec_from_file_location(
+                    fullname, base / "__init__.py", submodule_search_locations=[str(base)]
+                )
+            return importlib.util.spec_from_file_location(fullname, base.with_suffix(".py"))
+        raise ModuleNotFoundError(
+            f"{fullname} has no counterpart in notebook_launcher (the accelerate shim maps "
+            f"{', '.join(sorted(ALIASES))} and accelerate.test_utils)",
+            name=fullname,
+        )
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(ALIASES[spec.name])
+        self._specs[spec.name] = module.__spec__  # the import system overwrites it next
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # Our module is already executed; give it back its own spec.
+        module.__spec__ = self._specs.pop(module.__spec__.name)  # type: ignore[union-attr]
+
+
+def install(sources: Path) -> AccelerateShim:
+    """Make ``import accelerate`` mean notebook_launcher in this process (for good)."""
+    for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
+        del sys.modules[name]  # a real Accelerate imported earlier (a forked rank inherits it)
+    shim = AccelerateShim(sources)
+    sys.meta_path.insert(0, shim)
+    return shim
+
+
+# ------------------------------------------------------------------------------ rank side
+
+
+@dataclass
+class Case:
+    """One of their test functions, called as their ``main()`` calls it.
+
+    ``call(module, env)`` runs it: ``module`` is their script, ``env`` what the script's
+    preamble made (an ``accelerator``, a ``state``...).
+    """
+
+    name: str
+    call: Callable[[ModuleType, dict[str, Any]], Any]
+    needs: tuple[str, ...] = ()
+    cuda: str | None = None
+    differs: str | None = None
+    raises: str | None = None
+    processes: int = 2
+    timeout: float = 60.0
+
+
+def _fresh_state() -> None:
+    """Forget every shared state (the process group stays): each case starts as a new run."""
+    state = importlib.import_module("accelerate.state")
+    state.AcceleratorState._reset_state(reset_partial_state=True)
+    state.GradientState._reset_state()
+
+
+def _watchdog(case: Case) -> threading.Timer:
+    """Ends this rank (stacks on stderr) if ``case`` outlives its timeout: a case stuck in a
+    collective cannot be interrupted, and the kernel side resumes with the next case.
+
+    (``faulthandler.dump_traceback_later`` would do, but deadlocks in a rank forked from a
+    pytest that uses it for ``faulthandler_timeout``.)
+    """
+
+    def expire() -> None:
+        sys.stderr.write(f"case {case.name} ran over {case.timeout:.0f}s; stacks:\n")
+        faulthandler.dump_traceback(all_threads=True)
+        sys.stderr.flush()
+        os._exit(3)
+
+    timer = threading.Timer(case.timeout, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _outcome(case: Case, module: ModuleType, preamble: Callable[..., dict[str, Any]]) -> dict:
+    start = time.monotonic()
+    watchdog = _watchdog(case)
+    try:
+        _fresh_state()
+        case.call(module, preamble(module))
+        status, detail = "passed", ""
+    except unittest.SkipTest as exc:
+        status, detail = "skipped", str(exc)
+    except BaseException as exc:
+        if type(exc).__name__ == "Skipped":  # pytest.skip() inside their function
+            status, detail = "skipped", str(exc)
+        elif isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise
+        else:
+            status = "failed"
+            detail = "".join(traceback.format_exception(exc))
+    finally:
+        watchdog.cancel()
+    return {
+        "case": case.name,
+        "status": status,
+        "detail": detail,
+        "seconds": round(time.monotonic() - start, 3),
+    }
+
+
+def run_cases(
+    sources: str,
+    script: str,
+    preamble: Callable[[ModuleType], dict[str, Any]],
+    cases: list[Case],
+    workdir: str,
+    out_dir: str,
+) -> None:
+    """Rank side: run ``cases`` of ``accelerate.test_utils.scripts.<script>``, record each."""
+    install(Path(sources))
+    # Their scripts record warnings with catch_warnings(record=True) and expect the default
+    # filters; a rank forked from pytest would otherwise inherit its "error" filter.
+    warnings.resetwarnings()
+    os.chdir(workdir)  # their scripts write files into the working directory
+    rank = int(os.environ.get("RANK", "0"))
+    module = importlib.import_module(f"accelerate.test_utils.scripts.{script}")
+    with open(os.path.join(out_dir, f"rank{rank}.jsonl"), "a") as out:
+        for case in cases:
+            record = _outcome(case, module, preamble)
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+
+
+def read_outcomes(out_dir: str) -> dict[int, dict[str, dict]]:
+    """rank -> case name -> outcome record, from the files :func:`run_cases` wrote."""
+    found: dict[int, dict[str, dict]] = {}
+    for path in Path(out_dir).glob("rank*.jsonl"):
+        rank = int(path.stem[4:])
+        with open(path) as f:
+            found[rank] = {r["case"]: r for r in map(json.loads, f)}
+    return found
+
+
+def run_kernel_cases(sources: str, script: str, names: list[str], out_file: str) -> None:
+    """Kernel side: their functions that call ``notebook_launcher`` themselves (test_notebook)
+    run here, in a child process standing in for the notebook kernel."""
+    install(Path(sources))
+    warnings.resetwarnings()
+    module = importlib.import_module(f"accelerate.test_utils.scripts.{script}")
+    with open(out_file, "a") as out:
+        for name in names:
+            case = Case(name, lambda m, env, name=name: getattr(m, name)(), timeout=120.0)
+            record = _outcome(case, module, lambda m: {})
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    # python -m tests._parity_shim SOURCES SCRIPT OUT_FILE NAME...
+    run_kernel_cases(sys.argv[1], sys.argv[2], sys.argv[4:], sys.argv[3])
