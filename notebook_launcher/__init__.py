@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .data_loader import skip_first_batches
     from .launcher import notebook_launcher
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
+    from .tracking import log
     from .utils.dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin
 
 __version__ = "0.1.0"
@@ -43,6 +44,7 @@ _LAZY = {
     "GradientAccumulationPlugin": "notebook_launcher.utils.dataclasses",
     "skip_first_batches": "notebook_launcher.data_loader",
     "notebook_launcher": "notebook_launcher.launcher",
+    "log": "notebook_launcher.tracking",
 }
 
 
@@ -75,6 +77,7 @@ __all__ = [
     "SerializationError",
     "WorkerDied",
     "__version__",
+    "log",
     "notebook_launcher",
     "skip_first_batches",
 ]

@@ -27,6 +27,7 @@ EXPECTED = {
     "SerializationError",
     "WorkerDied",
     "__version__",
+    "log",
     "notebook_launcher",
     "skip_first_batches",
 }
