@@ -88,9 +88,9 @@ def test_progress_lines_are_periodic_per_rank() -> None:
         "[rank0] train: 100/100 [100%] 10.0it/s in 10.0s",
     ]
     assert [ln.split(" | ")[1] for ln in per_rank[1][:3]] == [
-        "train 30/100 [30%] 10.0it/s eta 7.0s",
-        "train 60/100 [60%] 10.0it/s eta 4.0s",
-        "train 90/100 [90%] 10.0it/s eta 1.0s",
+        "train 31/100 [31%] 10.0it/s eta 6.9s",
+        "train 61/100 [61%] 10.0it/s eta 3.9s",
+        "train 91/100 [91%] 10.0it/s eta 0.9s",
     ]
 
 

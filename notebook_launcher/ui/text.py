@@ -39,6 +39,10 @@ from .._events import (
 from .model import WAITING, LaunchModel, RankState, fmt_duration, fmt_number
 
 
+#: Seconds between two flushes of the stream by :meth:`TextView.tick`.
+FLUSH_INTERVAL = 0.2
+
+
 class TextView:
     """Renders a :class:`~notebook_launcher.ui.model.LaunchModel` as rank-prefixed lines.
 
@@ -70,6 +74,7 @@ class TextView:
         self.alert_delay = alert_delay
         self._alerts_seen: dict[str, float] = {}  # alert -> when the model first had it
         self._alerts_shown: set[str] = set()
+        self._ticked = float("-inf")
         self._closed = False
 
     @property
@@ -122,11 +127,18 @@ class TextView:
         self._show_alerts(now)
 
     def tick(self) -> None:
-        if self.progress and not self._closed:
-            now = self.clock()
+        """At most every ``FLUSH_INTERVAL`` seconds: periodic lines, alerts, one flush (the
+        launcher ticks after every wait; a flush per tick sent a message per line)."""
+        if self._closed:
+            return
+        now = self.clock()
+        if now - self._ticked < FLUSH_INTERVAL:
+            return
+        self._ticked = now
+        if self.progress:
             self._periodic(now)
             self._show_alerts(now)
-            self.stream.flush()
+        self.stream.flush()
 
     def close(self) -> None:
         if self._closed:
