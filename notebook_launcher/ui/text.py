@@ -38,7 +38,6 @@ from .._events import (
 )
 from .model import WAITING, LaunchModel, RankState, fmt_duration, fmt_number
 
-
 #: Seconds between two flushes of the stream by :meth:`TextView.tick`.
 FLUSH_INTERVAL = 0.2
 
