@@ -43,6 +43,13 @@ def available() -> bool:
         return False
 
 
+def load() -> None:
+    """Import matplotlib's parts (about half a second, once): so that the time a redraw is
+    measured to take, which sets how often it is redrawn, is the drawing alone."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+
+
 def _finite(values: list[float]) -> list[float]:
     return [v if math.isfinite(v) else math.nan for v in values]
 
@@ -58,9 +65,18 @@ def render_png(m: LaunchModel, *, width: float = 7.0, dpi: int = 80) -> bytes | 
     shown = names[:MAX_PANELS]
     cols = 1 if len(shown) == 1 else 2
     rows = math.ceil(len(shown) / cols)
-    fig = Figure(figsize=(width, 2.1 * rows + 0.2), dpi=dpi, layout="constrained")
-    FigureCanvasAgg(fig)
+    height = 2.1 * rows + 0.2
+    fig = Figure(figsize=(width, height), dpi=dpi)  # a fixed layout: a layout engine
+    FigureCanvasAgg(fig)  # draws every figure twice, and this is redrawn while training
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    fig.subplots_adjust(
+        left=0.8 / width,
+        right=1 - 0.15 / width,
+        top=1 - 0.3 / height,
+        bottom=0.45 / height,
+        wspace=0.25,
+        hspace=0.5 * 2.1 / height * rows,
+    )
     for ax, name in zip(axes, shown, strict=False):
         per = m.metrics[name]
         ranks = sorted(per)
@@ -81,7 +97,10 @@ def render_png(m: LaunchModel, *, width: float = 7.0, dpi: int = 80) -> bytes | 
         else:
             finite = {r: v for r, v in last.items() if math.isfinite(v)}
             mid = median(finite.values()) if finite else 0.0
-            far = sorted(last, key=lambda r: -abs(last[r] - mid) if r in finite else -math.inf)
+            spread = median(abs(v - mid) for v in finite.values()) if finite else 0.0
+            gap = {r: abs(v - mid) if math.isfinite(v) else math.inf for r, v in last.items()}
+            # in colour: the (at most 3) ranks far from the others, if any is
+            far = [r for r in sorted(gap, key=lambda r: -gap[r]) if gap[r] > 3 * spread]
             highlight = far[:3]
             for r in ranks:
                 if r not in highlight:
@@ -90,10 +109,16 @@ def render_png(m: LaunchModel, *, width: float = 7.0, dpi: int = 80) -> bytes | 
             for i, r in enumerate(highlight):
                 steps, values = per[r].points()
                 ax.plot(steps, _finite(values), lw=1.4, color=f"C{i + 1}", label=f"rank {r}")
-            ax.plot([], [], lw=0.6, color="#90a4ae", label=f"{len(ranks) - len(highlight)} others")
-        positive = [v for v in last.values() if math.isfinite(v)]
-        lows = [min((v for v in per[r].values if math.isfinite(v)), default=1.0) for r in ranks]
-        if positive and min(lows) > 0 and max(positive + lows) / min(lows) > 100:
+            others = len(ranks) - len(highlight)
+            ax.plot(
+                [],
+                [],
+                lw=0.6,
+                color="#90a4ae",
+                label=f"{others} {'others' if highlight else 'ranks'}",
+            )
+        seen = [v for r in ranks for v in per[r].values if math.isfinite(v)]
+        if seen and min(seen) > 0 and max(seen) / min(seen) > 100:  # a loss over decades
             ax.set_yscale("log")
         title = name
         if name == shown[-1] and len(names) > len(shown):
@@ -102,7 +127,7 @@ def render_png(m: LaunchModel, *, width: float = 7.0, dpi: int = 80) -> bytes | 
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best", ncols=2 if len(ranks) > 4 else 1, frameon=False)
+        ax.legend(fontsize=7, loc="upper right", ncols=2 if len(ranks) > 4 else 1, frameon=False)
     for ax in axes[len(shown) :]:
         ax.set_visible(False)
     buf = io.BytesIO()
@@ -110,4 +135,4 @@ def render_png(m: LaunchModel, *, width: float = 7.0, dpi: int = 80) -> bytes | 
     return buf.getvalue()
 
 
-__all__ = ["INSTALL_HINT", "available", "render_png"]
+__all__ = ["INSTALL_HINT", "available", "load", "render_png"]

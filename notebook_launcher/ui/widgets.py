@@ -61,8 +61,10 @@ BURST_LINES = 200
 LOG_CHUNKS = 8
 #: Seconds between two plot redraws, at least; slower when drawing takes long.
 PLOT_INTERVAL = 2.0
-#: A plot redraw may use about 1/PLOT_COST_RATIO of the kernel's time.
-PLOT_COST_RATIO = 40.0
+#: A plot redraw may use about 1/PLOT_COST_RATIO of the kernel's time (but the plot is
+#: redrawn at least every PLOT_MAX_INTERVAL seconds while metrics come in).
+PLOT_COST_RATIO = 50.0
+PLOT_MAX_INTERVAL = 10.0
 TEXT_PLAIN = "notebook_launcher dashboard"
 #: The snapshot's font and line height, also inside widgets (which set a 28px line height).
 BASE_STYLE = "font-size:13px;line-height:1.45"
@@ -514,6 +516,7 @@ class WidgetView:
 
     def _render_plot(self) -> bytes | None:
         try:
+            plots.load()
             return plots.render_png(self.model)
         except Exception as exc:  # noqa: BLE001 - a plot is not worth the dashboard
             self.plots_available = False
@@ -529,10 +532,14 @@ class WidgetView:
         self._plot_seen = m.metrics_logged
         W = self.W
         if self.plots_available:
+            try:
+                plots.load()  # not part of what a redraw costs
+            except Exception:  # noqa: BLE001 - _render_plot says why and falls back
+                pass
             t0 = time.perf_counter()
             png = self._render_plot()
             cost = time.perf_counter() - t0
-            self._plot_interval = max(PLOT_INTERVAL, PLOT_COST_RATIO * cost)
+            self._plot_interval = min(PLOT_MAX_INTERVAL, max(PLOT_INTERVAL, PLOT_COST_RATIO * cost))
             self._plot_due = now + self._plot_interval
             if png is not None:
                 if self.plot is None or not hasattr(self.plot, "format"):
