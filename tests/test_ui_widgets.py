@@ -394,3 +394,38 @@ def test_a_custom_view_that_raises_anywhere_is_switched_off(
     assert calls.count(method) == 1  # called until it failed, never again
     err = capsys.readouterr().err
     assert err.count("the view Flaky failed (ValueError('bad view')); continuing without it") == 1
+
+
+def test_transient_lines_show_last_and_are_replaced(log: Log) -> None:
+    clock = Clock()
+    view = WidgetView(display=False, clock=clock)
+    view.handle(started(2))
+    for i, piece in enumerate(("\r", " 10%|#  |\r", " 60%|## |\r")):
+        clock.t = T0 + i
+        view.handle(Output(rank=1, stream="stderr", text=piece, time=clock.t))
+    assert text(value(frontend(log), view.log.tail)) == "[rank1]  60%|## |"
+    clock.t += 1
+    view.handle(Output(rank=1, stream="stderr", text="100%|###|\n", time=clock.t))
+    clock.t += 1
+    view.tick()  # the new line may have spent this turn's budget: the next turn draws the rest
+    state = frontend(log)
+    assert text(value(state, view.log.tail)) == ""
+    assert text(view.log.live.html if view.log.live else "") == "[rank1] 100%|###|"
+
+
+def test_a_plot_that_fails_falls_back_to_the_table(
+    log: Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from notebook_launcher._events import MetricsLogged
+    from notebook_launcher.ui import plots
+
+    def broken(model: Any, **kw: Any) -> bytes:
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(plots, "render_png", broken)
+    monkeypatch.setattr(plots, "load", lambda: None)
+    shown = Shown()
+    view = run([started(1), MetricsLogged(0, 0, (("loss", 0.5),), T0)], display=shown, plot=True)
+    assert len(shown.calls) == 2  # the dashboard and its snapshot: no picture
+    assert "the plot failed (RuntimeError('no fonts'))" in text(view.snapshot_html())
+    assert "loss00.5" in text(view.snapshot_html())  # the values, as a table

@@ -414,15 +414,22 @@ class WidgetView:
 
     # -- the final snapshot ----------------------------------------------------------------
     def snapshot_html(self) -> str:
+        """The final dashboard as static HTML (with the metrics as a table when there is no
+        plot: matplotlib missing, or drawing failed)."""
         m = self.model
-        hint = plots.INSTALL_HINT if m.metrics and not self.plots_available else ""
+        hint = ""
+        if m.metrics and not self.plots_available:
+            hint = self._plot_error_hint() if self._plot_error else plots.INSTALL_HINT
         return H.snapshot(m, self.clock(), metrics_hint=hint)
+
+    def _plot_error_hint(self) -> str:
+        return f"the plot failed ({self._plot_error}); showing the last values"
 
     def _publish_snapshot(self) -> None:
         assert self._display is not None
+        png = self._render_plot() if self.model.metrics and self.plots_available else None
         bundle = {"text/html": self.snapshot_html(), "text/plain": TEXT_PLAIN}
         self._display(bundle, raw=True, display_id=self.id, update=True)
-        png = self._render_plot() if self.model.metrics and self.plots_available else None
         if png is not None:
             names = ", ".join(self.model.metrics)
             self._display(
@@ -552,7 +559,7 @@ class WidgetView:
         self._plot_due = now + 1.0
         hint = plots.INSTALL_HINT
         if self._plot_error:
-            hint = f"the plot failed ({self._plot_error}); showing the last values"
+            hint = self._plot_error_hint()
         table = f"<div style='{BASE_STYLE}'>{H.metrics_table(m, hint)}</div>"
         if self.plot is None or hasattr(self.plot, "format"):
             self._show_plot(W.HTML(value=table))
