@@ -27,7 +27,9 @@ from .errors import (
 if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .data_loader import skip_first_batches
+    from .errors import SessionBroken
     from .launcher import notebook_launcher
+    from .session import Session, start
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
     from .tracking import log
     from .utils.dataclasses import DataLoaderConfiguration, GradientAccumulationPlugin
@@ -44,6 +46,9 @@ _LAZY = {
     "GradientAccumulationPlugin": "notebook_launcher.utils.dataclasses",
     "skip_first_batches": "notebook_launcher.data_loader",
     "notebook_launcher": "notebook_launcher.launcher",
+    "start": "notebook_launcher.session",
+    "Session": "notebook_launcher.session",
+    "SessionBroken": "notebook_launcher.errors",
     "log": "notebook_launcher.tracking",
 }
 
@@ -55,6 +60,14 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # after importing: the submodule import rebinds nothing here
     return value
+
+
+def load_ipython_extension(ip: Any) -> None:
+    """``%load_ext notebook_launcher``: the ``%nl_info``, ``%dist``, ``%%distributed`` and
+    ``%%rank`` magics (the shipped kernelspec loads them already)."""
+    from .ipython_extension import load_ipython_extension as load
+
+    load(ip)
 
 
 def __dir__() -> list[str]:
@@ -75,9 +88,12 @@ __all__ = [
     "ProcessGroupMismatch",
     "RankFailedError",
     "SerializationError",
+    "Session",
+    "SessionBroken",
     "WorkerDied",
     "__version__",
     "log",
     "notebook_launcher",
     "skip_first_batches",
+    "start",
 ]

@@ -5,10 +5,15 @@ Bottom layer: imports nothing of ours.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
+import subprocess
+import threading
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -48,4 +53,101 @@ def close_quietly(*fds: int) -> None:
             pass
 
 
-__all__ = ["close_quietly", "die_with_parent", "quiet_fork"]
+def lead_own_process_group() -> None:
+    """Make this process the leader of a new process group (its pid is the group id).
+
+    A rank does this first thing: Jupyter's interrupt signals the kernel's whole process
+    group, and that interrupt is the kernel's to handle (it stops the ranks), not a failure
+    of a rank; and the processes a rank starts stay in its group, so they can be killed
+    with it. The parent calls ``setpgid(pid, pid)`` too, so there is no window.
+    """
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # already a group or session leader
+        pass
+
+
+def kill_process_group(pgid: int) -> None:
+    """SIGKILL every process left in group ``pgid`` (what a rank started: subprocesses,
+    shell pipelines, DataLoader workers). Call it while the rank is still unreaped (a
+    zombie keeps its pid, so the group id cannot have been reused)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+
+
+_guard: subprocess.Popen[bytes] | None = None
+
+
+def guard_process_group() -> None:
+    """Start a tiny watcher that kills this process group once this process has gone.
+
+    For when nobody else can: the kernel (and the forkserver) was killed, the rank died
+    with it, and what the rank started would live on, re-parented to init. The watcher
+    is ``sh`` reading a pipe whose only write end this process holds (children forked
+    from here close it at once; exec closes it anyway), so end-of-file means this
+    process is gone. It holds no other file descriptor of ours.
+    """
+    global _guard
+    if _guard is not None or not os.path.exists("/bin/sh"):
+        return
+    if os.getpgrp() != os.getpid():  # never kill a group we do not lead (a shell's job)
+        return
+    read_end, write_end = os.pipe()
+    try:
+        _guard = subprocess.Popen(
+            ["/bin/sh", "-c", "read _; kill -KILL 0"],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+    except OSError:
+        os.close(write_end)
+        return
+    finally:
+        os.close(read_end)
+    os.register_at_fork(after_in_child=lambda: close_quietly(write_end))
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) until the block is done, then deliver it.
+
+    For short sections that must not stop half way (a process started but not yet
+    recorded; fds being released). Works in the main thread, where Python runs signal
+    handlers; elsewhere the block runs as it is (no SIGINT is handled there anyway).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[Any] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    except (ValueError, OSError):  # no signal support here (embedded interpreter)
+        yield
+        return
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler not installed from Python; keep ours off
+            signal.signal(signal.SIGINT, previous)
+        else:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, caught[0])
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
+
+
+__all__ = [
+    "close_quietly",
+    "deferred_interrupts",
+    "die_with_parent",
+    "guard_process_group",
+    "kill_process_group",
+    "lead_own_process_group",
+    "quiet_fork",
+]

@@ -8,6 +8,10 @@ object; otherwise it travels pickled as the first message of the control channel
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+#: Set to "1" in every rank the launcher starts.
+LAUNCHER_ENV = "NOTEBOOK_LAUNCHER_WORKER"
 
 
 @dataclass
@@ -31,6 +35,10 @@ class WorkerSpec:
     pg_timeout_s: float = 1800.0
     #: torch's intra-op threads in the rank (None: leave torch's default).
     num_threads: int | None = None
+    #: the kernel's RNG and torch settings (``_settings.capture``), applied in the rank
+    settings: dict[str, Any] | None = None
+    #: a session's rank: after its set-up it serves tasks until told to leave
+    session: bool = False
 
 
-__all__ = ["WorkerSpec"]
+__all__ = ["LAUNCHER_ENV", "WorkerSpec"]

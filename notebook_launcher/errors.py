@@ -53,6 +53,9 @@ class RankFailure:
     signal_name: str | None = None
     collateral: bool = False
     time: float = 0.0
+    #: what the launcher knows of a death that the exit code does not say (e.g. "it died
+    #: while receiving its task"; "its forkserver process died")
+    context: str = ""
 
     def describe(self) -> str:
         if self.kind == "raised":
@@ -137,6 +140,11 @@ class ProcessGroupMismatch(RankFailedError):
     """A rank left the function while other ranks still waited for it in a collective."""
 
 
+class SessionBroken(LaunchError):
+    """A session's ranks can no longer run cells together (a rank died, or one did not
+    stop when asked). ``session.restart()`` (``%dist restart``) brings up fresh ranks."""
+
+
 def signal_name(returncode: int | None) -> str | None:
     """``-9`` -> ``"SIGKILL"``; ``None`` for normal exit codes."""
     import signal
@@ -160,6 +168,7 @@ __all__ = [
     "RankFailure",
     "RemoteTraceback",
     "SerializationError",
+    "SessionBroken",
     "WorkerDied",
     "signal_name",
 ]

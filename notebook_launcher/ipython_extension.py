@@ -99,14 +99,225 @@ def nl_info(line: str = "") -> None:
     print("\n".join(info_lines()))
 
 
+# --- sessions: %dist, %%distributed, %%rank ---------------------------------------------------
+
+DIST_USAGE = """\
+%dist start [-n N] [--start-method M] [--mixed-precision P] [--dashboard D]
+%dist status | restart | stop
+%dist auto on|off        every following cell runs on the ranks (until off)
+%dist push NAME [NAME...] [--ranks R]    notebook variables into every rank
+%dist pull NAME [--ranks R]              binds NAME to the per-rank list here
+%%distributed [--ranks 0,1] [--post-mortem]   a cell on the ranks (%%rank 1: on rank 1)"""
+
+
+class RankValues(list):
+    """Each rank's value of a cell's last expression, shown one line a rank."""
+
+    def __init__(self, ranks: list[int], values: list[Any]) -> None:
+        super().__init__(values)
+        self.ranks = ranks
+
+    def __repr__(self) -> str:
+        return "\n".join(f"[rank{r}] {v}" for r, v in zip(self.ranks, self, strict=True))
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
+
+def parse_ranks(text: str | None) -> list[int] | None:
+    """``"1"``, ``"0,2"``, ``"[0, 2]"``, ``"0-3"`` -> ranks; None for all."""
+    if text is None or not text.strip() or text.strip() == "all":
+        return None
+    ranks: list[int] = []
+    for part in text.strip().strip("[]").replace(" ", "").split(","):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            ranks += range(int(lo), int(hi) + 1)
+        else:
+            ranks.append(int(part))
+    return ranks
+
+
+def _dist_parser() -> Any:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="%dist", add_help=False, exit_on_error=False)
+    parser.add_argument("command", nargs="?", default="status")
+    parser.add_argument("names", nargs="*")
+    parser.add_argument("-n", "--num-processes", "--num_processes", type=int, default=None)
+    parser.add_argument("--start-method", "--start_method", default=None)
+    parser.add_argument("--mixed-precision", "--mixed_precision", default="no")
+    parser.add_argument("--dashboard", default="auto")
+    parser.add_argument("--ranks", default=None)
+    return parser
+
+
+class DistMagics:
+    """The magics' state: the notebook's session and the auto mode."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.session: Any = None
+        self.auto = False
+
+    def _need_session(self) -> Any:
+        if self.session is None:
+            raise UsageError("no session: start one with %dist start -n 2")
+        return self.session
+
+    # %dist ----------------------------------------------------------------------------------
+
+    def dist(self, line: str) -> Any:
+        import shlex
+
+        try:
+            args = _dist_parser().parse_args(shlex.split(line))
+        except Exception as exc:  # noqa: BLE001 - argparse errors become usage errors
+            raise UsageError(f"{exc}\n{DIST_USAGE}") from None
+        command = args.command
+        if command == "start":
+            return self._start(args)
+        if command == "status":
+            return self.session.status() if self.session is not None else "no session"
+        if command == "restart":
+            self._need_session().restart()
+            print("restarted: fresh ranks (the old ranks' variables are gone)")
+            return None
+        if command == "stop":
+            if self.session is not None:
+                self.session.close()
+                self.session = None
+            self.auto_mode(False)
+            return None
+        if command == "auto":
+            self.auto_mode((args.names or ["on"])[0] == "on")
+            return None
+        if command == "push":
+            session = self._need_session()
+            missing = [n for n in args.names if n not in self.shell.user_ns]
+            if missing or not args.names:
+                raise UsageError(f"%dist push NAME...: not defined here: {missing}")
+            session.push(
+                ranks=parse_ranks(args.ranks), **{n: self.shell.user_ns[n] for n in args.names}
+            )
+            return None
+        if command == "pull":
+            session = self._need_session()
+            if len(args.names) != 1:
+                raise UsageError("%dist pull NAME")
+            name = args.names[0]
+            self.shell.user_ns[name] = session.pull(name, ranks=parse_ranks(args.ranks))
+            return None
+        raise UsageError(f"unknown %dist command {command!r}\n{DIST_USAGE}")
+
+    def _start(self, args: Any) -> Any:
+        from .session import start
+
+        if self.session is not None and self.session.status().state != "closed":
+            raise UsageError("a session runs already: %dist restart, or %dist stop first")
+        self.session = start(
+            args.num_processes,
+            start_method=args.start_method,
+            mixed_precision=args.mixed_precision,
+            dashboard=args.dashboard,
+        )
+        return self.session.status()
+
+    def auto_mode(self, on: bool) -> None:
+        cleanup = self.shell.input_transformers_cleanup
+        if on and self._to_distributed not in cleanup:
+            self._need_session()
+            cleanup.append(self._to_distributed)
+        elif not on and self._to_distributed in cleanup:
+            cleanup.remove(self._to_distributed)
+        self.auto = on
+
+    def _to_distributed(self, lines: list[str]) -> list[str]:
+        """Auto mode: every cell becomes a ``%%distributed`` cell (not magics, not empty)."""
+        first = next((x for x in lines if x.strip()), "")
+        if not first or first.lstrip().startswith(("%", "!")):
+            return lines
+        return ["%%distributed\n", *lines]
+
+    # %%distributed, %%rank -----------------------------------------------------------------
+
+    def distributed(self, line: str, cell: str) -> Any:
+        import argparse
+        import shlex
+
+        parser = argparse.ArgumentParser(prog="%%distributed", add_help=False, exit_on_error=False)
+        parser.add_argument("--ranks", "--rank", default=None)
+        parser.add_argument("--post-mortem", "--post_mortem", action="store_true")
+        try:
+            args = parser.parse_args(shlex.split(line))
+        except Exception as exc:  # noqa: BLE001
+            raise UsageError(f"{exc}\n{DIST_USAGE}") from None
+        return self._cell(cell, parse_ranks(args.ranks), args.post_mortem)
+
+    def rank(self, line: str, cell: str) -> Any:
+        ranks = parse_ranks(line)
+        if ranks is None:
+            raise UsageError("%%rank N (or %%rank 0,2): which ranks run the cell")
+        return self._cell(cell, ranks, post_mortem=False)
+
+    def _cell(self, cell: str, ranks: list[int] | None, post_mortem: bool) -> Any:
+        session = self._need_session()
+        if post_mortem:
+            if not ranks or len(ranks) != 1:
+                raise UsageError(
+                    "--post-mortem needs one rank: %%distributed --ranks 1 --post-mortem"
+                )
+            value = session.post_mortem(ranks[0], cell)
+            return RankValues(ranks, [value]) if value is not None else None
+        values = session.run_cell(cell, ranks=ranks)
+        shown = ranks if ranks is not None else session.ranks
+        if all(v is None for v in values):
+            return None
+        return RankValues(shown, values)
+
+
+def _usage_error() -> type[Exception]:
+    try:
+        from IPython.core.error import UsageError as error
+    except ImportError:  # pragma: no cover - IPython is a dependency of ipykernel
+        return ValueError
+    return error
+
+
+UsageError = _usage_error()
+_magics: DistMagics | None = None
+
+
 def load_ipython_extension(ip: Any) -> None:
     """Called by IPython on ``%load_ext`` (and by the kernelspec's ``--ext``)."""
+    global _magics
     ip.register_magic_function(nl_info, magic_kind="line", magic_name=MAGIC_NAME)
+    _magics = DistMagics(ip)
+    ip.register_magic_function(_magics.dist, magic_kind="line", magic_name="dist")
+    ip.register_magic_function(_magics.distributed, magic_kind="cell", magic_name="distributed")
+    ip.register_magic_function(_magics.rank, magic_kind="cell", magic_name="rank")
 
 
 def unload_ipython_extension(ip: Any) -> None:
-    """Called by IPython on ``%unload_ext``: remove the magic again."""
+    """Called by IPython on ``%unload_ext``: remove the magics again (and the session)."""
     ip.magics_manager.magics["line"].pop(MAGIC_NAME, None)
+    ip.magics_manager.magics["line"].pop("dist", None)
+    ip.magics_manager.magics["cell"].pop("distributed", None)
+    ip.magics_manager.magics["cell"].pop("rank", None)
+    if _magics is not None:
+        _magics.auto_mode(False)
+        if _magics.session is not None:
+            _magics.session.close()
 
 
-__all__ = ["MAGIC_NAME", "info_lines", "load_ipython_extension", "nl_info"]
+__all__ = [
+    "MAGIC_NAME",
+    "DistMagics",
+    "RankValues",
+    "info_lines",
+    "load_ipython_extension",
+    "nl_info",
+    "parse_ranks",
+]

@@ -97,6 +97,7 @@ def notebook_launcher(
         notebook_launcher(train, args=(0.1,), num_processes=2)   # -> [0.0, 0.1]
     """
     preflight.check_args(args, kwargs)
+    preflight.check_dashboard(dashboard)
     del monitor_interval  # we wait on sentinels instead of polling
     plan = plan_launch(
         function,

@@ -25,11 +25,14 @@ EXPECTED = {
     "ProcessGroupMismatch",
     "RankFailedError",
     "SerializationError",
+    "Session",
+    "SessionBroken",
     "WorkerDied",
     "__version__",
     "log",
     "notebook_launcher",
     "skip_first_batches",
+    "start",
 }
 
 

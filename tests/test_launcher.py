@@ -189,12 +189,22 @@ def noop() -> None:
         ({"use_port": "http"}, "use_port must be"),
         ({"max_restarts": 2}, "not supported"),
         ({"node_rank": 2}, "node_rank must be in"),
+        ({"grace_period": None}, "grace_period must be a number"),
+        ({"grace_period": "1"}, "grace_period must be a number"),
+        ({"grace_period": -1.0}, "grace_period must be >= 0"),
+        ({"grace_period": float("nan")}, "grace_period must be >= 0"),
+        ({"dashboard": "fancy"}, "dashboard must be True, False"),
+        ({"dashboard": object()}, "is not a view"),
+        ({"master_addr": None}, "master_addr must be"),
+        ({"kwargs": [1]}, "kwargs must be a dict"),
     ],
 )
 def test_preflight_errors(kwargs: dict, message: str) -> None:
-    call = {"function": noop, "num_processes": 2, **kwargs}
+    """Every argument is checked before anything starts: a wrong one is the launcher's
+    clear error, never a TypeError from inside it that hides the rank's real one."""
+    call = {"function": noop, "num_processes": 2, "dashboard": Recorder(), **kwargs}
     with pytest.raises(PreflightError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        notebook_launcher(dashboard=Recorder(), **call)
+        notebook_launcher(**call)
 
 
 def test_fork_with_cuda_initialised_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -161,11 +161,9 @@ def exception_for(
 
 def _died_error(failure: RankFailure, world_size: int, report: LaunchFailure) -> WorkerDied:
     tail = failure.message.strip()
-    hint = (
-        " It was killed from outside (out of memory is a common reason: check `dmesg`)."
-        if failure.signal_name == "SIGKILL"
-        else ""
-    )
+    hint = f" {failure.context[0].upper()}{failure.context[1:]}." if failure.context else ""
+    if failure.signal_name == "SIGKILL" and "forkserver" not in failure.context:
+        hint += " It was killed from outside (out of memory is a common reason: check `dmesg`)."
     how = failure.describe().split(": ", 1)[1]
     return WorkerDied(
         f"rank {failure.rank} of {world_size} died without raising an exception ({how}).{hint}\n"

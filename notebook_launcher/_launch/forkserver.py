@@ -19,6 +19,7 @@ import threading
 import time
 from multiprocessing.connection import wait
 
+from .._posix import deferred_interrupts
 from .._wire.forkserver import Exited, Fork, Forked, FrameReader, Ready, send
 from ..errors import LaunchError
 
@@ -39,31 +40,42 @@ class ForkServer:
     """The running server, seen from the kernel: ``fork(fds)`` a rank, learn exit codes."""
 
     def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._popen = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "notebook_launcher._worker.forkserver",
-                str(theirs.fileno()),
-                str(os.getpid()),
-            ],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            env=child_env(),
-            cwd=os.getcwd(),
-        )
-        theirs.close()
-        self._sock = ours
         self._lock = threading.Lock()
         self._reader = FrameReader()
         self._exits: dict[int, int] = {}
         self._forked: list[int] = []
         self._ready = False
         self._dead = False
-        while not (self._ready or self._dead):
-            self._read(None)
+        with deferred_interrupts():  # the process and both socket ends, or none of them
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self._popen = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "notebook_launcher._worker.forkserver",
+                        str(theirs.fileno()),
+                        str(os.getpid()),
+                    ],
+                    pass_fds=[theirs.fileno()],
+                    stdin=subprocess.DEVNULL,
+                    env=child_env(),
+                    cwd=os.getcwd(),
+                )
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            self._sock = ours
+        try:
+            while not (self._ready or self._dead):  # ~1 s of imports: Ctrl-C may come
+                self._read(None)
+        except BaseException:
+            self.close(kill=True)
+            raise
         if self._dead:
+            self.close(kill=True)
             raise LaunchError(
                 "the forkserver failed to start (see the kernel's log for its error); "
                 "start_method='spawn' does not need it"
@@ -126,10 +138,14 @@ class ForkServer:
             self.drain(min(0.05, max(0.0, deadline - time.monotonic())))
         return self._exits.pop(pid, None)
 
-    def close(self) -> None:
-        try:
+    def close(self, kill: bool = False) -> None:
+        """Stop the server: it leaves when its socket closes (``kill``: at once, for one
+        that is still importing), and is reaped here (no zombie)."""
+        with deferred_interrupts():
+            self._dead = True
+            if kill:
+                self._popen.send_signal(signal.SIGKILL)
             self._sock.close()
-        finally:
             try:
                 self._popen.wait(timeout=2)
             except subprocess.TimeoutExpired:

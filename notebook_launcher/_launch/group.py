@@ -17,6 +17,7 @@ and every exit to the caller's callbacks. Knows nothing of torch or widgets.
 
 from __future__ import annotations
 
+import codecs
 import os
 import signal
 import socket
@@ -28,12 +29,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .._events import Event, Output
-from .._posix import close_quietly, quiet_fork
+from .._events import Event, Output, WorkerStarted
+from .._posix import close_quietly, deferred_interrupts, kill_process_group, quiet_fork
 from .._spec import WorkerSpec
-from .._wire.control import Channel, Raised, Returned, Setup, Task
+from .._wire.control import Channel, Raised, Reformed, Returned, Setup, Task
 from ..errors import RankFailure
 from . import forkserver
+
+#: Unterminated output kept per stream before it is passed on as it is (bounded memory).
+MAX_PARTIAL_CHARS = 1 << 16
 
 # --- one worker process -------------------------------------------------------------------
 
@@ -53,7 +57,16 @@ class WorkerProcess:
     failure: RankFailure | None = None
     exc_data: bytes | None = None
     conn_open: bool = True
-    partial: dict[str, bytes] = field(default_factory=lambda: {"stdout": b"", "stderr": b""})
+    #: what the rank was doing, for a rank that dies: "starting", "receiving its task", "running"
+    stage: str = "starting"
+    #: why it ended when we know better than its exit code (e.g. its forkserver died)
+    note: str = ""
+    partial: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
+    decoders: dict[str, Any] = field(
+        default_factory=lambda: {
+            s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")
+        }
+    )
 
     @property
     def exited(self) -> bool:
@@ -65,11 +78,16 @@ class WorkerProcess:
         (which reports within ``report_timeout``; a missing report means it died, and
         its children with it: SIGKILL)."""
         if self.returncode is None:
+            if self.server is not None:  # it kills the rank's group before it reaps
+                code = self.server.wait_returncode(self.pid, report_timeout)
+                if code is None:
+                    code = -int(signal.SIGKILL)
+                    self.note = "its forkserver process died, and took it along"
+                self.returncode = code
+                return code
+            kill_process_group(self.pid)  # what it started goes with it (still unreaped)
             if self.popen is not None:
                 self.returncode = self.popen.wait()
-            elif self.server is not None:
-                code = self.server.wait_returncode(self.pid, report_timeout)
-                self.returncode = code if code is not None else -int(signal.SIGKILL)
             else:
                 self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         return self.returncode
@@ -100,6 +118,12 @@ class StartRequest:
     err_r: int
     err_w: int
 
+    def close(self) -> None:
+        """Release every end (the rank could not be started)."""
+        self.child_conn.close()
+        self.parent_conn.close()
+        close_quietly(self.out_r, self.out_w, self.err_r, self.err_w)
+
 
 def start_fork(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
     from .._worker import entry  # the child runs it: fork's one crossing to the rank side
@@ -110,7 +134,16 @@ def start_fork(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
         close_quietly(*parent_fds)
         conn = Connection(req.child_conn.detach())
         entry.run(conn, req.out_w, req.err_w, req.listen_fd, parent, spec=req.spec, task=req.task)
+    _own_group(pid)
     return _finish_start(req, pid)
+
+
+def _own_group(pid: int) -> None:
+    """The rank leads its own process group (it does the same: whoever runs first wins)."""
+    try:
+        os.setpgid(pid, pid)
+    except OSError:  # it did it already, or exec'd
+        pass
 
 
 def start_spawn(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
@@ -128,9 +161,8 @@ def start_spawn(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
         env=forkserver.child_env(),
         cwd=req.spec.cwd or None,
     )
-    proc = _finish_start(req, popen.pid, popen=popen)
-    _send_spec_and_task(proc, req)
-    return proc
+    _own_group(popen.pid)
+    return _finish_start(req, popen.pid, popen=popen)
 
 
 def start_forkserver(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
@@ -139,9 +171,7 @@ def start_forkserver(req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
     if req.listen_fd is not None:
         fds.append(req.listen_fd)
     pid = server.fork(fds, has_listen=req.listen_fd is not None)
-    proc = _finish_start(req, pid, server=server)
-    _send_spec_and_task(proc, req)
-    return proc
+    return _finish_start(req, pid, server=server)
 
 
 STARTERS: dict[str, Callable[[StartRequest, list[int]], WorkerProcess]] = {
@@ -149,11 +179,6 @@ STARTERS: dict[str, Callable[[StartRequest, list[int]], WorkerProcess]] = {
     "spawn": start_spawn,
     "forkserver": start_forkserver,
 }
-
-
-def _send_spec_and_task(proc: WorkerProcess, req: StartRequest) -> None:
-    proc.channel.send(Setup(req.spec))
-    proc.channel.send(Task(req.task))
 
 
 def _finish_start(
@@ -199,13 +224,18 @@ class WorkerGroup:
         on_event: Callable[[Event], None],
         on_exit: Callable[[WorkerProcess], None],
         grace: float = 1.0,
+        on_message: Callable[[WorkerProcess, Any], None] | None = None,
     ) -> None:
+        """``on_message(proc, message)``, when given, receives every control message
+        that is not an event (a session's per-task outcomes); without it a rank's one
+        ``Returned``/``Raised`` is kept on its :class:`WorkerProcess`."""
         self.specs = specs
         self.start_method = start_method
         self._task = task
         self._listen = listen_sock
         self._on_event = on_event
         self._on_exit = on_exit
+        self._on_message = on_message
         self.grace = grace
         self.procs: list[WorkerProcess] = []
         self._kill_at: float | None = None
@@ -214,11 +244,30 @@ class WorkerGroup:
     # -- start -------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start every rank; on any failure (Ctrl-C included) stop those started and raise.
+
+        Starting one rank -- its fds, the process, its record -- happens with Ctrl-C held
+        back, so an interrupt finds either no trace of that rank or a recorded one that
+        ``close()`` cleans up; never a process or an fd nobody knows about.
+        """
         starter = STARTERS[self.start_method]
         try:
             for spec in self.specs:
-                req = self._request(spec)
-                self.procs.append(starter(req, self._parent_fds(req)))
+                with deferred_interrupts():
+                    req = self._request(spec)
+                    try:
+                        proc = starter(req, self._parent_fds(req))
+                    except BaseException:
+                        req.close()
+                        raise
+                    self.procs.append(proc)
+                if (
+                    self.start_method != "fork"
+                ):  # a fresh process: tell it who it is, and what to do
+                    proc.stage = "receiving its task"
+                    self.send(proc, Setup(spec))
+                    if self._task is not None:  # a session's ranks get theirs later
+                        self.send(proc, Task(self._task))
         except BaseException:
             self.close()
             raise
@@ -227,12 +276,32 @@ class WorkerGroup:
                 self._listen.close()
                 self._listen = None
 
+    def send(self, proc: WorkerProcess, message: Any) -> bool:
+        """Send ``message`` to a rank; False when it is gone (its exit tells the rest:
+        a rank killed while it receives a large task is reported as the death it is)."""
+        if not proc.conn_open:
+            return False
+        try:
+            proc.channel.send(message)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            proc.conn_open = False
+            return False
+        return True
+
     def _request(self, spec: WorkerSpec) -> StartRequest:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        for fd in (out_r, err_r):
-            os.set_blocking(fd, False)
+        fds: list[int] = []
+        try:
+            for _ in range(2):
+                fds += os.pipe()
+            for fd in (fds[0], fds[2]):
+                os.set_blocking(fd, False)
+        except BaseException:
+            parent_sock.close()
+            child_sock.close()
+            close_quietly(*fds)
+            raise
+        out_r, out_w, err_r, err_w = fds
         listen_fd = self._listen.fileno() if self._listen is not None and spec.rank == 0 else None
         return StartRequest(
             spec=spec,
@@ -268,8 +337,11 @@ class WorkerGroup:
     def finished(self) -> bool:
         return all(p.exited for p in self.procs)
 
-    def pump(self, timeout: float | None) -> None:
-        """Wait up to ``timeout`` for anything from any rank, and handle all that is ready."""
+    def pump(self, timeout: float | None, wake: int | None = None) -> None:
+        """Wait up to ``timeout`` for anything from any rank, and handle all that is ready.
+
+        ``wake``: another fd to wait on (a pipe another thread writes to, to end the wait);
+        it is not read here."""
         if self._kill_at is not None:
             now = time.monotonic()
             if now >= self._kill_at:
@@ -287,9 +359,12 @@ class WorkerGroup:
                 waitables[fd] = (stream, p)
             if not p.exited:
                 waitables[p.pidfd] = ("exit", p)
+        if wake is not None:
+            waitables[wake] = ("wake", None)  # type: ignore[assignment]
         if not waitables:
             return
         ready = wait(list(waitables), timeout)
+        ready = [obj for obj in ready if obj != wake]
         for obj in ready:
             kind, proc = waitables[obj]
             if kind == "conn":
@@ -311,14 +386,23 @@ class WorkerGroup:
         except (EOFError, OSError):
             proc.conn_open = False
             return
-        if isinstance(msg, Returned):
-            proc.result = msg.data
-        elif isinstance(msg, Raised):
-            proc.failure, proc.exc_data = msg.failure, msg.exc_data
+        if isinstance(msg, WorkerStarted):
+            proc.stage = "running"
+        if isinstance(msg, (Returned, Raised, Reformed)):
+            if self._on_message is not None:
+                self._on_message(proc, msg)
+            elif isinstance(msg, Returned):
+                proc.result = msg.data
+            elif isinstance(msg, Raised):
+                proc.failure, proc.exc_data = msg.failure, msg.exc_data
         else:
             self._on_event(msg)
 
     def _read_output(self, proc: WorkerProcess, stream: str) -> None:
+        """Read what is there and pass it on: whole lines; a line ended by ``\r`` (a
+        progress display redrawn in place) as soon as it is complete, so it shows live;
+        and an endless line in pieces of :data:`MAX_PARTIAL_CHARS` (linear cost, bounded
+        memory)."""
         fd = proc.pipes.get(stream)
         if fd is None:
             return
@@ -329,22 +413,31 @@ class WorkerGroup:
         except OSError:
             chunk = b""
         if not chunk:
+            proc.partial[stream] += proc.decoders[stream].decode(b"", final=True)
             self._flush_partial(proc, stream)
             os.close(proc.pipes.pop(stream))
             return
-        data = proc.partial[stream] + chunk
-        cut = data.rfind(b"\n") + 1
-        proc.partial[stream] = data[cut:]
+        text = proc.partial[stream] + proc.decoders[stream].decode(chunk)
+        now = time.time()
+        cut = text.rfind("\n") + 1
         if cut:
-            now = time.time()
-            for line in data[:cut].decode("utf-8", "replace").splitlines(keepends=True):
+            for line in text[:cut].splitlines(keepends=True):
                 self._on_event(Output(proc.rank, stream, line, now))
+            text = text[cut:]
+        cr = text.rfind("\r") + 1
+        if cr:
+            self._on_event(Output(proc.rank, stream, text[:cr], now))
+            text = text[cr:]
+        while len(text) >= MAX_PARTIAL_CHARS:
+            self._on_event(Output(proc.rank, stream, text[:MAX_PARTIAL_CHARS], now))
+            text = text[MAX_PARTIAL_CHARS:]
+        proc.partial[stream] = text
 
     def _flush_partial(self, proc: WorkerProcess, stream: str) -> None:
         tail = proc.partial[stream]
         if tail:
-            proc.partial[stream] = b""
-            self._on_event(Output(proc.rank, stream, tail.decode("utf-8", "replace"), time.time()))
+            proc.partial[stream] = ""
+            self._on_event(Output(proc.rank, stream, tail, time.time()))
 
     def _drain(self, proc: WorkerProcess) -> None:
         """After a rank exited: take everything still buffered in its channels."""
@@ -371,6 +464,22 @@ class WorkerGroup:
         for p in self.running:
             p.send_signal(signal.SIGKILL)
 
+    def route(
+        self,
+        on_event: Callable[[Event], None],
+        on_exit: Callable[[WorkerProcess], None],
+        on_message: Callable[[WorkerProcess, Any], None] | None,
+    ) -> None:
+        """Send what the ranks report to other callbacks from now on (a session hands its
+        group from its start-up to its pump)."""
+        self._on_event, self._on_exit, self._on_message = on_event, on_exit, on_message
+
+    def proc(self, rank: int) -> WorkerProcess:
+        for p in self.procs:
+            if p.rank == rank:
+                return p
+        raise KeyError(rank)
+
     def stop(self) -> None:
         """Staged stop, blocking until every rank is gone (a second Ctrl-C kills at once)."""
         try:
@@ -382,9 +491,14 @@ class WorkerGroup:
             self.close()
 
     def close(self) -> None:
-        """Kill anything still running, reap it, and release every fd. Idempotent."""
+        """Kill anything still running, reap it, and release every fd. Idempotent, and
+        not stopped half way by Ctrl-C (which is delivered once it is done)."""
         if self._closed:
             return
+        with deferred_interrupts():
+            self._close()
+
+    def _close(self) -> None:
         self._closed = True
         if self._listen is not None:
             self._listen.close()

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _settings
 from .._events import LaunchStarted
 from .._serialization import dumps_checked, payload_size_warning
 from .._spec import WorkerSpec
@@ -94,9 +95,11 @@ def plan_launch(
     ``function`` is checked when given (a session has none at start). Raises
     :class:`~notebook_launcher.errors.PreflightError` naming the fix.
     """
+    preflight.check_not_in_a_rank()
     if function is not None:
         preflight.check_function(function)
     preflight.check_nodes(num_nodes, node_rank)
+    preflight.check_master_addr(master_addr)
     grace = preflight.check_grace_period(grace_period)
     preflight.check_unsupported(**(unsupported or {}))
     gpus = preflight.cuda_device_count()
@@ -108,7 +111,8 @@ def plan_launch(
     cuda_init = preflight.cuda_initialized()
     wants_fork = start_method in (None, "auto", "fork") and not cuda_init
     fork_safe = preflight.fork_is_safe() if wants_fork else True  # may fork a probe
-    method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe)
+    busy = preflight.busy_threads() if wants_fork else []
+    method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe, busy)
     listen, port, port_note = preflight.bind_rendezvous(master_addr, use_port, node_rank)
     if port_note:
         reason += f"; {port_note}, using {port}"
@@ -164,6 +168,7 @@ def _specs(
         "NOTEBOOK_LAUNCHER_START_METHOD": method,
     }
     env = extra if method == "fork" else {**os.environ, **extra}
+    settings = _settings.capture()  # fork too: Python reseeds `random` in a forked child
     return [
         WorkerSpec(
             rank=node_rank * nprocs + local,
@@ -179,6 +184,7 @@ def _specs(
             sys_path=list(sys.path),
             replace_environ=method != "fork",
             num_threads=threads,
+            settings=settings,
         )
         for local in range(nprocs)
     ]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._posix import die_with_parent, quiet_fork
+from .._spec import LAUNCHER_ENV
 from ..errors import PreflightError
 
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -194,10 +195,59 @@ def _probe_fork() -> bool:
     return done and os.waitstatus_to_exitcode(status) == 0
 
 
+#: Modules whose threads a forked rank never touches (the kernel's own machinery): their
+#: locks cannot be inherited held by anything the rank runs.
+_INFRASTRUCTURE = (
+    "ipykernel.",
+    "IPython.",
+    "jupyter_client.",
+    "zmq.",
+    "tornado.",
+    "tqdm.",
+    "notebook_launcher.",
+    "debugpy",
+    "pydevd",
+    "_pydevd",
+)
+
+
+def _thread_module(thread: threading.Thread) -> str:
+    cls = type(thread)
+    if cls.__module__ != "threading":
+        return cls.__module__
+    target = getattr(thread, "_target", None)
+    return getattr(target, "__module__", None) or ""
+
+
+def busy_threads() -> list[str]:
+    """Names of the threads that run *user* code in this process besides the caller.
+
+    A forked child inherits every lock as it was at the fork; one held by such a thread
+    (a logging handler, torch's CPU RNG, a tracker's queue) is never released in the
+    child, and a rank that takes it hangs forever. Jupyter's own threads are left out
+    (the rank never uses their state); so are threads that exist only in C.
+    """
+    me = threading.current_thread()
+    busy = []
+    for thread in threading.enumerate():
+        if thread is me or isinstance(thread, threading._DummyThread) or not thread.is_alive():
+            continue
+        if thread is threading.main_thread():
+            busy.append(thread.name)  # a launch from another thread: the kernel runs on
+            continue
+        if not (_thread_module(thread) + ".").startswith(_INFRASTRUCTURE):
+            busy.append(thread.name)
+    return busy
+
+
 def resolve_start_method(
-    requested: str | None, cuda_is_initialized: bool, fork_safe: bool = True
+    requested: str | None,
+    cuda_is_initialized: bool,
+    fork_safe: bool = True,
+    busy: list[str] | None = None,
 ) -> tuple[str, str]:
-    """(method, one-line reason). ``fork_safe=False``: this kernel's OpenMP pool runs."""
+    """(method, one-line reason). ``fork_safe=False``: this kernel's OpenMP pool runs;
+    ``busy``: threads running user code (see :func:`busy_threads`)."""
     if requested not in (None, "auto", *START_METHODS):
         raise PreflightError(
             f"start_method={requested!r} is not one of 'fork', 'spawn', 'forkserver' (or None)."
@@ -209,22 +259,70 @@ def resolve_start_method(
             "touch CUDA (no .cuda(), no torch.cuda calls) before launching, or use "
             "start_method='forkserver' (the default once CUDA is initialised)."
         )
+    threads = ", ".join(repr(name) for name in (busy or [])[:3])
     if requested in START_METHODS:
         assert requested is not None
         if requested == "fork" and not fork_safe:
             return "fork", "asked for; ranks use 1 CPU thread: this kernel's OpenMP pool runs"
+        if requested == "fork" and busy:
+            return "fork", (
+                f"asked for, though thread(s) {threads} run here: a lock one of them holds "
+                "at the fork would hang a rank that takes it"
+            )
         return requested, "asked for"
     if cuda_is_initialized:
         return "forkserver", "CUDA is initialised in this kernel, so fork is unsafe"
+    unsafe = []
     if not fork_safe:
-        return (
-            "forkserver",
+        unsafe.append(
             "this kernel already ran a multi-threaded torch op (its OpenMP pool would hang a "
-            "forked rank)",
+            "forked rank)"
         )
+    if busy:
+        unsafe.append(
+            f"thread(s) {threads} run in this kernel (a lock one of them holds at a fork "
+            "would hang a forked rank)"
+        )
+    if unsafe:
+        return "forkserver", "; and ".join(unsafe)
     if not hasattr(os, "fork"):
         return "spawn", "this platform has no fork"
     return "fork", "fast, nothing to pickle"
+
+
+def check_not_in_a_rank() -> None:
+    """A launch from inside a launched function: refused with what it is, not as if the
+    rank were a notebook kernel."""
+    if os.environ.get(LAUNCHER_ENV) == "1":
+        rank = os.environ.get("RANK", "?")
+        raise PreflightError(
+            f"notebook_launcher() was called inside rank {rank} of a running launch (the "
+            "launched function, or something it calls, launches again). Ranks cannot start "
+            "ranks of their own: launch once, from the notebook or a script, and let the "
+            "function do its work directly (it already runs on every rank)."
+        )
+
+
+def check_dashboard(dashboard: Any) -> None:
+    if isinstance(dashboard, (bool, str)):
+        if dashboard not in (True, False, "auto", "widgets", "text", "none"):
+            raise PreflightError(
+                f"dashboard must be True, False, 'auto', 'widgets' or 'text' (or a view "
+                f"object), got {dashboard!r}."
+            )
+    elif not all(callable(getattr(dashboard, m, None)) for m in ("handle", "tick", "close")):
+        raise PreflightError(
+            f"dashboard={dashboard!r} is not a view: a view has handle(event), tick() and "
+            "close() (see notebook_launcher.ui.View)."
+        )
+
+
+def check_master_addr(master_addr: Any) -> None:
+    if not isinstance(master_addr, str) or not master_addr:
+        raise PreflightError(
+            f"master_addr must be a host name or IP address, got {master_addr!r}; use "
+            "'127.0.0.1' on a single machine."
+        )
 
 
 def check_no_process_group_in_parent() -> None:
@@ -287,6 +385,17 @@ def bind_rendezvous(
             ) from exc
         sock.bind((master_addr, 0))
         note = f"port {port} is busy"
-    sock.listen(1024)
+    try:
+        sock.listen(1024)
+    except OSError as exc:
+        # Two launches bound the same port at once (SO_REUSEADDR lets both bind): the
+        # second to listen loses. Same answer as a failed bind: take another port.
+        sock.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.bind((master_addr, 0))
+        sock.listen(1024)
+        note = f"port {port} is busy"
     sock.set_inheritable(True)
     return sock, sock.getsockname()[1], note

@@ -90,42 +90,65 @@ class RunRecord:
 
     def on_exit(self, proc: WorkerProcess) -> list[Event]:
         """Record how rank ``proc.rank`` ended; returns the events that tell the views."""
-        now = time.time()
-        code = proc.returncode
         if proc.result is not None:
-            try:
-                self.results[proc.rank] = loads(proc.result)
-            except Exception as exc:  # noqa: BLE001 - whatever unpickling raises
-                self._fail(
-                    RankFailure(
-                        proc.rank,
-                        "raised",
-                        proc.pid,
-                        "notebook_launcher.errors.SerializationError",
-                        f"the result of rank {proc.rank} could not be unpickled in the "
-                        f"kernel: {type(exc).__name__}: {exc}",
-                        time=now,
-                    ),
-                    None,
-                )
-                return []
-            self.finished_at[proc.rank] = now
-            return []
+            return self.returned(proc.rank, proc.pid, proc.result)
         if proc.failure is not None:
-            f = proc.failure
-            self._fail(f, proc.exc_data)
-            return [
-                WorkerFailed(f.rank, f.exc_type or "", f.message, f.traceback, f.collateral, now)
-            ]
+            return self.raised(proc.failure, proc.exc_data)
+        code = proc.returncode
         if code == 0:  # sys.exit(0): a clean end with nothing to return
+            now = time.time()
             self.results[proc.rank] = None
             self.finished_at[proc.rank] = now
             return [WorkerFinished(proc.rank, now)]
         if self.stopping and code is not None and code < 0:
-            self.failures.append(RankFailure(proc.rank, "stopped", proc.pid, time=now))
-            reason = "interrupted" if self.interrupted else "another rank failed"
-            return [WorkerStopped(proc.rank, reason, now)]
+            return self.stopped(proc.rank, proc.pid)
+        return self.died(proc)
+
+    def returned(self, rank: int, pid: int, data: bytes) -> list[Event]:
+        """The rank's function returned ``data`` (its cloudpickled value)."""
+        now = time.time()
+        try:
+            self.results[rank] = loads(data)
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling raises
+            self._fail(
+                RankFailure(
+                    rank,
+                    "raised",
+                    pid,
+                    "notebook_launcher.errors.SerializationError",
+                    f"the result of rank {rank} could not be unpickled in the "
+                    f"kernel: {type(exc).__name__}: {exc}",
+                    time=now,
+                ),
+                None,
+            )
+            return []
+        self.finished_at[rank] = now
+        return []
+
+    def raised(self, failure: RankFailure, exc_data: bytes | None) -> list[Event]:
+        """The rank's function raised."""
+        f = failure
+        self._fail(f, exc_data)
+        return [
+            WorkerFailed(
+                f.rank, f.exc_type or "", f.message, f.traceback, f.collateral, time.time()
+            )
+        ]
+
+    def stopped(self, rank: int, pid: int | None) -> list[Event]:
+        """We stopped the rank (it was interrupted, or another rank failed)."""
+        now = time.time()
+        self.failures.append(RankFailure(rank, "stopped", pid, time=now))
+        reason = "interrupted" if self.interrupted else "another rank failed"
+        return [WorkerStopped(rank, reason, now)]
+
+    def died(self, proc: WorkerProcess) -> list[Event]:
+        """The rank's process ended (an exit code or a signal) without a word."""
+        now = time.time()
+        code = proc.returncode
         sig = signal_name(code)
+        context = proc.note or (f"it died while {proc.stage}" if proc.stage != "running" else "")
         self._fail(
             RankFailure(
                 proc.rank,
@@ -135,6 +158,7 @@ class RunRecord:
                 signal_name=sig,
                 message=last_words(self.stderr_tail[proc.rank]),
                 time=now,
+                context=context,
             ),
             None,
         )

@@ -11,6 +11,15 @@ results, its exceptions -- travel inside as ``bytes``, pickled by ``_serializati
       <--- any _events event ----------------------   progress, barriers, started/finished
       <--- Returned(data) | Raised(failure, exc) ---   how the function ended
 
+A session's rank (``spec.session``) stays after its first task and serves more::
+
+      ---- Run(task, data) ----------------------->   one call: (fn, args, kwargs)
+      <--- Returned(data, task) | Raised(.., task) -
+      ---- Reform(generation) -------------------->   replace a broken process group
+      <--- Reformed(generation) -------------------
+      ---- Shutdown() ----------------------------->   leave cleanly
+      ~~~~ SIGINT (a signal, not a message) ~~~~~~~>   interrupt the task that runs
+
 Events travel bare (they are the hot path: progress bars and barriers); everything else is
 one of the classes here, so the kernel dispatches on type, never on strings.
 """
@@ -42,6 +51,30 @@ class Task:
     data: bytes
 
 
+@dataclass(frozen=True)
+class Run:
+    """A session's task: call cloudpickled ``(fn, args, kwargs)``; ``fn`` may take the
+    rank's namespace (see ``_worker.session``)."""
+
+    task: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Reform:
+    """Destroy this rank's process group and join generation ``generation`` of a new one.
+
+    Sent after a task failed or was interrupted while ranks may wait in a collective: an
+    idle rank closing its connections makes a peer's pending collective fail at once."""
+
+    generation: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Leave the serve loop and exit 0."""
+
+
 # --- rank -> kernel ------------------------------------------------------------------------
 
 
@@ -50,14 +83,26 @@ class Returned:
     """The function returned; ``data`` is its cloudpickled value."""
 
     data: bytes
+    task: int = 0
 
 
 @dataclass(frozen=True)
 class Raised:
-    """The function raised: the record, and the pickled exception when it can travel."""
+    """The function raised: the record, and the pickled exception when it can travel.
+
+    ``local_vars``: the failing frame's variables, summarised (``name: type [shape]``)."""
 
     failure: RankFailure
     exc_data: bytes | None
+    task: int = 0
+    local_vars: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reformed:
+    """This rank joined process-group generation ``generation``."""
+
+    generation: int
 
 
 def encode(message: Any) -> bytes:
@@ -90,4 +135,16 @@ class Channel:
         self.conn.close()
 
 
-__all__ = ["Channel", "Raised", "Returned", "Setup", "Task", "decode", "encode"]
+__all__ = [
+    "Channel",
+    "Raised",
+    "Reform",
+    "Reformed",
+    "Returned",
+    "Run",
+    "Setup",
+    "Shutdown",
+    "Task",
+    "decode",
+    "encode",
+]

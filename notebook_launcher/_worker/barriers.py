@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import TypeVar
 
 from .._events import BarrierEnter, BarrierExit
 from . import runtime
@@ -150,23 +151,37 @@ class _Watch:
             _Watch._instance = None
 
 
-def barrier(wait: Callable[[], None], rank: int, kind: str, quiet: float = DEFAULT_QUIET) -> None:
-    """Run ``wait()`` (the real barrier), reported to the launcher when it is noticeable."""
-    if not runtime.active():
-        wait()
-        return
+T = TypeVar("T")
+_inside = threading.local()
+
+
+def barrier(wait: Callable[[], T], rank: int, kind: str, quiet: float = DEFAULT_QUIET) -> T:
+    """Run ``wait()`` (the real barrier or collective) and return what it returns,
+    reported to the launcher when it is noticeable. A call made inside another reported
+    one (``wait_for_everyone`` calls ``dist.barrier``, itself reported in a session) is
+    not reported again."""
+    if not runtime.active() or getattr(_inside, "active", False):
+        return wait()
+    _inside.active = True
+    try:
+        return _reported(wait, rank, kind, quiet)
+    finally:
+        _inside.active = False
+
+
+def _reported(wait: Callable[[], T], rank: int, kind: str, quiet: float) -> T:
     if quiet <= 0:
         index = runtime.next_barrier_index()
         location = caller_location()
         runtime.emit(BarrierEnter(rank, index, location, kind, time.time()))
-        wait()
+        value = wait()
         runtime.emit(BarrierExit(rank, index, location, time.time()))
-        return
+        return value
     watch = _Watch.get(quiet)
     pending = _Pending(rank, runtime.next_barrier_index(), kind)
     watch.pending = pending
     try:
-        wait()
+        value = wait()
     except BaseException:
         with watch.lock:
             watch.pending = None
@@ -181,6 +196,7 @@ def barrier(wait: Callable[[], None], rank: int, kind: str, quiet: float = DEFAU
         reported = pending.location
     if reported is not None:
         runtime.emit(BarrierExit(rank, pending.index, reported, time.time()))
+    return value
 
 
 __all__ = ["DEFAULT_QUIET", "QUIET_ENV", "barrier", "caller_location", "quiet_from_env"]

@@ -24,8 +24,9 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+from .. import _settings
 from .._events import WorkerFinished, WorkerStarted
-from .._posix import die_with_parent
+from .._posix import die_with_parent, guard_process_group, lead_own_process_group
 from .._serialization import dump_exception, dumps, exception_to_failure, loads
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Returned, Setup, Task
@@ -97,7 +98,9 @@ def _set_environment(spec: WorkerSpec) -> None:
             sys.path.insert(0, entry)
 
 
-def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> str:
+def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> tuple[str, Any]:
+    """Join the process group; returns the device and the store (a session re-forms its
+    group on the same store)."""
     from datetime import timedelta
 
     import torch
@@ -127,7 +130,7 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> str:
         dist.barrier(device_ids=[spec.local_rank])
     else:
         dist.barrier()
-    return device
+    return device, store
 
 
 def run(
@@ -148,6 +151,8 @@ def run(
     channel = Channel(conn)
     try:
         die_with_parent(expected_parent)
+        lead_own_process_group()  # the kernel's interrupts are not ours; our children are
+        guard_process_group()  # ...and they die with us, even if the kernel is killed
         _reset_signals()
         _redirect_output(out_fd, err_fd)
         if spec is None:
@@ -179,16 +184,25 @@ def _serve(
     runtime.run_start_hooks()  # forget what a forked rank inherited (e.g. the state)
     pid = os.getpid()
     try:
-        if task is None:
+        if task is None and not spec.session:
             message = channel.recv()
             assert isinstance(message, Task), message
             task = loads(message.data)
-        fn, args, kwargs = task
-        device = _init_process_group(spec, listen_fd)
+        device, store = _init_process_group(spec, listen_fd)
         if listen_fd is not None:
             os.close(listen_fd)
+        if spec.settings is not None:  # what a forked rank inherits (and `random`)
+            _settings.apply(spec.settings, spec.local_rank if spec.backend == "nccl" else None)
         runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, device, time.time()))
         progress.install(spec.rank)
+        if spec.session:  # stay, and serve the session's tasks
+            from . import session
+
+            code = session.serve(spec, channel, store, device)
+            _teardown()
+            return code
+        assert task is not None
+        fn, args, kwargs = task
         result = fn(*args, **kwargs)
     except SystemExit as exc:  # sys.exit(n) in a rank: it ends, like a script would
         _flush()

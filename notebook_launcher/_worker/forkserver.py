@@ -6,7 +6,11 @@ private socketpair (no listener anywhere). The protocol is
 :mod:`notebook_launcher._wire.forkserver`: requests carry the rank's file descriptors
 (SCM_RIGHTS); the server forks, the child becomes the rank, and the server reports
 :class:`Forked` and later :class:`Exited`. It never initialises CUDA, so its children may.
-It exits when the kernel closes the socket or dies (parent-death signal).
+It exits when its socket reaches end-of-file: the kernel closed it or died. (Not by a
+parent-death signal: that fires when the kernel *thread* that started the server ends,
+and a launch from a worker thread would take the server, and the next launch's ranks,
+with it.) Each rank leads its own process group; before reaping a rank the server kills
+what is left in that group (what the rank started).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import signal
 import socket
 import sys
 
-from .._posix import die_with_parent, quiet_fork
+from .._posix import kill_process_group, quiet_fork
 from .._wire.forkserver import Exited, Fork, Forked, Ready, recv_request, send
 
 PRELOAD = (
@@ -71,13 +75,15 @@ def serve(sock: socket.socket) -> None:
 
 def _reap(sock: socket.socket) -> None:
     while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+        try:  # which child ended, without reaping it yet: its pid still names its group
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return
-        if pid == 0:
+        if info is None or info.si_pid == 0:
             return
-        send(sock, Exited(pid, os.waitstatus_to_exitcode(status)))
+        kill_process_group(info.si_pid)
+        _, status = os.waitpid(info.si_pid, 0)
+        send(sock, Exited(info.si_pid, os.waitstatus_to_exitcode(status)))
 
 
 def _fork_worker(
@@ -86,6 +92,10 @@ def _fork_worker(
     server = os.getpid()
     pid = quiet_fork()
     if pid:
+        try:
+            os.setpgid(pid, pid)  # as the rank does itself: whoever runs first
+        except OSError:
+            pass
         return pid
     from multiprocessing.connection import Connection
 
@@ -100,7 +110,8 @@ def _fork_worker(
 
 
 def main() -> None:
-    die_with_parent(int(sys.argv[2]))
+    if os.getppid() != int(sys.argv[2]):  # the kernel is gone already
+        sys.exit(1)
     # Jupyter interrupts the kernel's whole process group: that is for the workers
     # (they reset SIGINT when forked), not for the server that outlives launches.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -108,6 +119,8 @@ def main() -> None:
     _preload()
     try:
         serve(sock)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the kernel went away (or gave up on us while we imported): nothing to say
     finally:
         sock.close()
 

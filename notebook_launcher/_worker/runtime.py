@@ -21,14 +21,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._spec import LAUNCHER_ENV
+
 _sender: Callable[[Any], None] | None = None
 _lock = threading.Lock()
 _count_lock = threading.Lock()
 _barriers_entered = 0
 _start_hooks: list[Callable[[], None]] = []
-
-#: Environment variable set in every worker the launcher starts.
-LAUNCHER_ENV = "NOTEBOOK_LAUNCHER_WORKER"
 
 
 def install(sender: Callable[[Any], None] | None) -> None:
@@ -89,6 +88,26 @@ def next_barrier_index() -> int:
     return index
 
 
+def reset_barrier_count() -> None:
+    """Start counting barriers afresh (a session rank, at the start of each task)."""
+    global _barriers_entered
+    with _count_lock:
+        _barriers_entered = 0
+
+
 def barriers_entered() -> int:
     """How many process-control barriers this rank has entered so far."""
     return _barriers_entered
+
+
+__all__ = [
+    "LAUNCHER_ENV",
+    "active",
+    "barriers_entered",
+    "emit",
+    "install",
+    "next_barrier_index",
+    "on_rank_start",
+    "reset_barrier_count",
+    "run_start_hooks",
+]

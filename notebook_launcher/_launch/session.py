@@ -1,0 +1,545 @@
+"""A persistent group of ranks that runs one task after another (kernel side, no UI).
+
+The ranks start once (``WorkerSpec.session``) and serve :class:`~notebook_launcher._wire.
+control.Run` messages (``_worker.session``). One thread per session, the *pump*, owns all
+reading from the ranks: while a task runs it feeds the task's record and view; while the
+session is idle it blocks in ``select`` with no timeout (no CPU), draining anything a rank
+prints meanwhile. Callers (the notebook's thread) submit tasks and wait on their handles.
+
+What happens when a task goes wrong, and what the session makes of it:
+
+* a rank raises while others still run: the others are interrupted (SIGINT); a rank that
+  does not answer within :data:`REFORM_AFTER` seconds waits in a collective for a peer
+  that moved on, so every rank **re-forms** the process group (``_wire.control.Reform``):
+  the idle ranks close their connections, the stuck collective fails, and all join a new
+  group on the same store. Namespaces survive; the cell raises the root cause.
+* a rank of the task waits in a collective that needs a rank outside the task (a cell
+  run on some ranks only): the task fails at once with
+  :class:`~notebook_launcher.ProcessGroupMismatch` naming the call site, and the group is
+  re-formed the same way.
+* the notebook's interrupt: the task's ranks are interrupted likewise; the caller gets
+  ``KeyboardInterrupt`` and the session lives on.
+* a rank that still does not stop (stuck in C++ outside a collective), or a rank that
+  dies: the session is **broken**; every rank is stopped, and ``restart()`` brings up
+  fresh ones.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from .._events import BarrierEnter, Event, LaunchFinished, LaunchStarted, Output
+from .._posix import close_quietly
+from .._wire.control import Raised, Reform, Reformed, Returned, Run, Shutdown
+from ..errors import LaunchError, ProcessGroupMismatch, RankFailure, SessionBroken
+from .diagnosis import exception_for, summary_line
+from .group import WorkerGroup, WorkerProcess
+from .plan import LaunchPlan
+from .record import RunRecord
+
+#: Seconds an interrupted rank may take before its peers re-form the group to free it.
+REFORM_AFTER = 0.3
+#: Seconds the re-forming may take before the session gives up on a rank (it is stuck).
+REFORM_TIMEOUT = 5.0
+#: Lines a rank may print between tasks that are kept for the next task's view.
+IDLE_LINES = 200
+#: How often the pump ticks the view of a running task.
+TICK = 0.5
+
+
+class _View(Protocol):
+    """What the core needs of a view (``notebook_launcher.ui.View``)."""
+
+    def handle(self, event: Event) -> None: ...
+
+    def tick(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TaskHandle(Future[Any]):
+    """A task of a session (or a non-blocking launch): a ``concurrent.futures.Future``.
+
+    ``result(timeout)`` returns the per-rank list or raises what the ranks raised;
+    ``cancel()`` interrupts a running task (the ranks live on); Ctrl-C while waiting in
+    ``result()`` does the same.
+    """
+
+    def __init__(self, interrupt: Callable[[], None]) -> None:
+        super().__init__()
+        self._interrupt = interrupt
+        self.set_running_or_notify_cancel()
+
+    def cancel(self) -> bool:
+        """Interrupt the task; True once it ended interrupted (or had already ended so)."""
+        if self.done():
+            return self.cancelled()
+        self._interrupt()
+        try:
+            self.exception()
+        except KeyboardInterrupt:
+            pass
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(timeout)
+        except KeyboardInterrupt:
+            if self.done():
+                raise
+        while True:  # Ctrl-C while waiting: interrupt the task, and wait for its end
+            self._interrupt()  # (a second Ctrl-C: the session stops the ranks)
+            try:
+                return super().result()
+            except KeyboardInterrupt:
+                if self.done():
+                    raise
+
+
+class TaskRun:
+    """One task: its ranks, its record, its view, and where its unwinding stands."""
+
+    def __init__(self, task_id: int, ranks: list[int], view: _View, handle: TaskHandle) -> None:
+        self.id = task_id
+        self.ranks = ranks
+        self.view = view
+        self.handle = handle
+        self.record = RunRecord(ranks)
+        self.pending = set(ranks)
+        self.values: dict[int, Any] = {}
+        self.local_vars: dict[int, tuple[str, ...]] = {}
+        self.interrupted: set[int] = set()
+        self.user_interrupt = False
+        self.mismatch: str | None = None
+        self.t0 = time.time()
+        self.reform_at: float | None = None
+        self.reform_generation: int | None = None
+        self.reformed: set[int] = set()
+        self.give_up_at: float | None = None
+
+    def next_deadline(self) -> float | None:
+        times = [t for t in (self.reform_at, self.give_up_at) if t is not None]
+        return min(times) if times else None
+
+
+class SessionCore:
+    """The ranks of a session and the thread that listens to them."""
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.plan = plan
+        self.world = [s.rank for s in plan.specs]
+        self.group: WorkerGroup | None = None
+        self.task: TaskRun | None = None
+        self.broken: str | None = None
+        self.generation = 0
+        self.tasks_run = 0
+        self.idle_output: deque[Output] = deque(maxlen=IDLE_LINES)
+        self._lock = threading.RLock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closing = False
+        self._pump: threading.Thread | None = None
+        self._starting: dict[int, bool] = {}
+        self._start_failures: RunRecord | None = None
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self, view: _View) -> None:
+        """Start the ranks (in this thread: they die with it, so call it from the
+        notebook's main thread) and wait until each has its process group."""
+        plan = self.plan
+        for spec in plan.specs:
+            spec.session = True
+        record = RunRecord(self.world)
+        started: set[int] = set()
+
+        def on_event(event: Event) -> None:
+            record.on_event(event)
+            view.handle(event)
+            if type(event).__name__ == "WorkerStarted":
+                started.add(event.rank)  # type: ignore[union-attr]
+
+        def on_exit(proc: WorkerProcess) -> None:
+            for e in record.on_exit(proc):
+                view.handle(e)
+
+        def on_message(proc: WorkerProcess, message: Any) -> None:
+            if isinstance(message, Raised):
+                for e in record.raised(message.failure, message.exc_data):
+                    view.handle(e)
+
+        group = WorkerGroup(
+            plan.specs, plan.start_method, None, plan.listen, on_event, on_exit,
+            plan.grace_period, on_message,
+        )  # fmt: skip
+        plan.listen = None
+        t0 = time.time()
+        view.handle(plan.started_event())
+        try:
+            group.start()
+            while len(started) < len(self.world) and not record.failed:
+                group.pump(TICK)
+                view.tick()
+                if group.finished:
+                    break
+        except BaseException:
+            record.stopping = record.interrupted = True
+            group.close()
+            view.handle(LaunchFinished(False, "interrupted while starting", None, 0, time.time()))
+            view.close()
+            raise
+        if record.failed or len(started) < len(self.world):
+            record.stopping = True
+            group.close()
+            verdict = record.verdict()
+            n = len(self.world)
+            now = time.time()
+            view.handle(
+                LaunchFinished(
+                    False, summary_line(verdict, n), None, now - t0, now, verdict.failed_ranks
+                )
+            )
+            view.close()
+            if not verdict.ok:
+                raise exception_for(verdict, n, record.exc_data)
+            raise LaunchError("the session's ranks ended while starting")
+        now = time.time()
+        view.handle(LaunchFinished(True, f"{len(self.world)} ranks ready", None, now - t0, now))
+        view.close()
+        self.group = group
+        group.route(self._on_event, self._on_exit, self._on_message)
+        self._pump = threading.Thread(target=self._pump_loop, name="notebook-launcher-session")
+        self._pump.daemon = True
+        self._pump.start()
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    def submit(self, data: bytes, ranks: list[int], view: _View, label: str = "") -> TaskHandle:
+        """Run cloudpickled ``(fn, args, kwargs)`` on ``ranks``; returns at once."""
+        with self._lock:
+            if self.group is None or self._closing:
+                raise LaunchError("this session is closed; start a new one")
+            if self.broken:
+                raise SessionBroken(
+                    f"the session is broken ({self.broken}). session.restart() (or "
+                    "%dist restart) starts fresh ranks; their variables are lost."
+                )
+            if self.task is not None:
+                raise LaunchError(
+                    f"task {self.task.id} is still running on ranks {self.task.ranks}: wait "
+                    "for it (handle.result()) or interrupt it (handle.cancel()) first."
+                )
+            unknown = sorted(set(ranks) - set(self.world))
+            if unknown or not ranks:
+                raise ValueError(f"ranks must be some of {self.world}, got {ranks}")
+            self.tasks_run += 1
+            handle = TaskHandle(self.interrupt)
+            task = TaskRun(self.tasks_run, sorted(set(ranks)), view, handle)
+            self.task = task
+            started = self.plan.started_event()
+            view.handle(
+                LaunchStarted(
+                    started.world_size, len(task.ranks), started.node_rank, started.num_nodes,
+                    started.start_method, label or f"session task {task.id}",
+                    started.master_addr, started.master_port, started.backend,
+                    tuple(task.ranks), time.time(),
+                )
+            )  # fmt: skip
+            for line in self.idle_output:  # what the ranks printed while nothing ran
+                if line.rank in task.ranks:
+                    view.handle(line)
+            self.idle_output.clear()
+            for rank in task.ranks:
+                self.group.send(self.group.proc(rank), Run(task.id, data))
+        self._wake()
+        return handle
+
+    def interrupt(self) -> None:
+        """Interrupt the running task (the notebook's interrupt button, ``cancel()``)."""
+        with self._lock:
+            task = self.task
+            if task is None:
+                return
+            if task.user_interrupt:  # asked twice: stop waiting for it, stop the ranks
+                self._break("interrupted twice while the ranks did not stop")
+                return
+            task.user_interrupt = True
+            task.record.interrupted = True
+            self._unwind(task)
+        self._wake()
+
+    def _unwind(self, task: TaskRun) -> None:
+        """Interrupt the task's ranks that still run; free them by re-forming the group if
+        they do not answer soon (they wait in a collective)."""
+        task.record.stopping = True
+        for rank in task.pending - task.interrupted:
+            assert self.group is not None
+            self.group.proc(rank).send_signal(signal.SIGINT)
+            task.interrupted.add(rank)
+        if task.reform_at is None and task.reform_generation is None:
+            task.reform_at = time.monotonic() + REFORM_AFTER
+
+    def _reform(self, task: TaskRun) -> None:
+        assert self.group is not None
+        self.generation += 1
+        task.reform_generation = self.generation
+        task.reform_at = None
+        task.give_up_at = time.monotonic() + REFORM_TIMEOUT
+        for rank in self.world:
+            self.group.send(self.group.proc(rank), Reform(self.generation))
+
+    # -- what the pump hears -------------------------------------------------------------
+
+    def _on_event(self, event: Event) -> None:
+        with self._lock:
+            task = self.task
+            if task is None or getattr(event, "rank", None) not in task.ranks:
+                if isinstance(event, Output):
+                    self.idle_output.append(event)
+                return
+            task.record.on_event(event)
+            task.view.handle(event)
+            if isinstance(event, BarrierEnter) and task.mismatch is None:
+                outside = [r for r in self.world if r not in task.ranks]
+                if outside:
+                    task.mismatch = (
+                        f"rank {event.rank} waits "
+                        f"in {event.kind} at {event.location}, which needs every rank, but "
+                        f"this cell runs on ranks {task.ranks} only (ranks {outside} do not "
+                        "run it). Run it on every rank, or make the collective use a "
+                        "subgroup (dist.new_group(ranks=...))."
+                    )
+            if (task.mismatch or task.record.barriers.stranded) and not task.record.stopping:
+                self._unwind(task)
+                task.reform_at = time.monotonic()  # they wait in a collective: free them now
+
+    def _on_message(self, proc: WorkerProcess, message: Any) -> None:
+        with self._lock:
+            task = self.task
+            if isinstance(message, Reformed):
+                if task is not None and message.generation == task.reform_generation:
+                    task.reformed.add(proc.rank)
+            elif task is None or message.task != task.id:
+                return  # an answer to a task that was given up
+            elif isinstance(message, Returned):
+                task.pending.discard(proc.rank)
+                if proc.rank in task.interrupted:
+                    events = task.record.stopped(proc.rank, proc.pid)
+                else:
+                    events = task.record.returned(proc.rank, proc.pid, message.data)
+                for e in events:
+                    task.view.handle(e)
+            elif isinstance(message, Raised):
+                task.pending.discard(proc.rank)
+                if proc.rank in task.interrupted:
+                    events = task.record.stopped(proc.rank, proc.pid)
+                else:
+                    events = task.record.raised(message.failure, message.exc_data)
+                    task.local_vars[proc.rank] = message.local_vars
+                    if message.failure.collateral and task.reform_generation is None:
+                        task.reform_at = time.monotonic()  # its group is broken
+                for e in events:
+                    task.view.handle(e)
+                if task.pending and not task.record.stopping:
+                    self._unwind(task)
+            self._advance()
+
+    def _on_exit(self, proc: WorkerProcess) -> None:
+        with self._lock:
+            task = self.task
+            died = not self._closing and not (
+                task is not None and task.record.stopping and self.broken
+            )
+            if died and self.broken is None:
+                how = f"exit code {proc.returncode}"
+                if proc.returncode is not None and proc.returncode < 0:
+                    how = f"killed by {signal.Signals(-proc.returncode).name}"
+                self._break(f"rank {proc.rank} died ({how})", kill=True)
+            if task is not None and proc.rank in task.pending:
+                task.pending.discard(proc.rank)
+                events = (
+                    task.record.died(proc) if died else task.record.stopped(proc.rank, proc.pid)
+                )
+                for e in events:
+                    task.view.handle(e)
+            self._advance()
+
+    # -- the pump ------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # full (a wake is pending anyway), or closed with the session
+            pass
+
+    def _pump_loop(self) -> None:
+        assert self.group is not None
+        while not self._closing:
+            with self._lock:
+                task = self.task
+                deadline = task.next_deadline() if task is not None else None
+            if task is None:
+                timeout = None  # idle: sleep until a rank says something, or we are woken
+            else:
+                timeout = TICK
+                if deadline is not None:
+                    timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+            try:
+                self.group.pump(timeout, wake=self._wake_r)
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                with self._lock:
+                    if self.task is not None:
+                        self.task.view.tick()
+                    self._advance()
+            except Exception as exc:  # noqa: BLE001 - the pump must never die silently
+                with self._lock:
+                    self._break(f"the session's pump failed: {exc!r}", kill=True)
+                    self._advance()
+
+    def _advance(self) -> None:
+        """Deadlines, and the end of the task once every rank answered (lock held)."""
+        task = self.task
+        if task is None:
+            return
+        now = time.monotonic()
+        if task.reform_at is not None and now >= task.reform_at and self.broken is None:
+            waiting = bool(task.pending or task.mismatch or task.record.barriers.stranded)
+            broken = any(f.collateral for f in task.record.failures)
+            if waiting or broken:
+                self._reform(task)
+            else:  # every rank answered the interrupt from Python: the group is sound
+                task.reform_at = None
+        if task.give_up_at is not None and now >= task.give_up_at and self.broken is None:
+            stuck = sorted(task.pending or set(self.world) - task.reformed)
+            self._break(
+                f"rank(s) {stuck} did not stop after an interrupt; they are stuck outside "
+                "Python (in C++ or a collective)",
+                kill=True,
+            )
+        reforming = task.reform_generation is not None and task.reformed != set(self.world)
+        if task.pending or (reforming and self.broken is None) or task.reform_at is not None:
+            return
+        self._finish(task)
+
+    def _finish(self, task: TaskRun) -> None:
+        self.task = None
+        record = task.record
+        verdict = record.verdict()
+        n = len(task.ranks)
+        interrupted = task.user_interrupt and task.mismatch is None
+        if task.mismatch is not None:
+            summary = task.mismatch.split(". ", 1)[0]
+        else:
+            summary = summary_line(verdict, n, interrupted)
+        ok = verdict.ok and not interrupted and task.mismatch is None and self.broken is None
+        now = time.time()
+        rank = getattr(verdict.cause, "rank", None)
+        task.view.handle(
+            LaunchFinished(ok, summary, rank, now - task.t0, now, verdict.failed_ranks)
+        )
+        task.view.close()
+        notes = self._notes(task)
+        if ok:
+            task.handle.set_result([record.results.get(r) for r in task.ranks])
+            return
+        exc: BaseException
+        if task.mismatch is not None:
+            failure = RankFailure(task.ranks[0], "left", message=task.mismatch, time=now)
+            from ..errors import LaunchFailure
+
+            exc = ProcessGroupMismatch(
+                task.mismatch, LaunchFailure(failure, list(record.failures), n)
+            )
+        elif interrupted:
+            exc = KeyboardInterrupt(f"interrupted: ranks {task.ranks} stopped their task")
+        elif not verdict.ok:
+            exc = exception_for(verdict, n, record.exc_data)
+            if verdict.cause is not None and task.local_vars.get(verdict.cause.rank):
+                rows = task.local_vars[verdict.cause.rank]
+                notes.insert(
+                    0,
+                    f"Variables in rank {verdict.cause.rank}'s failing frame:\n  "
+                    + "\n  ".join(rows),
+                )
+        else:
+            exc = SessionBroken(f"the session broke while the task ran: {self.broken}")
+        for note in notes:
+            if hasattr(exc, "add_note"):
+                exc.add_note(note)
+        task.handle.set_exception(exc)
+
+    def _notes(self, task: TaskRun) -> list[str]:
+        notes = []
+        if self.broken is not None:
+            notes.append(
+                f"The session is broken ({self.broken}): session.restart() (%dist restart) "
+                "starts fresh ranks; their variables are lost."
+            )
+        elif task.reform_generation is not None:
+            notes.append(
+                "The ranks re-formed their process group to stop the task (the variables of "
+                "every rank are intact). Objects built on the old group, such as models "
+                "already wrapped by accelerator.prepare() for DDP, must be prepared again."
+            )
+        elif task.mismatch is None and task.record.failures:
+            notes.append("The session lives on: every rank's variables are intact.")
+        return notes
+
+    def _break(self, why: str, kill: bool = False) -> None:
+        """Mark the session broken (lock held); with ``kill`` stop every rank now."""
+        if self.broken is None:
+            self.broken = why
+        if kill and self.group is not None:
+            task = self.task
+            if task is not None:
+                task.record.stopping = True
+            for p in self.group.running:
+                p.send_signal(signal.SIGKILL)
+        task = self.task
+        if task is not None:
+            task.reform_at = None
+            task.give_up_at = None
+
+    # -- the end -------------------------------------------------------------------------
+
+    def close(self, grace: float | None = None) -> None:
+        """Ask every rank to leave, wait up to ``grace`` seconds, then stop what is left.
+        Idempotent."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            task = self.task
+        self._wake()
+        if self._pump is not None and self._pump is not threading.current_thread():
+            self._pump.join()
+        group = self.group
+        if group is not None:
+            for p in group.running:
+                group.send(p, Shutdown())
+            deadline = time.monotonic() + (self.plan.grace_period if grace is None else grace)
+            while not group.finished and time.monotonic() < deadline:
+                group.pump(0.05)
+            group.close()
+        if task is not None and not task.handle.done():
+            task.handle.set_exception(LaunchError("the session was closed while the task ran"))
+        self.plan.close()
+        close_quietly(self._wake_r, self._wake_w)
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+
+__all__ = ["REFORM_AFTER", "SessionCore", "TaskHandle", "TaskRun"]

@@ -1,0 +1,264 @@
+"""Ranks that live across cells: ``start()`` and :class:`Session`.
+
+The second way to use the kit, for debugging rank-specific code interactively. The ranks
+come up once -- process group, ``PartialState`` and all -- and stay; each call runs on
+them and returns, and their variables survive from one cell to the next::
+
+    session = notebook_launcher.start(num_processes=2)
+    session.run(torch.distributed.get_rank)          # [0, 1]
+    session.run(load_shard, "data/", ranks=[1])      # on rank 1 only
+    session.push(lr=1e-3); session.pull("lr")       # into and out of each rank's namespace
+    session.close()
+
+The magics (``%dist``, ``%%distributed``, ``%%rank``) in
+:mod:`notebook_launcher.ipython_extension` drive one session from cells. Like
+:func:`~notebook_launcher.launcher.notebook_launcher`, a failing rank raises its own
+exception in the cell; unlike a launch, the session lives on (see
+:mod:`notebook_launcher._launch.session` for what happens when it cannot).
+
+The orchestrating layer for sessions: where the session core (``_launch``) meets the views
+(``ui``), as :mod:`notebook_launcher.launcher` is for one-shot launches.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import sys
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._launch import preflight
+from ._launch.plan import plan_launch
+from ._launch.session import SessionCore, TaskHandle
+from ._serialization import dumps_checked
+from ._worker import session as rank_side
+from .ui import View, view_for
+from .ui.lazy import LazyView
+
+_live: weakref.WeakSet[Session] = weakref.WeakSet()
+_cells = itertools.count(1)
+
+
+def start(
+    num_processes: int | None = None,
+    *,
+    mixed_precision: str = "no",
+    use_port: str | int | None = "auto",
+    master_addr: str = "127.0.0.1",
+    start_method: str | None = None,
+    dashboard: bool | str | View = "auto",
+    grace_period: float = 1.0,
+) -> Session:
+    """Start ``num_processes`` ranks that stay until :meth:`Session.close`.
+
+    The options are :func:`notebook_launcher`'s. Call it from the notebook's own thread
+    (the ranks die with the thread that started them). Also a context manager::
+
+        with notebook_launcher.start(num_processes=2) as session:
+            session.run(train_step)
+    """
+    return Session(
+        num_processes,
+        mixed_precision=mixed_precision,
+        use_port=use_port,
+        master_addr=master_addr,
+        start_method=start_method,
+        dashboard=dashboard,
+        grace_period=grace_period,
+    )
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """What ``%dist status`` shows."""
+
+    state: str  # "ready" | "busy" | "broken" | "closed"
+    world_size: int
+    start_method: str
+    backend: str
+    tasks_run: int
+    generation: int
+    pids: tuple[int, ...]
+    why_broken: str | None = None
+
+    def __str__(self) -> str:
+        text = (
+            f"session: {self.state}, {self.world_size} ranks ({self.backend}, "
+            f"{self.start_method}), {self.tasks_run} tasks run"
+        )
+        if self.generation:
+            text += f", process group re-formed {self.generation}x"
+        if self.pids:
+            text += f", pids {list(self.pids)}"
+        if self.why_broken:
+            text += f"\nbroken: {self.why_broken}; restart() (or %dist restart) starts fresh ranks"
+        return text
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+
+class Session:
+    """Ranks that live across cells (see :func:`start`)."""
+
+    def __init__(self, num_processes: int | None, **options: Any) -> None:
+        preflight.check_dashboard(options.get("dashboard", "auto"))
+        self._num_processes = num_processes
+        self._options = options
+        self._core: SessionCore | None = None
+        self._start()
+
+    # -- life ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        options = dict(self._options)
+        dashboard = options.pop("dashboard")
+        plan = plan_launch(None, self._num_processes, **options)
+        core = SessionCore(plan)
+        core.start(self._view(dashboard))
+        self._core = core
+        if not _live:
+            atexit.register(_close_all)
+        _live.add(self)
+
+    def _view(self, dashboard: Any = None) -> View:
+        choice = self._options["dashboard"] if dashboard is None else dashboard
+        if not isinstance(choice, (bool, str)):
+            return view_for(choice)  # the caller's own view gets every event
+        return LazyView(lambda: view_for(choice))
+
+    @property
+    def core(self) -> SessionCore:
+        if self._core is None:
+            raise RuntimeError("the session is not started")
+        return self._core
+
+    def restart(self) -> None:
+        """Stop every rank and start fresh ones (their variables are lost)."""
+        if self._core is not None:
+            self._core.close(grace=0.0)
+        self._core = None
+        self._start()
+
+    def close(self) -> None:
+        """Let the ranks leave (then stop what is left). Idempotent."""
+        if self._core is not None:
+            self._core.close()
+        _live.discard(self)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        core = getattr(self, "_core", None)
+        if core is not None and not core.closed:
+            core.close(grace=0.0)
+
+    # -- running ---------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return len(self.core.world)
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.core.world)
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, ranks: list[int] | None = None, **kwargs: Any
+    ) -> TaskHandle:
+        """Run ``fn(*args, **kwargs)`` on ``ranks`` (default: all); returns a future-like
+        handle at once (``result()``, ``exception()``, ``done()``, ``cancel()``, callbacks)."""
+        preflight.check_function(fn)
+        data = dumps_checked((fn, args, kwargs), "the function and its args")
+        label = getattr(fn, "__qualname__", type(fn).__name__)
+        return self.core.submit(data, self._ranks(ranks), self._view(), label=label)
+
+    def run(
+        self, fn: Callable[..., Any], *args: Any, ranks: list[int] | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on ``ranks`` (default: all) and return the per-rank
+        list (index ``i`` is ``ranks[i]``'s value). A failing rank raises its own exception;
+        the session and every rank's variables live on."""
+        return self.submit(fn, *args, ranks=ranks, **kwargs).result()
+
+    def run_cell(self, source: str, ranks: list[int] | None = None) -> list[str | None]:
+        """Run a cell's source in each rank's namespace (what ``%%distributed`` does); the
+        ``repr`` of each rank's last expression."""
+        return self.submit(rank_side.run_cell, source, _cell_name(source), ranks=ranks).result()
+
+    def push(self, ranks: list[int] | None = None, **values: Any) -> None:
+        """Bind ``values`` in every rank's namespace (the same values everywhere)."""
+        self.submit(rank_side.push, values, ranks=ranks).result()
+
+    def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
+        """The per-rank values of ``name`` from the ranks' namespaces."""
+        return self.run(rank_side.pull, name, ranks=ranks)
+
+    def post_mortem(self, rank: int, source: str) -> str | None:
+        """Run ``source`` in the frame where ``rank``'s last task failed (its variables at
+        hand, as pdb's ``interact`` gives them); the ``repr`` of the last expression."""
+        (value,) = self.run(rank_side.post_mortem, source, _cell_name(source), ranks=[rank])
+        return value
+
+    def interrupt(self) -> None:
+        """Interrupt the task that runs (what the notebook's interrupt button does)."""
+        self.core.interrupt()
+
+    def status(self) -> SessionStatus:
+        core = self._core
+        if core is None or core.closed:
+            return SessionStatus("closed", 0, "-", "-", 0, 0, ())
+        group = core.group
+        state = "broken" if core.broken else "busy" if core.task is not None else "ready"
+        plan = core.plan
+        pids = tuple(p.pid for p in group.procs if not p.exited) if group else ()
+        return SessionStatus(
+            state,
+            len(core.world),
+            plan.start_method,
+            plan.specs[0].backend,
+            core.tasks_run,
+            core.generation,
+            pids,
+            core.broken,
+        )
+
+    def _ranks(self, ranks: list[int] | int | None) -> list[int]:
+        if ranks is None:
+            return self.ranks
+        return [ranks] if isinstance(ranks, int) else list(ranks)
+
+    def __repr__(self) -> str:
+        return f"<notebook_launcher.Session {self.status()}>"
+
+
+def _cell_name(source: str) -> str:
+    """The file name tracebacks show for a cell: IPython's own for this cell when it runs
+    in a kernel (the dashboard turns it into ``Cell In[n]``), else a stable pseudo-name."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    compiler = getattr(shell, "compile", None)
+    if compiler is not None and hasattr(compiler, "cache"):
+        try:  # the cell's execution count makes it "Cell In[n]" in tracebacks
+            return str(compiler.cache(source, getattr(shell, "execution_count", 0)))
+        except Exception:  # noqa: BLE001 - a nicer name is optional
+            pass
+    return f"<distributed-cell-{next(_cells)}>"
+
+
+def _close_all() -> None:
+    for session in list(_live):
+        try:
+            session.close()
+        except Exception:  # noqa: BLE001 - at exit: do what can be done
+            pass
+
+
+__all__ = ["Session", "SessionStatus", "start"]
