@@ -294,7 +294,11 @@ def test_metrics_plot_and_the_table_without_matplotlib(log: Log) -> None:
     shown = Shown()
     view = run(events, display=shown)
     assert view.plot is not None and view.plot.format == "png"
-    png = shown.calls[-1][0]
+    # the live plot has its own output; the final picture replaces it there
+    live_plot = [kw for obj, kw in shown.calls if obj is view.plot]
+    assert live_plot == [{"display_id": view.plot_id, "update": False}]
+    png, kw = shown.calls[-1]
+    assert kw == {"raw": True, "display_id": view.plot_id, "update": True}
     assert png["text/plain"] == "notebook_launcher metrics: loss"
     assert base64.b64decode(png["image/png"]).startswith(b"\x89PNG")
     bare = run(events, plot=False)

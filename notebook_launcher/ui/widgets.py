@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._events import Event, MetricsLogged, Output
+from .._events import Event, Output
 from . import html as H
 from . import plots
 from .model import (
@@ -323,6 +323,8 @@ class WidgetView:
         self.log = LiveLog(W)
         self.summary = W.HTML(value="")
         self.plot: Any = None  # an Image (or the metrics table) once a metric is logged
+        self.plot_id = self.id + "-plot"
+        self._plot_shown = False
         self.root = _dashboard_class(W)(
             [
                 self.header,
@@ -385,8 +387,6 @@ class WidgetView:
                     self._dirty.add("plot")
                 elif kind == "launch":
                     self._dirty |= {"header", "ranks", "structure"}
-            if isinstance(event, MetricsLogged) and self.plot is None:
-                self._dirty.add("structure")
         now = self.clock()
         if now >= self._next_flush and not self._closed:
             self.flush(now)
@@ -432,13 +432,13 @@ class WidgetView:
         self._display(bundle, raw=True, display_id=self.id, update=True)
         if png is not None:
             names = ", ".join(self.model.metrics)
-            self._display(
-                {
-                    "image/png": base64.b64encode(png).decode("ascii"),
-                    "text/plain": f"notebook_launcher metrics: {names}",
-                },
-                raw=True,
-            )
+            picture = {
+                "image/png": base64.b64encode(png).decode("ascii"),
+                "text/plain": f"notebook_launcher metrics: {names}",
+            }
+            self._display(picture, raw=True, display_id=self.plot_id, update=self._plot_shown)
+        elif self._plot_shown:  # no picture: the snapshot has the values as a table
+            self._display({"text/plain": ""}, raw=True, display_id=self.plot_id, update=True)
 
     def _widgets(self) -> list[Any]:
         parts = [
@@ -512,12 +512,15 @@ class WidgetView:
             self._dirty.add("plot")
 
     def _show_plot(self, widget: Any) -> None:
-        """Put ``widget`` (the plot, or the table instead) last in the dashboard."""
+        """Show ``widget`` (the plot, or the table instead) in its own output under the
+        dashboard, one display id for the whole run: the final picture replaces it there
+        (an update reaches its output from any thread, even once the cell has ended)."""
         widget.add_class("nl-plot")
         old = self.plot
         self.plot = widget
-        kids = [k for k in self.root.children if k is not old]
-        self.root.children = (*kids, widget)
+        if self._display is not None:
+            self._display(widget, display_id=self.plot_id, update=old is not None)
+            self._plot_shown = True
         if old is not None:
             old.close()
 
