@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .launcher import notebook_launcher
     from .session import Session, start
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
+    from .tracking import log
     from .utils.dataclasses import (
         AutocastKwargs,
         DataLoaderConfiguration,
@@ -61,6 +62,7 @@ _LAZY = {
     "Session": "notebook_launcher.session",
     "SessionBroken": "notebook_launcher.errors",
     "synchronize_rng_states": "notebook_launcher.utils.random",
+    "log": "notebook_launcher.tracking",
 }
 
 
@@ -107,6 +109,7 @@ __all__ = [
     "SessionBroken",
     "WorkerDied",
     "__version__",
+    "log",
     "notebook_launcher",
     "skip_first_batches",
     "start",

@@ -147,6 +147,17 @@ class WorkerStopped:
 
 
 @dataclass(frozen=True)
+class MetricsLogged:
+    """Values a rank logged at one step (``accelerator.log`` / ``notebook_launcher.log``):
+    ``values`` holds ``(name, float)`` pairs, in the order they were logged."""
+
+    rank: int
+    step: int
+    values: tuple[tuple[str, float], ...]
+    time: float
+
+
+@dataclass(frozen=True)
 class LaunchFinished:
     ok: bool
     summary: str
@@ -167,6 +178,7 @@ Event = (
     | WorkerFailed
     | WorkerExited
     | WorkerStopped
+    | MetricsLogged
     | LaunchFinished
 )
 
@@ -176,6 +188,7 @@ __all__ = [
     "Event",
     "LaunchFinished",
     "LaunchStarted",
+    "MetricsLogged",
     "Output",
     "ProgressUpdate",
     "WorkerExited",

@@ -1037,7 +1037,10 @@ class Accelerator(ProcessControl):
         """Accelerate compatibility: no trackers here, so nothing to start."""
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: Any = None) -> None:
-        """Accelerate compatibility: no trackers here, so values go nowhere (use ``print``)."""
+        """Accelerate's tracker API: every rank's values go to the dashboard's live plots."""
+        from .tracking import log
+
+        log(values, step=step)
 
     def __repr__(self) -> str:
         return (

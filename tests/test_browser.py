@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 
 import notebook_launcher
@@ -94,6 +95,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     (notif / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False})
     )
+    # every cell in the DOM (no windowing), so outputs scrolled out of view can be read
+    tracker = settings / "@jupyterlab" / "notebook-extension"
+    tracker.mkdir(parents=True)
+    (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     port, token = _free_port(), secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     env["JUPYTER_RUNTIME_DIR"] = str(runtime)
@@ -129,7 +134,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                     if time.monotonic() > deadline:
                         raise RuntimeError("jupyter lab did not come up in 30 s") from None
                     time.sleep(0.1)
-            yield {"url": url, "token": token, "log": log_path}
+            yield {"url": url, "token": token, "log": log_path, "root": root}
         finally:
             proc.terminate()  # the server shuts its kernels (and so the workers) down
             try:
@@ -152,120 +157,252 @@ WAIT_NOTEBOOK_READY = """async () => {
     await w.sessionContext.ready;
     for (let i = 0; i < 600 && w.sessionContext.session?.kernel?.status !== 'idle'; i++)
         await new Promise(r => setTimeout(r, 100));
+    if (app.shell.leftCollapsed) await app.commands.execute('filebrowser:activate');
     return {kernel: w.sessionContext.session?.kernel?.name,
-            status: w.sessionContext.session?.kernel?.status};
+            status: w.sessionContext.session?.kernel?.status, sidebar: !app.shell.leftCollapsed};
 }"""
 
-DASHBOARDS = """() => Array.from(document.querySelectorAll('.nl-dashboard')).map(d =>
-    Array.from(d.querySelectorAll('.nl-rank')).map(row => ({
-        info: row.querySelector('.nl-info')?.textContent ?? '',
-        bars: Array.from(row.querySelectorAll('.widget-hprogress')).map(e => {
-            const bar = e.querySelector('.progress-bar'), lab = e.querySelector('.widget-label');
-            return {label: lab ? lab.textContent.trim() : '', width: bar ? bar.style.width : '',
-                    success: !!bar && bar.classList.contains('progress-bar-success'),
-                    danger: !!bar && bar.classList.contains('progress-bar-danger')};
-        }),
-    })))"""
+#: Each dashboard on the page (live or the final snapshot): its rows, bars and log.
+DASHBOARDS = """() => Array.from(document.querySelectorAll(
+        '.jp-OutputArea-output .nl-dashboard:not(.nl-dashboard .nl-dashboard)')).map(d => {
+    const box = d.querySelector('.nl-log');
+    const seen = [];
+    if (box) {
+        const r = box.getBoundingClientRect();
+        for (const l of box.querySelectorAll('.nl-l')) {
+            const b = l.getBoundingClientRect();
+            if (b.height > 0 && b.bottom > r.top + 2 && b.top < r.bottom - 2) seen.push(l.textContent);
+        }
+    }
+    return {
+        live: !d.classList.contains('nl-snapshot'),
+        rows: Array.from(d.querySelectorAll('.nl-row')).filter(r => r.offsetParent).map(row => ({
+            rank: row.dataset.rank, status: row.dataset.status,
+            text: row.querySelector('.nl-status')?.textContent ?? '',
+            statusHeight: row.querySelector('.nl-status')?.getBoundingClientRect().height ?? 0,
+            bars: Array.from(row.querySelectorAll('.nl-bar')).map(b => ({
+                desc: b.dataset.desc, style: b.dataset.style,
+                width: b.querySelector('.nl-fill').style.width,
+                height: b.getBoundingClientRect().height})),
+        })),
+        logTop: box ? box.scrollTop : null, seen,
+    };
+})"""
 
 
-@pytest.mark.timeout(90)
-def test_dashboard_renders_live_in_jupyterlab(lab: dict[str, Any]) -> None:
+#: The live log of the first dashboard: scroll offset (0 = at the bottom: column-reverse),
+#: the first and last line in view, the newest line, how many lines it holds.
+LOG_STATE = """() => {
+    const box = document.querySelector('.jp-OutputArea-output .nl-dashboard .nl-log');
+    if (!box) return null;
+    const r = box.getBoundingClientRect();
+    const lines = Array.from(box.querySelectorAll('.nl-l')).filter(l => l.offsetParent)
+        .map(l => [l.getBoundingClientRect(), l.textContent]).sort((a, b) => a[0].top - b[0].top);
+    const seen = lines.filter(([b]) => b.bottom > r.top + 2 && b.top < r.bottom - 2);
+    return {top: box.scrollTop, count: lines.length,
+            first: seen.length ? seen[0][1] : null, last: seen.length ? seen.at(-1)[1] : null,
+            newest: lines.length ? lines.at(-1)[1] : null};
+}"""
+
+#: Elements whose text must stay on one line (cut with an ellipsis instead), taller than that.
+WRAPPED = """() => Array.from(document.querySelectorAll(
+        '.nl-bar, .nl-status, .nl-head > span, .nl-spread')).filter(e => e.offsetParent)
+    .filter(e => e.getBoundingClientRect().height > 24).map(e => e.textContent)"""
+
+
+def _shot(page: Any, name: str, locator: Any = None) -> None:
+    page.wait_for_timeout(150)  # JupyterLab paints cells scrolled into view a moment later
+    if locator is not None:
+        locator.scroll_into_view_if_needed()
+        locator.screenshot(path=str(ARTIFACTS / name))
+    else:
+        page.screenshot(path=str(ARTIFACTS / name))
+
+
+def _wait(page: Any, seconds: float) -> None:
+    page.wait_for_timeout(int(seconds * 1000))
+
+
+def _check_log_follows_the_tail(page: Any) -> dict[str, Any]:
+    """While ranks print: at the bottom the newest line is in view; scrolled up, the same
+    lines stay in view as more arrive; back at the bottom it follows again."""
+    out: dict[str, Any] = {"start": page.evaluate(LOG_STATE)}
+    _wait(page, 0.6)
+    following = page.evaluate(LOG_STATE)
+    out["following"] = following
+    page.evaluate(
+        "() => { document.querySelector('.jp-OutputArea-output .nl-log').scrollTop = -90; }"
+    )
+    _wait(page, 0.15)
+    out["up"] = page.evaluate(LOG_STATE)
+    _wait(page, 0.9)
+    out["still_up"] = page.evaluate(LOG_STATE)
+    page.evaluate(
+        "() => { document.querySelector('.jp-OutputArea-output .nl-log').scrollTop = 0; }"
+    )
+    _wait(page, 0.7)
+    out["back"] = page.evaluate(LOG_STATE)
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
     api = _requirements()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(60_000)
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(f"{lab['url']}/lab/tree/{NOTEBOOK.name}?token={lab['token']}&reset")
             page.wait_for_function("window.jupyterapp !== undefined")
             info = page.evaluate(WAIT_NOTEBOOK_READY)
-            assert info == {"kernel": "python3", "status": "idle"}, info
+            assert info == {"kernel": "python3", "status": "idle", "sidebar": True}, info
             # do not await: the command's promise resolves only when every cell ran
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
             done = page.locator(".jp-OutputArea-output", has_text="ALL DONE")
+            dashboards = page.locator(".jp-OutputArea-output .nl-dashboard")
             samples: list[Any] = []
+            log_check: dict[str, Any] = {}
+            wrapped: list[str] = []
+            picked: dict[str, Any] = {}
+            shots: set[str] = set()
             t0 = time.monotonic()
-            mid_shot = waiting_shot = False
-            while done.count() == 0 and time.monotonic() - t0 < 60:
-                sample = (page.evaluate(DASHBOARDS) or [[]])[0]  # the first launch's rows
-                samples.append(sample)
-                widths = [b["width"] for row in sample for b in row["bars"]]
-                if not mid_shot and any(w not in ("0%", "100%", "") for w in widths):
-                    page.locator(".nl-dashboard").screenshot(
-                        path=str(ARTIFACTS / "dashboard_live.png")
+            while done.count() == 0 and time.monotonic() - t0 < 120:
+                views = page.evaluate(DASHBOARDS)
+                samples.append(views)
+                first = views[0] if views else {}
+                widths = [b["width"] for row in first.get("rows", []) for b in row["bars"]]
+                if (
+                    "live" not in shots
+                    and first.get("live")
+                    and any(w not in ("0%", "100%") for w in widths)
+                    and len(first.get("seen", [])) > 10
+                ):
+                    dashboards.first.scroll_into_view_if_needed()
+                    _shot(page, "lab_live_1280x800_sidebar.png")
+                    _shot(page, "dashboard_live.png", dashboards.first)
+                    wrapped += page.evaluate(WRAPPED)
+                    shots.add("live")
+                    log_check = _check_log_follows_the_tail(page)
+                    _shot(page, "dashboard_live_after_scroll.png", dashboards.first)
+                if "waiting" not in shots and any(
+                    "waiting at" in row["text"] for row in first.get("rows", [])
+                ):
+                    _shot(page, "dashboard_waiting.png", dashboards.first)
+                    shots.add("waiting")
+                if "many" not in shots and len(views) == 3 and views[2]["live"]:
+                    many = dashboards.nth(2)
+                    _wait(page, 0.8)  # the replay runs about 2 s
+                    _shot(page, "dashboard_many_live.png", many)
+                    # any rank one click away: its cell picks its output and its row
+                    many.locator(".nl-cell-13").click()
+                    _wait(page, 0.3)
+                    picked = page.evaluate(
+                        """() => { const d = document.querySelectorAll(
+                                '.jp-OutputArea-output .nl-dashboard')[2];
+                            return {rows: Array.from(d.querySelectorAll('.nl-row'))
+                                        .filter(r => r.offsetParent).map(r => r.dataset.rank),
+                                    lines: Array.from(d.querySelectorAll('.nl-l'))
+                                        .filter(l => l.offsetParent).map(l => l.innerText)}; }"""
                     )
-                    mid_shot = True
-                if not waiting_shot and any("waiting at" in row["info"] for row in sample):
-                    page.locator(".nl-dashboard").screenshot(
-                        path=str(ARTIFACTS / "dashboard_waiting.png")
-                    )
-                    waiting_shot = True
-                time.sleep(0.05)
+                    _shot(page, "dashboard_many_rank13_picked.png", many)
+                    shots.add("many")
+                _wait(page, 0.05)
             assert done.count() == 1, f"the notebook did not finish; server log: {lab['log']}"
+            assert shots == {"live", "waiting", "many"}, shots
 
-            ok_view, failed_view = page.locator(".nl-dashboard").all()
-            ok_view.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "lab_page.png"))
-            ok_view.screenshot(path=str(ARTIFACTS / "dashboard.png"))
-            failed_view.scroll_into_view_if_needed()
-            failed_view.screenshot(path=str(ARTIFACTS / "dashboard_failed.png"))
-
-            ok_rows, failed_rows = page.evaluate(DASHBOARDS)
-            assert len(ok_rows) == 2
-            for rank, row in enumerate(ok_rows):
-                assert row["info"].startswith(f"rank {rank} · pid ") and "● done" in row["info"]
-                assert [(b["label"], b["width"], b["success"]) for b in row["bars"]] == [
-                    ("epoch", "100%", True),
-                    ("↳ step", "100%", True),
-                ]
-            summary = ok_view.locator(".nl-summary").inner_text()
-            assert summary.startswith("✔ 2 ranks, ") and summary.endswith(": ok"), summary
-            barriers = ok_view.locator(".nl-barriers").inner_text()
-            assert barriers.count("wait_for_everyone") == 2 and barriers.count("passed") == 2
-
-            # the failed launch: red where it broke, the failing rank's pane open
-            assert [
-                [(b["label"], b["width"], b["success"], b["danger"]) for b in row["bars"]]
-                for row in failed_rows
-            ] == [
-                [("work", "100%", True, False)],
-                [("work", "50%", False, True)],
-            ]
-            summary = failed_view.locator(".nl-summary").inner_text()
-            assert summary.startswith("✘ 2 ranks, ") and summary.endswith(
-                "failed: rank 1 raised ValueError: rank 1 broke"
-            ), summary
-            assert (
-                "rank 1 raised ValueError while rank(s) 0 waited"
-                in failed_view.locator(".nl-alerts").inner_text()
-            )
-            pane = failed_view.locator(".nl-pane-1")
-            assert pane.is_visible() and "ValueError: rank 1 broke" in pane.inner_text()
-            assert not failed_view.locator(".nl-pane-0").is_visible()
-
-            assert (
-                page.locator(".jp-OutputArea-output", has_text="Error displaying widget").count()
-                == 0
-            )
-            # nothing but the dashboards: no tqdm text, no rank lines, no error output
-            assert page.locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
-            assert not errors, errors
-
-            # the bars moved while the cell ran: intermediate widths were rendered
-            widths = {
+            # -- while it ran --------------------------------------------------------
+            start, following = log_check["start"], log_check["following"]
+            assert following["count"] > start["count"], log_check  # lines kept coming
+            assert following["top"] == 0 and following["last"] == following["newest"], log_check
+            up, still_up, back = log_check["up"], log_check["still_up"], log_check["back"]
+            assert up["top"] < 0 and still_up["count"] > up["count"], log_check
+            assert still_up["first"] == up["first"], log_check  # the reader's place is kept
+            assert back["top"] == 0 and back["last"] == back["newest"], log_check
+            assert back["newest"] != up["newest"], log_check
+            step_widths = {
                 b["width"]
-                for sample in samples
-                for row in sample
+                for views in samples
+                for row in (views[0]["rows"] if views else [])
                 for b in row["bars"]
-                if b["label"] == "↳ step"
+                if b["desc"] == "step"
             }
-            partial = widths - {"0%", "100%", ""}
-            assert len(partial) >= 2, sorted(widths)
-            # rank 1 is slower: rank 0 was seen waiting at the barrier, with its location
-            infos = {row["info"] for sample in samples for row in sample}
-            assert any("● waiting at In[1]:14 for " in i for i in infos), sorted(infos)
+            assert len(step_widths - {"0%", "100%"}) >= 2, sorted(step_widths)  # bars moved
+            infos = {
+                row["text"] for views in samples for row in (views[0]["rows"] if views else [])
+            }
+            assert any(i.startswith("● waiting at In[1]:") for i in infos), sorted(infos)
+            assert "13" in picked["rows"], picked
+            assert picked["lines"] and all(t.startswith("rank 13 ") for t in picked["lines"]), (
+                picked
+            )
+
+            # -- the end: every dashboard became its static snapshot ------------------
+            views = page.evaluate(DASHBOARDS)
+            assert [v["live"] for v in views] == [False, False, False], views
+            ok, failed, many_end = views
+            assert [(r["rank"], r["status"]) for r in ok["rows"]] == [("0", "done"), ("1", "done")]
+            for row in ok["rows"]:
+                assert [(b["desc"], b["width"], b["style"]) for b in row["bars"]] == [
+                    ("epoch", "100%", "success"),
+                    ("step", "100%", "success"),
+                ]
+            assert [
+                [(b["desc"], b["width"], b["style"]) for b in row["bars"]] for row in failed["rows"]
+            ] == [[("work", "100%", "success")], [("work", "50%", "danger")]]
+            assert failed["rows"][1]["text"] == "● raised ValueError: rank 1 broke"
+            plot = page.locator(".jp-OutputArea-output img").first  # the loss curve (PNG)
+            assert plot.bounding_box()["width"] > 300
+            snaps = page.locator(".nl-snapshot")
+            pane = snaps.nth(1).locator(".nl-pane-1")
+            assert pane.is_visible() and "ValueError: rank 1 broke" in pane.inner_text()
+            assert "1 failed" in snaps.nth(2).locator(".nl-spread").inner_text()
+            for i, name in enumerate(("ok", "failed", "many")):
+                _shot(page, f"dashboard_{name}.png", snaps.nth(i))
+            wrapped += page.evaluate(WRAPPED)
+            snaps.first.scroll_into_view_if_needed()
+            _shot(page, "lab_1280x800_sidebar.png")
+            page.evaluate(
+                "() => window.jupyterapp.commands.execute('application:toggle-left-area')"
+            )
+            page.set_viewport_size({"width": 1920, "height": 1080})
+            snaps.first.scroll_into_view_if_needed()
+            _shot(page, "lab_1920_full_width.png")
+            page.set_viewport_size({"width": 400, "height": 900})
+            _shot(page, "dashboard_ok_narrow.png", snaps.first)
+            _shot(page, "dashboard_failed_narrow.png", snaps.nth(1))
+            wrapped += page.evaluate(WRAPPED)
+            assert not wrapped, wrapped  # cut with an ellipsis, never wrapped
+
+            # -- the saved notebook, opened untrusted (as GitHub/nbviewer would show it) -
+            page.set_viewport_size({"width": 1280, "height": 800})
+            page.evaluate(
+                "async () => { await window.jupyterapp.commands.execute('docmanager:save'); }"
+            )
+            nb = nbformat.read(lab["root"] / NOTEBOOK.name, as_version=4)
+            nb.metadata["saved_copy"] = True  # another content: not in the trust database
+            nbformat.write(nb, lab["root"] / "saved.ipynb")
+            page.evaluate(
+                "async () => { await window.jupyterapp.commands.execute("
+                "'docmanager:open', {path: 'saved.ipynb'}); }"
+            )
+            saved = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .nl-snapshot")
+            saved.first.wait_for()
+            assert saved.count() == 3
+            assert page.evaluate(
+                "() => !window.jupyterapp.shell.currentWidget.content.model.cells.get(2).trusted"
+            )
+            fills = page.evaluate(
+                """() => Array.from(document.querySelectorAll(
+                    '.jp-NotebookPanel:not(.lm-mod-hidden) .nl-snapshot .nl-fill'))
+                    .map(e => [e.style.width, getComputedStyle(e).backgroundColor])"""
+            )
+            assert fills[:4] == [["100%", "rgb(67, 160, 71)"]] * 4, fills  # styles kept
+            _shot(page, "saved_untrusted_failed.png", saved.nth(1))
+            _shot(page, "saved_untrusted_ok.png", saved.first)
+            assert not errors, errors
         finally:
             browser.close()

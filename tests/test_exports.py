@@ -33,6 +33,7 @@ EXPECTED = {
     "SessionBroken",
     "WorkerDied",
     "__version__",
+    "log",
     "notebook_launcher",
     "skip_first_batches",
     "start",

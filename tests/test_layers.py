@@ -9,6 +9,8 @@ Module paths say where code runs:
 * the worker-side API -- ``state``, ``accelerator``, ``optimizer``, ``scheduler``,
   ``data_loader``, ``checkpointing``, ``utils/`` -- runs in ranks: never the kernel side
   or the UI;
+* ``tracking`` -- ``log()`` for the live metric plots, called in ranks (``Accelerator.log``):
+  only ``_events`` and the worker runtime;
 * ``ui/`` -- views over plain events: only ``_events`` and ``errors``, never torch;
 * orchestrators -- ``launcher`` and the kernel's entry points -- where they meet.
 """
@@ -47,11 +49,13 @@ WORKER_API = (
     "data_loader",
     "checkpointing",
     "utils",
+    "tracking",
 )
 #: layer -> the layers (top-level names under the package) it may import
 ALLOWED: dict[str, tuple[str, ...]] = {
     "bottom": BOTTOM,
     "ui": ("errors", "_events", "ui"),
+    "tracking": ("_events", "_worker.runtime"),
     "_worker": (*BOTTOM, "_worker"),
     "worker_api": (*BOTTOM, *WORKER_API, "_worker.runtime", "_worker.barriers", "_worker.progress"),
     # fork runs the rank entry in the child: the kernel side's one crossing
@@ -77,6 +81,8 @@ def layer_of(module: str) -> str | None:
         return "bottom"
     if first in ("ui", "_worker", "_launch"):
         return first
+    if first == "tracking":
+        return "tracking"
     if first in WORKER_API:
         return "worker_api"
     return None
@@ -179,6 +185,8 @@ def test_the_rule_catches_what_it_should() -> None:
     assert not _allowed("_worker.entry", ALLOWED["ui"])
     assert _allowed("_worker.entry", ALLOWED["_launch"])
     assert not _allowed("_worker.progress", ALLOWED["_launch"])
+    assert layer_of("tracking") == "tracking" and _allowed("tracking", ALLOWED["worker_api"])
+    assert not _allowed("state", ALLOWED["tracking"]) and not _allowed("tracking", ALLOWED["ui"])
 
 
 def test_every_module_has_a_layer_or_is_an_orchestrator() -> None:
@@ -202,6 +210,7 @@ def test_every_module_has_a_layer_or_is_an_orchestrator() -> None:
         ("import notebook_launcher.ui.widgets", ("torch", "notebook_launcher._worker")),
         ("import notebook_launcher", ("torch", "cloudpickle", "notebook_launcher.launcher")),
         ("import notebook_launcher.ipython_extension", ("torch",)),
+        ("from notebook_launcher import log", ("torch", "notebook_launcher.state")),
         ("from notebook_launcher import notebook_launcher", ("torch",)),
     ],
 )

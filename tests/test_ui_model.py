@@ -226,7 +226,8 @@ def test_first_real_ending_wins_and_collateral_is_not_the_root_cause() -> None:
     m.apply(WorkerExited(rank=1, pid=5, exitcode=1, signal_name=None, time=T0 + 2))
     m.apply(WorkerExited(rank=0, pid=4, exitcode=1, signal_name=None, time=T0 + 3))
     assert m.ranks[0].status == FAILED
-    assert m.ranks[0].outcome() == "raised RuntimeError (collateral)"
+    assert m.ranks[0].outcome() == "stopped: collateral RuntimeError"
+    assert m.ranks[0].shown_status == STOPPED
     assert m.root_cause() is m.ranks[1]
     assert m.ranks[1].outcome() == "died: exit code 1"
 
@@ -316,7 +317,7 @@ def test_output_lines_tails_and_ring_buffer() -> None:
     assert [t for _, _, t in m.ranks[0].output.lines][-2:] == ["two", "lines"]
     for i in range(10_000):  # a \r progress display that never ends its line stays small
         m.apply(Output(rank=0, stream="stderr", text=f"\r{i}%", time=T0))
-    assert m.pending_tail(0, "stderr") == "9999%" and len(m._tails[(0, "stderr")]) == 6
+    assert m.pending_tail(0, "stderr") == "9999%" and len(m._tails[(0, "stderr")]) == 5
     m.apply(Output(rank=0, stream="stderr", text="x" * 50_000, time=T0))
     assert len(m.pending_tail(0, "stderr")) == 10_000
 
@@ -452,3 +453,115 @@ def test_barrier_history_is_bounded() -> None:
     m.apply(BarrierEnter(rank=1, index=MAX_BARRIERS + 50, location="a.py:1", kind="k", time=T0))
     assert len(m.barriers) == MAX_BARRIERS + 1 and m.dropped_barriers == 50
     assert min(m.barriers) == 50 and [b.index for b in m.open_barriers()] == [MAX_BARRIERS + 50]
+
+
+def test_every_event_type_has_a_handler() -> None:
+    import typing
+
+    from notebook_launcher import _events
+    from notebook_launcher.ui.model import HANDLERS
+
+    assert set(typing.get_args(_events.Event)) == set(HANDLERS)
+
+
+def out(m: LaunchModel, text: str, rank: int = 0, stream: str = "stderr") -> None:
+    m.apply(Output(rank=rank, stream=stream, text=text, time=T0))
+
+
+def test_a_line_ended_by_carriage_return_is_transient_until_a_newline() -> None:
+    """The core's contract: ``"...\\r"`` arrives as its own piece and replaces the rank's
+    current transient line; a ``"\\n"`` line commits it, as a terminal leaves it."""
+    m = fold([started(2)])
+    lines = m.ranks[0].output
+    out(m, "\r")
+    assert m.transient_lines() == [] and lines.total == 0
+    out(m, " 10%|#    |\r")
+    out(m, " 50%|#####|\r")
+    assert m.pending_tail(0, "stderr") == " 50%|#####|" and lines.total == 0
+    assert m.transient_lines() == [(0, "stderr", " 50%|#####|")]
+    out(m, "\r")  # only moves the cursor: the line is still shown
+    assert m.transient_lines() == [(0, "stderr", " 50%|#####|")]
+    out(m, "100%|#####|\n")
+    assert [t for _, _, t in lines.lines] == ["100%|#####|"] and m.transient_lines() == []
+    out(m, "last state\r")
+    out(m, "\n")  # a newline right after: the transient line is what stays
+    assert [t for _, _, t in lines.lines][-1] == "last state"
+    out(m, "epoch 1\r", rank=1, stream="stdout")
+    out(m, "a long line in pieces, ", rank=0, stream="stdout")
+    out(m, "still going", rank=0, stream="stdout")
+    assert m.transient_lines() == [
+        (0, "stdout", "a long line in pieces, still going"),
+        (1, "stdout", "epoch 1"),
+    ]
+    m.apply(LaunchFinished(ok=True, summary="", root_cause_rank=None, wall_time=1, time=T0 + 1))
+    assert m.transient_lines() == []  # the end commits them
+    assert [t for r, _, t in m.combined.lines][-2:] == [
+        "a long line in pieces, still going",
+        "epoch 1",
+    ]
+
+
+def test_stopped_ranks_end_grey_with_no_eta_and_collateral_counts_as_stopped() -> None:
+    m = fold([started(3)])
+    for r in range(3):
+        m.apply(bar(r, 0, 5, 10, 1, desc="step", rate=2.0))
+    assert "eta" in m.ranks[0].bars[0].stats()
+    m.apply(
+        WorkerFailed(
+            rank=1, exc_type="ValueError", message="x", traceback="", collateral=False, time=T0 + 2
+        )
+    )
+    m.apply(
+        WorkerFailed(
+            rank=2,
+            exc_type="RuntimeError",
+            message="peer",
+            traceback="",
+            collateral=True,
+            time=T0 + 2,
+        )
+    )
+    m.apply(WorkerStopped(rank=0, reason="rank 1 failed", time=T0 + 2))
+    styles = {r: m.ranks[r].bars[0].style for r in range(3)}
+    assert styles == {0: "stopped", 1: "danger", 2: "stopped"}
+    for r in range(3):
+        stats = m.ranks[r].bars[0].stats()
+        assert "eta" not in stats and stats.startswith("5/10 [50%] 2.0it/s"), stats
+    assert [m.ranks[r].shown_status for r in range(3)] == [STOPPED, FAILED, STOPPED]
+    assert m.ranks[2].outcome() == "stopped: collateral RuntimeError"
+    m.apply(LaunchFinished(ok=False, summary="", root_cause_rank=1, wall_time=2, time=T0 + 3))
+    assert {r: m.ranks[r].bars[0].style for r in range(3)} == styles
+
+
+def test_progress_and_the_spread_of_many_ranks() -> None:
+    m = fold([started(10)])
+    m.apply(bar(0, 0, 1, 4, 0, desc="epoch"))
+    m.apply(bar(0, 1, 50, 100, 0, desc="step", level=1))
+    assert m.ranks[0].progress() == pytest.approx((1 + 0.5) / 4)
+    for r in range(1, 10):
+        m.apply(bar(r, 0, 50 + r, 100, 0, desc="step"))
+    m.apply(bar(7, 0, 20, 100, 0, desc="step"))  # far behind: a straggler
+    m.apply(WorkerFailed(7, "ValueError", "x", "", False, T0 + 1))
+    sp = m.spread()
+    assert sp.slowest == (7, 0.2) and sp.fastest == (9, 0.59)
+    assert sp.median == (3, pytest.approx(0.535))  # the rank nearest the median
+    assert sp.stragglers == [0] and sp.broken == [7]  # a failed rank is no straggler
+    assert sp.counts == {"running": 9, "failed": 1}
+
+
+def test_metrics_are_kept_per_rank_and_thinned_out() -> None:
+    from notebook_launcher._events import MetricsLogged
+    from notebook_launcher.ui.model import MetricSeries
+
+    m = fold([started(2)])
+    for step in range(5):
+        for r in range(2):
+            m.apply(MetricsLogged(r, step, (("loss", 1.0 / (step + 1 + r)), ("lr", 0.1)), T0))
+    assert list(m.metrics) == ["loss", "lr"] and m.metrics_logged == 10
+    assert m.metrics["loss"][1].points() == ([0, 1, 2, 3, 4], [0.5, 1 / 3, 0.25, 0.2, 1 / 6])
+    s = MetricSeries()
+    for i in range(10_001):
+        s.add(i, float(i), max_points=100)
+    steps, values = s.points()
+    assert len(steps) <= 101 and steps[0] == 0 and steps[-1] == 10_000  # whole run, bounded
+    assert steps == sorted(steps) and values == [float(x) for x in steps]

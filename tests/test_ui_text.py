@@ -10,6 +10,8 @@ from notebook_launcher._events import (
     BarrierEnter,
     BarrierExit,
     Event,
+    LaunchFinished,
+    MetricsLogged,
     Output,
     WorkerFinished,
     WorkerStarted,
@@ -86,9 +88,9 @@ def test_progress_lines_are_periodic_per_rank() -> None:
         "[rank0] train: 100/100 [100%] 10.0it/s in 10.0s",
     ]
     assert [ln.split(" | ")[1] for ln in per_rank[1][:3]] == [
-        "train 30/100 [30%] 10.0it/s eta 7.0s",
-        "train 60/100 [60%] 10.0it/s eta 4.0s",
-        "train 90/100 [90%] 10.0it/s eta 1.0s",
+        "train 31/100 [31%] 10.0it/s eta 6.9s",
+        "train 61/100 [61%] 10.0it/s eta 3.9s",
+        "train 91/100 [91%] 10.0it/s eta 0.9s",
     ]
 
 
@@ -171,3 +173,23 @@ def test_alert_waits_out_a_race_and_then_shows() -> None:
     assert buf.getvalue().splitlines()[-1] == (
         "notebook_launcher: rank 1 returned while rank(s) 0 waited at barrier #1 (a.py:2)"
     )
+
+
+def test_transient_lines_are_written_once_committed_and_metrics_at_the_end() -> None:
+    buf = io.StringIO()
+    view = TextView(buf, clock=lambda: T0)
+    view.handle(started(2))
+    for text in ("\r", " 10%|#  |\r", " 90%|## |\r", "100%|###|\n"):
+        view.handle(Output(rank=0, stream="stdout", text=text, time=T0))
+    for step in range(3):
+        for r in (0, 1):
+            view.handle(MetricsLogged(r, step, (("loss", 1.0 / (1 + step + r)),), T0))
+    view.handle(
+        LaunchFinished(ok=True, summary="ok", root_cause_rank=None, wall_time=1.0, time=T0 + 1)
+    )
+    view.close()
+    assert buf.getvalue().splitlines()[1:] == [
+        "[rank0] 100%|###|",
+        "notebook_launcher: loss (step 2): rank 0 0.333, rank 1 0.25",
+        "notebook_launcher: 2 ranks, 1.0s: ok",
+    ]

@@ -1,8 +1,9 @@
 """Views of a launch: they render plain events and never import torch.
 
-The launcher calls ``view.handle(event)`` for every event, ``view.tick()`` about twice
-a second while it waits, and ``view.close()`` once at the end (before it returns or
-raises). :func:`create_view` picks the widget dashboard inside a notebook front end
+The launcher calls ``view.handle(event)`` for every event, ``view.tick()`` after every
+wait (at least twice a second, and after every batch of events: a view redraws at its
+own pace, so a tick must be cheap when nothing is due), and ``view.close()`` once at the
+end (before it returns or raises). :func:`create_view` picks the widget dashboard inside a notebook front end
 with ipywidgets, and the text view everywhere else. Both render one pure
 :class:`~notebook_launcher.ui.model.LaunchModel`.
 
@@ -10,7 +11,7 @@ Example::
 
     view = create_view("auto")
     view.handle(event)   # for every event, in the order the parent receives them
-    view.tick()          # ~every 0.5 s while waiting
+    view.tick()          # after every wait; cheap when nothing is due
     view.close()
 """
 

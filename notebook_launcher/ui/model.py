@@ -12,8 +12,11 @@ barrier history, and bounded stdout/stderr. The widget view and the text view on
     'running'
 
 :meth:`LaunchModel.apply` returns what changed (keys like ``("rank", 0)``,
-``("bars", 0)``, ``("output", 0)``, ``("barriers",)``, ``("launch",)``) so a view can
-redraw only those parts. Time is the events' own wall-clock ``time``; functions that
+``("bars", 0)``, ``("output", 0)``, ``("barriers",)``, ``("metrics",)``, ``("launch",)``)
+so a view can redraw only those parts. Output is kept as a terminal shows it: lines ended
+by ``\\n`` are committed (bounded, per rank and merged); a line ended by ``\\r`` is the
+rank's transient line until the next piece replaces it. Logged metrics are kept per name
+and rank, thinned out to stay bounded. Time is the events' own wall-clock ``time``; functions that
 show "elapsed" or "waiting for" take ``now`` so tests need no real clock.
 """
 
@@ -31,6 +34,7 @@ from .._events import (
     Event,
     LaunchFinished,
     LaunchStarted,
+    MetricsLogged,
     Output,
     ProgressUpdate,
     WorkerExited,
@@ -57,6 +61,11 @@ MAX_BARS_PER_RANK = 12
 MAX_TAIL_CHARS = 10_000
 #: Passed barriers kept for the barrier history (a long run may pass thousands).
 MAX_BARRIERS = 200
+#: Points kept per metric and rank: beyond it every other point is dropped (the whole run
+#: stays visible, at half the resolution), so memory is bounded however long the run.
+MAX_POINTS = 2000
+#: A rank this far (fraction of the whole run) behind the median is called a straggler.
+STRAGGLER_GAP = 0.05
 
 Change = tuple[object, ...]
 
@@ -77,6 +86,19 @@ def clean_line(text: str) -> str:
         segments = [s for s in body.split("\r") if s]
         body = segments[-1] if segments else ""
     return body
+
+
+def last_segment(text: str) -> str:
+    """What is still shown of an unterminated piece of output: from the start of its last
+    non-empty ``\\r`` segment on (``"10%\\r50%\\r"`` -> ``"50%\\r"``); a trailing ``\\r``
+    only moves a terminal's cursor, so ``"50%\\r\\r"`` still shows ``50%``."""
+    if "\r" not in text:
+        return text
+    segments = text.split("\r")
+    for i in range(len(segments) - 1, -1, -1):
+        if segments[i]:
+            return segments[i] + ("\r" if i < len(segments) - 1 else "")
+    return ""
 
 
 def notebook_cell_location(location: str) -> str:
@@ -104,6 +126,14 @@ def fmt_duration(seconds: float | None) -> str:
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def fmt_clock(seconds: float | None) -> str:
+    """A clock for live views, in whole seconds (``12s``, ``1:05``): it changes once a
+    second, not at every redraw."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    return f"{int(seconds)}s" if seconds < 60 else fmt_duration(seconds)
 
 
 def fmt_number(x: float) -> str:
@@ -143,7 +173,10 @@ class BarState:
     level: int = 0
     closed: bool = False
     updated: float = 0.0
-    style: str = ""  # "" while running, "success" / "danger" once decided
+    #: "" while running; "success", "danger" (where it broke) or "stopped" (a rank that was
+    #: stopped, or fell over, because another failed) once decided
+    style: str = ""
+    frozen: bool = False  # its rank ended with the bar open: no eta, it will not move again
 
     @property
     def complete(self) -> bool:
@@ -164,7 +197,7 @@ class BarState:
     @property
     def eta(self) -> float | None:
         rate = self.average_rate
-        if self.total is None or not rate or self.closed:
+        if self.total is None or not rate or self.closed or self.frozen:
             return None
         return max(0.0, (self.total - self.n) / rate)
 
@@ -181,7 +214,7 @@ class BarState:
     def stats(self) -> str:
         """``40/100 [40%] 12.3it/s eta 0:05 loss=0.1`` (``in 2.1s`` once closed)."""
         parts = [self.counts(), fmt_rate(self.average_rate, self.unit)]
-        if self.closed:
+        if self.closed or self.frozen:
             parts.append(f"in {fmt_duration(self.elapsed)}")
         elif self.eta is not None:
             parts.append(f"eta {fmt_duration(self.eta)}")
@@ -243,6 +276,58 @@ class BarrierRecord:
         return max(self.exited.values(), default=self.completed) - min(self.arrived.values())
 
 
+class MetricSeries:
+    """One metric of one rank: ``(step, value)`` points, bounded by thinning.
+
+    Up to :data:`MAX_POINTS` points are kept; then every other one is dropped and only
+    every 2nd (4th, ...) new point is kept, so the whole run stays on the plot at a
+    coarser resolution. ``latest`` is always the last point logged.
+    """
+
+    __slots__ = ("steps", "values", "stride", "_count", "latest")
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.values: list[float] = []
+        self.stride = 1
+        self._count = 0
+        self.latest: tuple[int, float] | None = None
+
+    def add(self, step: int, value: float, max_points: int = MAX_POINTS) -> None:
+        self.latest = (step, value)
+        self._count += 1
+        if (self._count - 1) % self.stride:
+            return
+        self.steps.append(step)
+        self.values.append(value)
+        if len(self.steps) >= max_points:
+            del self.steps[1::2], self.values[1::2]
+            self.stride *= 2
+
+    def points(self) -> tuple[list[int], list[float]]:
+        """The kept points, ending with the latest one."""
+        steps, values = list(self.steps), list(self.values)
+        if self.latest is not None and (not steps or steps[-1] != self.latest[0]):
+            steps.append(self.latest[0])
+            values.append(self.latest[1])
+        return steps, values
+
+
+@dataclass
+class Spread:
+    """How far apart the ranks are (the many-ranks summary): progress per rank (0..1),
+    the slowest, median and fastest rank, stragglers (live ranks more than
+    :data:`STRAGGLER_GAP` behind the median) and the ranks that broke."""
+
+    progress: dict[int, float]
+    slowest: tuple[int, float] | None
+    median: tuple[int, float] | None  # the rank nearest the median, and the median
+    fastest: tuple[int, float] | None
+    stragglers: list[int]
+    broken: list[int]
+    counts: dict[str, int]
+
+
 class OutputBuffer:
     """The last ``max_lines`` lines of output, with a count of what was dropped."""
 
@@ -293,11 +378,33 @@ class RankState:
     def waiting_for(self, now: float) -> float | None:
         return None if self.barrier is None else max(0.0, now - self.barrier.since)
 
+    @property
+    def shown_status(self) -> str:
+        """The status a view shows: a collateral failure (fallout of another rank's end,
+        e.g. gloo's "connection closed") is shown as ``stopped``, in grey."""
+        return STOPPED if self.status == FAILED and self.collateral else self.status
+
+    def progress(self) -> float | None:
+        """How far the rank is, 0..1, from its bars: nested bars count as one (epoch 1 of
+        4 with its step bar at 50% is 37.5%); None without a bar that has a total."""
+        bars = sorted(
+            (b for b in self.bars.values() if b.total and not (b.closed and b.level > 0)),
+            key=lambda b: b.level,
+        )
+        if not bars:
+            return None
+        outer = bars[0]
+        fraction = outer.fraction or 0.0
+        if len(bars) > 1 and not outer.complete and outer.total:
+            inner = bars[-1].fraction or 0.0
+            fraction = min(1.0, (min(outer.n, outer.total) + inner) / outer.total)
+        return fraction
+
     def outcome(self) -> str:
         """One phrase for the end of this rank: ``done``, ``raised ValueError: x``, ..."""
         if self.status == FAILED:
             if self.collateral:  # fallout of another rank's end: its message is noise
-                return f"raised {self.exc_type} (collateral)"
+                return f"stopped: collateral {self.exc_type}"
             message = self.message.strip().splitlines()[0] if self.message.strip() else ""
             if len(message) > 160:
                 message = message[:157] + "..."
@@ -314,10 +421,10 @@ class RankState:
             return f"stopped: {self.stop_reason}" if self.stop_reason else "stopped"
         return self.status
 
-    def status_text(self, now: float) -> str:
+    def status_text(self, now: float, clock: Callable[[float | None], str] = fmt_duration) -> str:
         """``running``, ``waiting at train.py:12 for 3.0s``, ``failed``..."""
         if self.status == WAITING and self.barrier is not None:
-            return f"waiting at {self.barrier.location} for {fmt_duration(self.waiting_for(now))}"
+            return f"waiting at {self.barrier.location} for {clock(self.waiting_for(now))}"
         return self.status
 
     def open_bars(self) -> list[BarState]:
@@ -337,6 +444,9 @@ class LaunchModel:
         self.combined = OutputBuffer(max_lines_combined)
         self._tails: dict[tuple[int, str], str] = {}
         self.start_time: float | None = None
+        #: metric name -> rank -> its points (names in the order first logged)
+        self.metrics: dict[str, dict[int, MetricSeries]] = {}
+        self.metrics_logged = 0  # MetricsLogged events folded in (views redraw on change)
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -392,6 +502,44 @@ class LaunchModel:
         bad.sort(key=lambda r: r.ended if r.ended is not None else float("inf"))
         return bad[0] if bad else None
 
+    def spread(self) -> Spread:
+        """The spread of the ranks' progress (see :class:`Spread`)."""
+        progress = {}
+        counts: dict[str, int] = {}
+        broken = []
+        for r in self.rank_ids:
+            s = self.ranks[r]
+            counts[s.shown_status] = counts.get(s.shown_status, 0) + 1
+            if s.status in (FAILED, DIED) and not s.collateral:
+                broken.append(r)
+            p = s.progress()
+            if p is not None:
+                progress[r] = p
+        if not progress:
+            return Spread(progress, None, None, None, [], broken, counts)
+        order = sorted(progress, key=lambda r: (progress[r], r))
+        values = sorted(progress.values())
+        mid = len(values) // 2
+        median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        near = min(order, key=lambda r: (abs(progress[r] - median), r))
+        fastest = max(order, key=lambda r: (progress[r], -r))
+        stragglers = [
+            r
+            for r in order
+            if progress[r] < median - STRAGGLER_GAP
+            and self.ranks[r].ended is None
+            and self.ranks[r].status != WAITING
+        ]
+        return Spread(
+            progress,
+            (order[0], progress[order[0]]),
+            (near, median),
+            (fastest, progress[fastest]),
+            stragglers,
+            broken,
+            counts,
+        )
+
     def summary_line(self) -> str:
         """``2 ranks, 3.1s: ok`` or ``2 ranks, 3.1s: failed: rank 1 raised ValueError: boom``."""
         n = self.world_size
@@ -442,22 +590,36 @@ class LaunchModel:
         return [("rank", e.rank)]
 
     def _on_Output(self, e: Output) -> list[Change]:
+        """Lines ended by ``\\n`` are committed to the log. What is left -- a line ended by
+        ``\\r`` (a progress display another library draws), or a bounded piece of a long
+        unterminated line -- is the rank's *transient* line: shown last, replaced by the
+        next piece, committed (as a terminal leaves it) when a ``\\n`` ends it."""
         key = (e.rank, e.stream)
-        *lines, tail = (self._tails.pop(key, "") + e.text).split("\n")
+        text = self._tails.pop(key, "") + e.text
         s = self.rank(e.rank)
-        for raw in lines:
-            line = clean_line(raw)
-            s.output.append(e.rank, e.stream, line)
-            self.combined.append(e.rank, e.stream, line)
-        if tail:
-            # unterminated: kept for the next piece (and shown as it is now). A terminal
-            # shows only what follows the last \r, so that is all that is kept (bounded).
-            cr = tail.rfind("\r")
-            self._tails[key] = tail[max(cr, 0) :][-MAX_TAIL_CHARS:]
+        if "\n" in text:
+            *lines, text = text.split("\n")
+            for raw in lines:
+                line = clean_line(raw)
+                s.output.append(e.rank, e.stream, line)
+                self.combined.append(e.rank, e.stream, line)
+        if text:
+            # only what a terminal still shows is kept: the last \r segment, bounded
+            self._tails[key] = last_segment(text)[-MAX_TAIL_CHARS:]
         return [("output", e.rank)]
 
     def pending_tail(self, rank: int, stream: str) -> str:
+        """The rank's transient (uncommitted) line on ``stream``, as a terminal shows it."""
         return clean_line(self._tails.get((rank, stream), ""))
+
+    def transient_lines(self) -> list[tuple[int, str, str]]:
+        """Every rank's transient line, ``(rank, stream, text)`` by rank."""
+        out = []
+        for (rank, stream), raw in sorted(self._tails.items()):
+            text = clean_line(raw)
+            if text:
+                out.append((rank, stream, text))
+        return out
 
     def flush_tails(self) -> list[tuple[int, str, str]]:
         """Turn unterminated tails into lines (at the end of a launch); return them."""
@@ -557,7 +719,8 @@ class LaunchModel:
             return []
         s.status, s.ended, s.end_reason = status, time, why
         s.barrier = None
-        changes: list[Change] = [("rank", rank)]
+        self._freeze_bars(s)
+        changes: list[Change] = [("rank", rank), ("bars", rank)]
         for rec in self.barriers.values():
             if (
                 rec.completed is None
@@ -568,6 +731,18 @@ class LaunchModel:
                 rec.left[rank] = why
                 changes.append(("barriers",))
         return changes
+
+    @staticmethod
+    def _freeze_bars(s: RankState) -> None:
+        """A rank ended: its open bars stop (no eta) and take their final colour."""
+        broke = s.status in (FAILED, DIED) and not s.collateral
+        for bar in s.bars.values():
+            if not bar.closed:
+                bar.frozen = True
+            if bar.complete or s.status == DONE:
+                bar.style = "success"
+            elif not (bar.closed and bar.style):  # a bar closed short keeps its red
+                bar.style = "danger" if broke else "stopped"
 
     def _on_WorkerFinished(self, e: WorkerFinished) -> list[Change]:
         return self._end_rank(e.rank, DONE, e.time, "returned")
@@ -593,16 +768,30 @@ class LaunchModel:
         self.rank(e.rank).stop_reason = e.reason
         return self._end_rank(e.rank, STOPPED, e.time, "was stopped")
 
+    def _on_MetricsLogged(self, e: MetricsLogged) -> list[Change]:
+        for name, value in e.values:
+            per_rank = self.metrics.get(name)
+            if per_rank is None:
+                per_rank = self.metrics[name] = {}
+            series = per_rank.get(e.rank)
+            if series is None:
+                series = per_rank[e.rank] = MetricSeries()
+            series.add(e.step, value)
+        self.metrics_logged += 1
+        return [("metrics",)]
+
     def _on_LaunchFinished(self, e: LaunchFinished) -> list[Change]:
         self.finished = e
         changes: list[Change] = [("launch",)]
         changes += [("output", rank) for rank, _, _ in self.flush_tails()]
+        cause = e.root_cause_rank
         for s in self.ranks.values():
             if s.status not in ENDED:
                 s.status, s.ended = (DONE if e.ok else STOPPED), e.time
-            ok_rank = s.status == DONE
-            for bar in s.bars.values():
-                bar.style = "success" if ok_rank or bar.complete else "danger"
+            self._freeze_bars(s)
+            if s.rank == cause and s.status == STOPPED:  # the launcher names it the cause
+                for bar in s.bars.values():
+                    bar.style = "success" if bar.complete else "danger"
             changes += [("rank", s.rank), ("bars", s.rank)]
         return changes
 
@@ -619,6 +808,7 @@ HANDLERS: dict[type, Callable[[LaunchModel, Any], list[Change]]] = {
     WorkerFailed: LaunchModel._on_WorkerFailed,
     WorkerExited: LaunchModel._on_WorkerExited,
     WorkerStopped: LaunchModel._on_WorkerStopped,
+    MetricsLogged: LaunchModel._on_MetricsLogged,
     LaunchFinished: LaunchModel._on_LaunchFinished,
 }
 
@@ -636,10 +826,14 @@ __all__ = [
     "BarrierRecord",
     "BarrierWait",
     "LaunchModel",
+    "MetricSeries",
     "OutputBuffer",
+    "Spread",
     "RankState",
     "clean_line",
+    "last_segment",
     "ranks_changed",
+    "fmt_clock",
     "fmt_duration",
     "fmt_number",
     "fmt_rate",

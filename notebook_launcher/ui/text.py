@@ -7,10 +7,12 @@ What it writes (no ANSI codes, no carriage returns)::
     [rank1] epoch 1/3 [33%] 1.0it/s eta 0:02 | step 40/100 [40%] 95.0it/s eta 0:01
     [rank0] waiting at train.py:12 for 5.0s (barrier #1: missing rank 1)
     [rank0] done: epoch 3/3 [100%] 1.2it/s in 2.5s
+    notebook_launcher: loss (step 99): rank 0 0.12, rank 1 0.13
     notebook_launcher: 2 ranks, 3.1s: ok
 
 Rank output goes out at once (stderr lines to ``sys.stderr`` unless a ``stream`` was
-given). Progress is periodic: at most one line per rank every ``interval`` seconds,
+given); a line still being redrawn with ``\\r`` (another library's progress display) is
+written once, when a newline ends it. Logged metrics are summed up at the end. Progress is periodic: at most one line per rank every ``interval`` seconds,
 plus one final line per outermost bar when it closes (nested bars, e.g. an epoch's
 step bar, close once per outer step; their state is in the periodic lines). With ``progress=False`` (what
 ``dashboard=False`` gives) only the rank output and the final summary are written.
@@ -34,7 +36,10 @@ from .._events import (
     WorkerFailed,
     WorkerStopped,
 )
-from .model import WAITING, LaunchModel, RankState, fmt_duration
+from .model import WAITING, LaunchModel, RankState, fmt_duration, fmt_number
+
+#: Seconds between two flushes of the stream by :meth:`TextView.tick`.
+FLUSH_INTERVAL = 0.2
 
 
 class TextView:
@@ -68,6 +73,7 @@ class TextView:
         self.alert_delay = alert_delay
         self._alerts_seen: dict[str, float] = {}  # alert -> when the model first had it
         self._alerts_shown: set[str] = set()
+        self._ticked = float("-inf")
         self._closed = False
 
     @property
@@ -120,11 +126,18 @@ class TextView:
         self._show_alerts(now)
 
     def tick(self) -> None:
-        if self.progress and not self._closed:
-            now = self.clock()
+        """At most every ``FLUSH_INTERVAL`` seconds: periodic lines, alerts, one flush (the
+        launcher ticks after every wait; a flush per tick sent a message per line)."""
+        if self._closed:
+            return
+        now = self.clock()
+        if now - self._ticked < FLUSH_INTERVAL:
+            return
+        self._ticked = now
+        if self.progress:
             self._periodic(now)
             self._show_alerts(now)
-            self.stream.flush()
+        self.stream.flush()
 
     def close(self) -> None:
         if self._closed:
@@ -193,9 +206,35 @@ class TextView:
                 self._alerts_shown.add(alert)
                 self._write(f"notebook_launcher: {alert}\n")
 
+    def metric_lines(self) -> list[str]:
+        """The last logged value of each metric: ``loss (step 99): rank 0 0.12, rank 1 0.13``
+        (with many ranks: the lowest, median and highest)."""
+        out = []
+        for name, per in self.model.metrics.items():
+            last = {r: p for r, s in sorted(per.items()) if (p := s.latest) is not None}
+            if not last:
+                continue
+            step = max(p[0] for p in last.values())
+            if len(last) > 8:
+                order = sorted(last, key=lambda r: last[r][1])
+                picks = [
+                    ("lowest", order[0]),
+                    ("median", order[len(order) // 2]),
+                    ("highest", order[-1]),
+                ]
+                values = ", ".join(
+                    f"{what} {fmt_number(last[r][1])} (rank {r})" for what, r in picks
+                )
+            else:
+                values = ", ".join(f"rank {r} {fmt_number(p[1])}" for r, p in last.items())
+            out.append(f"{name} (step {step}): {values}")
+        return out
+
     def _finish(self) -> None:
         if self.progress:
             self._show_alerts(self.clock(), final=True)
+            for line in self.metric_lines():
+                self._write(f"notebook_launcher: {line}\n")
         self._write(f"notebook_launcher: {self.model.summary_line()}\n")
         self.stream.flush()
 

@@ -2,157 +2,263 @@
 
 Layout (one ``VBox``, displayed once when the view is created)::
 
-    header    notebook_launcher · 2 ranks · fork · gloo · running 0:12
+    header    notebook_launcher · 2 ranks · fork: fast, nothing to pickle · gloo on ... · running 12s
     alerts    (red) rank 1 returned while rank(s) 0 waited at barrier #2 (train.py:30)
-    rows      rank 0 · pid 4242 · cpu | epoch  [#####     ] 2/4 [50%] 1.9it/s eta 0:01
-              running 0:12            | ↳ step [########  ] 80/100 [80%] 95it/s eta 0:00
-              rank 1 ...              (grouped under "node k" headings when several nodes)
-    barriers  #  where         kind               arrived  missing / left  state
-    output    Tab: all ranks | rank 0 | rank 1   (bounded, newest at the bottom)
-    summary   2 ranks, 3.1s: ok     (or the root cause, in red)
+    ranks     rank 0 ● running      12s  epoch [####      ] 2/4   step [########  ] 80/100 95it/s
+              (more than 8 ranks: slowest / median / fastest, a grid of every rank, stragglers)
+    barriers  #  where  kind  arrived  missing  state
+    picker    output of: [all ranks] [0] [1]        (front-end only: CSS on radio buttons)
+    log       the newest lines of every rank, following the tail like a terminal
+    plots     one panel per logged metric, one line per rank (a PNG, matplotlib Agg)
 
-The launcher calls :meth:`WidgetView.handle` from its event loop in the kernel's main
-thread, so comm messages go out while the cell runs. Updates are coalesced: the view
-redraws what changed at most every ``min_interval`` seconds (output panes every
-``output_interval``), each widget's attributes in one ``hold_sync`` message.
-:meth:`close` draws the final state (bar styles, summary, the failing rank's pane
-opened) before the launch returns.
+The parts are HTML widgets drawn by :mod:`~notebook_launcher.ui.html`, the same markup
+the saved snapshot uses; a redraw of the rank table is one message whatever the number
+of ranks and bars.
+
+Message economy: the launcher calls :meth:`handle` for every event and :meth:`tick`
+after every wait; both only fold the event in and, at most every ``interval`` seconds,
+redraw what changed. Every widget message is paid from a token bucket that holds the
+whole dashboard to ``max_messages`` per second (parts in order of importance: ranks,
+log, header, barriers, plots; what does not fit is drawn at the next turn).
+
+The log follows the tail without any JavaScript: its scroll box is a ``column-reverse``
+flex box (it opens at the bottom and stays there as lines arrive), and its lines live in
+a ring of chunk widgets of which only the newest is redrawn, so the lines a user scrolled
+up to keep their DOM nodes and the browser's scroll anchoring holds them in place;
+scrolling back to the bottom follows again. Which rank's lines are shown is picked in
+the browser alone (radio buttons and a CSS ``:has()`` rule), because a kernel busy with
+the launch cannot hear a widget's click until the cell ends.
+
+At :meth:`close` the display is replaced by a static HTML snapshot of the final state
+(plus the final plot as an ``image/png`` output) and the widgets are closed: a saved
+notebook shows the finished run in JupyterLab (trusted or not), on GitHub and on
+nbviewer, without a kernel and without saved widget state.
 """
 
 from __future__ import annotations
 
-import html
+import base64
+import itertools
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .._events import Event, LaunchFinished
+from .._events import Event, Output
+from . import html as H
+from . import plots
 from .model import (
-    DIED,
-    DONE,
-    FAILED,
-    RUNNING,
-    STARTING,
-    STOPPED,
-    WAITING,
-    BarState,
     LaunchModel,
-    OutputBuffer,
-    RankState,
-    fmt_duration,
-    notebook_cell_traceback,
-    ranks_changed,
+    fmt_clock,
 )
 
-STATUS_COLOURS = {
-    STARTING: "#757575",
-    RUNNING: "#1565c0",
-    WAITING: "#e65100",
-    DONE: "#2e7d32",
-    FAILED: "#c62828",
-    DIED: "#c62828",
-    STOPPED: "#757575",
-}
-RED = "#c62828"
-PANE_STYLE = (
-    "display:flex;flex-direction:column-reverse;max-height:260px;overflow-y:auto;"
-    "border:1px solid #ddd;background:#fafafa"
-)
-PRE_STYLE = "margin:0;padding:4px 6px;font-size:12px;line-height:1.35;white-space:pre-wrap"
+#: Widget messages per second, at most, for the whole dashboard.
+MAX_MESSAGES = 20.0
+#: Lines per log chunk before a new one is started, and most new lines shown in one turn.
+CHUNK_LINES = 50
+BURST_LINES = 200
+#: Chunk widgets in the log's ring (the live log keeps about CHUNK_LINES * LOG_CHUNKS lines).
+LOG_CHUNKS = 8
+#: Seconds between two plot redraws, at least; slower when drawing takes long.
+PLOT_INTERVAL = 2.0
+#: A plot redraw may use about 1/PLOT_COST_RATIO of the kernel's time (but the plot is
+#: redrawn at least every PLOT_MAX_INTERVAL seconds while metrics come in).
+PLOT_COST_RATIO = 50.0
+PLOT_MAX_INTERVAL = 10.0
+TEXT_PLAIN = "notebook_launcher dashboard"
+#: The snapshot's font and line height, also inside widgets (which set a 28px line height).
+BASE_STYLE = "font-size:13px;line-height:1.45"
 
 
-def _esc(text: str) -> str:
-    return html.escape(text, quote=False)
+class Budget:
+    """A token bucket: in any ``T`` seconds at most ``0.8 * rate * T + 0.2 * rate``
+    messages, plus the few one multi-message part may borrow (so about ``rate`` in any
+    one second)."""
+
+    def __init__(self, rate: float, now: float) -> None:
+        self.fill = 0.8 * rate
+        self.cap = max(1.0, 0.2 * rate)
+        self.tokens = self.cap
+        self.t = now
+        self.spent = 0
+
+    def refill(self, now: float) -> None:
+        self.tokens = min(self.cap, self.tokens + max(0.0, now - self.t) * self.fill)
+        self.t = now
+
+    def take(self, n: int = 1) -> bool:
+        """Pay ``n`` messages. A part that needs several (a new widget) may borrow from the
+        next turns once the bucket has one token, so it is never starved by the parts that
+        need one each; what it borrowed is paid back before anything else is sent."""
+        if self.tokens + 1e-9 < min(n, 1):
+            return False
+        self.tokens -= n
+        self.spent += n
+        return True
 
 
-class _BarRow:
-    """One progress bar: ``[desc][bar][n/total rate eta]``."""
+def _style_block(d: str, ranks: list[int], many: bool) -> str:
+    rules = [
+        # an empty part takes no room; log chunks join without a gap
+        f".{d} .widget-html:has(> .widget-html-content:empty){{display:none}}",
+        f".{d} .nl-log .widget-html{{margin:0;min-height:0;height:auto}}",
+        f".{d} .nl-log .widget-html-content{{line-height:normal}}",
+        f".{d} .nl-l{{white-space:pre-wrap;overflow-wrap:anywhere;padding:0 6px;"
+        "font-family:var(--jp-code-font-family,monospace);font-size:12px;line-height:1.35}",
+        f".{d} .nl-e{{color:#c62828}}",
+        f".{d} .nl-t{{color:#546e7a}}",
+        f".{d} .nl-p{{color:#9e9e9e}}",
+        f".{d} .nl-n{{color:#757575;font-style:italic}}",
+        f".{d} .nl-pick{{display:flex;flex-wrap:wrap;gap:3px 4px;align-items:center;"
+        "font-size:12px;margin:6px 0 2px 0}",
+        f".{d} .nl-pick input{{position:absolute;opacity:0;width:0;height:0;margin:0}}",
+        f".{d} .nl-pick label{{cursor:pointer}}",
+        f".{d} .nl-pick label span{{display:inline-block;padding:0 6px;border:1px solid #cfcfcf;"
+        "border-radius:3px;background:var(--jp-layout-color1,#fff)}",
+        f".{d} .nl-pick input:checked+span{{background:#1565c0;color:#fff;border-color:#1565c0}}",
+        f".{d} .nl-pick input:focus-visible+span{{outline:2px solid #90caf9}}",
+    ]
+    for r in ranks:
+        on = f".{d}:has(#{d}-p{r}:checked)"
+        rules += [
+            f"{on} .nl-l:not(.nl-r{r}){{display:none}}",
+            f"{on} .nl-p{{display:none}}",
+            f"{on} .nl-row-{r}{{display:flex!important;background:#e3f2fd}}",
+            f"{on} .nl-cell-{r}{{box-shadow:0 0 0 2px #212121}}",
+        ]
+    if many:
+        rules += [
+            f".{d}:has(#{d}-pall:checked) .nl-more{{display:flex!important}}",
+            f".{d} .nl-pick .nl-rk{{display:none}}",
+            f".{d} .nl-pick .nl-rk:has(input:checked){{display:inline}}",
+        ]
+    return "<style>" + "\n".join(rules) + "</style>"
 
-    def __init__(self, W: Any) -> None:
-        self.progress = W.FloatProgress(
-            value=0.0,
-            min=0.0,
-            max=1.0,
-            description="",
-            style={"description_width": "140px"},
-            layout=W.Layout(width="420px"),
+
+def _picker(d: str, ranks: list[int], many: bool) -> str:
+    tabs = [
+        "<span style='color:#757575;margin-right:2px'>output of</span>",
+        f"<label><input type='radio' name='{d}' id='{d}-pA' checked><span>all ranks</span></label>",
+    ]
+    # many ranks: a rank's tab shows only while it is picked (click its cell in the grid)
+    css = " class='nl-rk'" if many else ""
+    tabs += [
+        f"<label{css}><input type='radio' name='{d}' id='{d}-p{r}'><span>rank {r}</span></label>"
+        for r in ranks
+    ]
+    if many:
+        tabs.append(
+            "<span style='color:#757575'>(click a rank in the grid for its output)</span>"
+            f"<label style='margin-left:auto'><input type='checkbox' id='{d}-pall'>"
+            "<span>every rank's row</span></label>"
         )
-        self.stats = W.HTML(value="", layout=W.Layout(margin="0 0 0 8px"))
-        self.box = W.HBox([self.progress, self.stats])
-        self.box.add_class("nl-bar")
-
-    def render(self, bar: BarState) -> None:
-        label = bar.label() if bar.level == 0 else "\u21b3 " + bar.label()
-        total = float(bar.total) if bar.total else 1.0
-        done = 1.0 if bar.closed else 0.0
-        value = min(float(bar.n), total) if bar.total else done
-        with self.progress.hold_sync():
-            self.progress.description = label
-            self.progress.tooltip = bar.label()
-            self.progress.max = total
-            self.progress.value = value
-            self.progress.bar_style = bar.style
-        self.stats.value = f"<span style='font-family:monospace'>{_esc(bar.stats())}</span>"
+    return _style_block(d, ranks, many) + "<div class='nl-pick'>" + "".join(tabs) + "</div>"
 
 
-class _RankRow:
-    """One rank: an info cell on the left, its bars on the right."""
+def _line(rank: int, stream: str, text: str, labels: bool = True, css: str = "") -> str:
+    cls = f"nl-l nl-r{rank}" + (" nl-e" if stream == "stderr" else "") + css
+    prefix = f"<span class='nl-p'>[rank{rank}] </span>" if labels else ""
+    return f"<div class='{cls}'>{prefix}{H.esc(text)}</div>"
 
-    def __init__(self, W: Any, rank: int) -> None:
+
+class _Chunk:
+    __slots__ = ("widget", "lines", "html")
+
+    def __init__(self, widget: Any) -> None:
+        self.widget = widget
+        self.lines: list[str] = []
+        self.html = ""
+
+
+class LiveLog:
+    """The merged log: a ring of chunk widgets in a scroll box that follows the tail.
+
+    Per turn it costs one message when the newest chunk takes the new lines, two when the
+    oldest chunk of a full ring is reused for them (its content, and its CSS ``order`` so
+    it shows last), and four while the ring is still growing (a new widget). Transient
+    lines (``\\\\r`` progress of other libraries) are a separate small widget, shown last.
+    """
+
+    def __init__(self, W: Any, height: str = "260px") -> None:
         self.W = W
-        self.info = W.HTML(value="", layout=W.Layout(width="300px", min_width="300px"))
-        self.bars_box = W.VBox([])
-        self.bars: list[_BarRow] = []
-        self.box = W.HBox([self.info, self.bars_box])
-        self.box.add_class("nl-rank")
-        self.box.add_class(f"nl-rank-{rank}")
-        self.box.layout.border_bottom = "1px solid #eee"
-        self.box.layout.padding = "2px 0"
+        self.tail = W.HTML(value="", layout=W.Layout(order="2000000000"))
+        self.tail.add_class("nl-tail")
+        self.inner = W.VBox([self.tail], layout=W.Layout(flex="0 0 auto"))
+        self.box = W.VBox(
+            [self.inner],
+            layout=W.Layout(
+                display="flex",
+                flex_flow="column-reverse",
+                overflow="auto",
+                max_height=height,
+                min_height="1.6em",
+                border="1px solid #dddddd",
+            ),
+        )
+        self.box.add_class("nl-log")
+        self.chunks: list[_Chunk] = []
+        self.live: _Chunk | None = None
+        self.seq = itertools.count()
+        self.seen = 0  # lines of the model's combined buffer drawn (or skipped) so far
+        self.tail_html = ""
 
-    def render_info(self, s: RankState, now: float) -> None:
-        colour = STATUS_COLOURS.get(s.status, "#000")
-        who = [f"<b>rank {s.rank}</b>"]
-        if s.pid is not None:
-            who.append(f"pid {s.pid}")
-        if s.device:
-            who.append(_esc(s.device))
-        elapsed = s.elapsed(now)
-        status = _esc(s.status_text(now))
-        if s.status in (FAILED, DIED, STOPPED):
-            status = _esc(s.outcome())
-        line2 = f"<span style='color:{colour};font-weight:600'>\u25cf {status}</span>"
-        if elapsed is not None:
-            line2 += f" \u00b7 {fmt_duration(elapsed)}"
-        head = " \u00b7 ".join(who)
-        self.info.value = f"<div class='nl-info' style='line-height:1.3'>{head}<br>{line2}</div>"
+    def widgets(self) -> list[Any]:
+        return [self.box, self.inner, self.tail, *(c.widget for c in self.chunks)]
 
-    def render_bars(self, s: RankState) -> None:
-        bars = list(s.bars.values())
-        while len(self.bars) < len(bars):
-            self.bars.append(_BarRow(self.W))
-        for row, bar in zip(self.bars, bars, strict=False):
-            row.render(bar)
-        children = tuple(row.box for row in self.bars[: len(bars)])
-        if self.bars_box.children != children:
-            self.bars_box.children = children
+    def draw(self, m: LaunchModel, budget: Budget) -> bool:
+        """Draw new lines and transient lines; False when the budget stopped it."""
+        done = self._draw_lines(m, budget)
+        tail = "".join(
+            _line(r, stream, text, css=" nl-t") for r, stream, text in m.transient_lines()
+        )
+        if tail != self.tail_html:
+            if not budget.take():
+                return False
+            self.tail.value = self.tail_html = tail
+        return done
 
-
-def _pane_html(buf: OutputBuffer, labels: bool, tail: str = "", traceback: str = "") -> str:
-    lines = []
-    note = buf.dropped_note()
-    if note:
-        lines.append(f"<span style='color:#757575'>{_esc(note)}</span>")
-    for rank, stream, text in buf.lines:
-        prefix = f"[rank{rank}] " if labels else ""
-        body = _esc(prefix + text)
-        lines.append(f"<span style='color:{RED}'>{body}</span>" if stream == "stderr" else body)
-    if tail:
-        lines.append(_esc(tail))
-    if traceback:
-        lines.append(f"<span style='color:{RED}'>{_esc(traceback.rstrip())}</span>")
-    if not lines:
-        lines.append("<span style='color:#9e9e9e'>(no output)</span>")
-    return f"<div style='{PANE_STYLE}'><pre style='{PRE_STYLE}'>{chr(10).join(lines)}</pre></div>"
+    def _draw_lines(self, m: LaunchModel, budget: Budget) -> bool:
+        buf = m.combined
+        fresh = buf.total - self.seen
+        if fresh <= 0:
+            return True
+        k = min(fresh, len(buf.lines))
+        skipped = fresh - k
+        live = self.live
+        if live is not None and not skipped and len(live.lines) + k <= CHUNK_LINES:
+            if not budget.take():
+                return False
+            live.lines += [_line(*t) for t in itertools.islice(reversed(buf.lines), k)][::-1]
+            live.html = "".join(live.lines)
+            live.widget.value = live.html
+            self.seen = buf.total
+            return True
+        if k > BURST_LINES:
+            skipped += k - BURST_LINES
+            k = BURST_LINES
+        reuse = len(self.chunks) >= LOG_CHUNKS
+        if not budget.take(2 if reuse else 4):
+            return False
+        lines = [_line(*t) for t in itertools.islice(reversed(buf.lines), k)][::-1]
+        if skipped:
+            note = f"[{skipped} line(s) went by too fast to show; the final output keeps the last ones of every rank]"
+            lines.insert(0, f"<div class='nl-l nl-n'>{H.esc(note)}</div>")
+        order = str(next(self.seq))
+        if reuse:
+            chunk = self.chunks.pop(0)
+            self.chunks.append(chunk)
+            chunk.lines, chunk.html = lines, "".join(lines)
+            with chunk.widget.hold_sync():
+                chunk.widget.value = chunk.html
+            chunk.widget.layout.order = order
+        else:
+            chunk = _Chunk(self.W.HTML(value="".join(lines), layout=self.W.Layout(order=order)))
+            chunk.lines, chunk.html = lines, chunk.widget.value
+            self.chunks.append(chunk)
+            self.inner.children = (*self.inner.children, chunk.widget)
+        self.live = chunk
+        self.seen = buf.total
+        return True
 
 
 _DASHBOARD_CLASS: Any = None
@@ -161,16 +267,15 @@ _DASHBOARD_CLASS: Any = None
 def _dashboard_class(W: Any) -> Any:
     """A ``VBox`` whose ``text/plain`` is one fixed line instead of a repr of every child.
 
-    That line is what nbval compares (it skips widget views) and what viewers without
-    widgets show; it is fixed at display time, so it says nothing that changes: a strict
-    nbval run of a cell that launches needs no sanitizing for the dashboard.
+    That line is what nbval compares (it skips widget views and display updates); it is
+    fixed, so a strict nbval run of a cell that launches needs no sanitizing for it.
     """
     global _DASHBOARD_CLASS
     if _DASHBOARD_CLASS is None:
 
         class Dashboard(W.VBox):
             def __repr__(self) -> str:
-                return "notebook_launcher dashboard"
+                return TEXT_PLAIN
 
         _DASHBOARD_CLASS = Dashboard
     return _DASHBOARD_CLASS
@@ -179,12 +284,15 @@ def _dashboard_class(W: Any) -> Any:
 class WidgetView:
     """The ipywidgets dashboard. See the module docstring for what it shows.
 
+    ``display``: True shows it in the running cell (IPython's ``display``), False does
+    not (tests), or a function with ``IPython.display.display``'s signature.
+
     Example (what the launcher does)::
 
         view = WidgetView()          # displays itself in the running cell
         for event in events:
             view.handle(event)
-        view.close()
+        view.close()                 # the final snapshot replaces the widgets
     """
 
     def __init__(
@@ -192,205 +300,275 @@ class WidgetView:
         *,
         model: LaunchModel | None = None,
         clock: Callable[[], float] = time.time,
-        display: bool = True,
-        min_interval: float = 0.1,
-        output_interval: float = 0.25,
+        display: bool | Callable[..., Any] = True,
+        interval: float = 0.25,
+        max_messages: float = MAX_MESSAGES,
+        plot: bool | None = None,
     ) -> None:
         import ipywidgets as W
 
         self.W = W
         self.model = model if model is not None else LaunchModel()
         self.clock = clock
-        self.min_interval = min_interval
-        self.output_interval = output_interval
+        self.interval = interval
+        now = clock()
+        self.budget = Budget(max_messages, now)
+        self.id = "nl-d" + secrets.token_hex(4)
+        self.plots_available = plots.available() if plot is None else plot
         self.header = W.HTML(value="<b>notebook_launcher</b> \u00b7 starting")
         self.alerts = W.HTML(value="")
-        self.ranks_box = W.VBox([])
+        self.ranks = W.HTML(value="")
         self.barriers = W.HTML(value="")
-        self.tabs = W.Tab(children=(), layout=W.Layout(margin="6px 0 0 0"))
+        self.picker = W.HTML(value="")
+        self.log = LiveLog(W)
         self.summary = W.HTML(value="")
+        self.plot: Any = None  # an Image (or the metrics table) once a metric is logged
+        self.plot_id = self.id + "-plot"
+        self._plot_shown = False
         self.root = _dashboard_class(W)(
-            [self.header, self.alerts, self.ranks_box, self.barriers, self.tabs, self.summary]
+            [
+                self.header,
+                self.alerts,
+                self.ranks,
+                self.barriers,
+                self.picker,
+                self.log.box,
+                self.summary,
+            ],
+            layout=W.Layout(width="100%", min_width="0"),
         )
-        self.root.add_class("nl-dashboard")
-        self.header.add_class("nl-header")
-        self.alerts.add_class("nl-alerts")
-        self.barriers.add_class("nl-barriers")
-        self.tabs.add_class("nl-output")
-        self.summary.add_class("nl-summary")
-        self.rows: dict[int, _RankRow] = {}
-        self.panes: dict[int | None, Any] = {}  # None: the combined pane
-        self._dirty: set[tuple[object, ...]] = set()
-        self._last_flush = float("-inf")
-        self._last_output_flush = float("-inf")
+        for widget, cls in (
+            (self.root, "nl-dashboard"),
+            (self.root, self.id),
+            (self.header, "nl-header"),
+            (self.alerts, "nl-alerts"),
+            (self.ranks, "nl-ranks"),
+            (self.barriers, "nl-barriers"),
+            (self.picker, "nl-picker"),
+            (self.summary, "nl-summary"),
+        ):
+            widget.add_class(cls)
+        self._sent: dict[int, str] = {}  # id(widget) -> the value it shows
+        self._dirty: set[str] = {"header"}
+        self._next_flush = float("-inf")
+        self._picked_ranks: tuple[int, ...] = ()
+        self._clock_second = -1
+        self._plot_seen = 0
+        self._plot_due = float("-inf")
+        self._plot_interval = PLOT_INTERVAL
+        self._plot_error = ""
         self._closed = False
-        if display:
+        self._display: Callable[..., Any] | None
+        if display is True:
             from IPython.display import display as ipy_display
 
-            ipy_display(self.root)
+            self._display = ipy_display
+        else:
+            self._display = display or None
+        if self._display is not None:
+            self._display(self.root, display_id=self.id)
 
     # -- View protocol ---------------------------------------------------------------------
     def handle(self, event: Event) -> None:
-        self._dirty |= self.model.apply(event)
+        m = self.model
+        if type(event) is Output:  # the hot path: hundreds a second while ranks print
+            m._on_Output(event)
+            self._dirty.add("log")
+        else:
+            for change in m.apply(event):
+                kind = change[0]
+                if kind in ("rank", "bars"):
+                    self._dirty.add("ranks")
+                elif kind == "output":
+                    self._dirty.add("log")
+                elif kind == "barriers":
+                    self._dirty |= {"barriers", "alerts", "ranks"}
+                elif kind == "metrics":
+                    self._dirty.add("plot")
+                elif kind == "launch":
+                    self._dirty |= {"header", "ranks", "structure"}
         now = self.clock()
-        if isinstance(event, LaunchFinished) or now - self._last_flush >= self.min_interval:
+        if now >= self._next_flush and not self._closed:
             self.flush(now)
 
     def tick(self) -> None:
-        if not self._closed:
-            self.flush(self.clock(), ticking=True)
+        """Cheap: redraws only when ``interval`` has passed (the launcher calls it after
+        every wait, hundreds of times a second while ranks print)."""
+        now = self.clock()
+        if now >= self._next_flush and not self._closed:
+            self.flush(now)
 
     def close(self) -> None:
         if self._closed:
             return
-        self._dirty |= {("output", rank) for rank, _, _ in self.model.flush_tails()}
-        self.flush(self.clock(), force=True)
         self._closed = True
+        self.model.flush_tails()
+        if self._display is None:  # nobody sees a snapshot: draw the end into the widgets
+            self.flush(self.clock(), final=True)
+            return
+        self._publish_snapshot()
+        for widget in self._widgets():
+            for part in (widget, getattr(widget, "layout", None), getattr(widget, "style", None)):
+                if part is not None and getattr(part, "comm", None) is not None:
+                    part.close()
+
+    # -- the final snapshot ----------------------------------------------------------------
+    def snapshot_html(self) -> str:
+        """The final dashboard as static HTML (with the metrics as a table when there is no
+        plot: matplotlib missing, or drawing failed)."""
+        m = self.model
+        hint = ""
+        if m.metrics and not self.plots_available:
+            hint = self._plot_error_hint() if self._plot_error else plots.INSTALL_HINT
+        return H.snapshot(m, self.clock(), metrics_hint=hint)
+
+    def _plot_error_hint(self) -> str:
+        return f"the plot failed ({self._plot_error}); showing the last values"
+
+    def _publish_snapshot(self) -> None:
+        assert self._display is not None
+        png = self._render_plot() if self.model.metrics and self.plots_available else None
+        bundle = {"text/html": self.snapshot_html(), "text/plain": TEXT_PLAIN}
+        self._display(bundle, raw=True, display_id=self.id, update=True)
+        if png is not None:
+            names = ", ".join(self.model.metrics)
+            picture = {
+                "image/png": base64.b64encode(png).decode("ascii"),
+                "text/plain": f"notebook_launcher metrics: {names}",
+            }
+            self._display(picture, raw=True, display_id=self.plot_id, update=self._plot_shown)
+        elif self._plot_shown:  # no picture: the snapshot has the values as a table
+            self._display({"text/plain": ""}, raw=True, display_id=self.plot_id, update=True)
+
+    def _widgets(self) -> list[Any]:
+        parts = [
+            self.root,
+            self.header,
+            self.alerts,
+            self.ranks,
+            self.barriers,
+            self.picker,
+            self.summary,
+            *self.log.widgets(),
+        ]
+        return parts + ([self.plot] if self.plot is not None else [])
 
     # -- drawing ---------------------------------------------------------------------------
-    def flush(self, now: float, force: bool = False, ticking: bool = False) -> None:
-        """Redraw what changed (and, when ``ticking``, the clocks of live ranks)."""
-        m = self.model
-        dirty, self._dirty = self._dirty, set()
-        self._last_flush = now
-        self._ensure_structure()
-        live = [r for r in m.rank_ids if m.ranks[r].ended is None]
-        if ticking or force or ("launch",) in dirty:
-            self._render_header(now)
-        info = ranks_changed(dirty, "rank")
-        if ticking:
-            info |= set(live)
-        for r in sorted(info):
-            self.rows[r].render_info(m.ranks[r], now)
-        for r in sorted(ranks_changed(dirty, "bars")):
-            self.rows[r].render_bars(m.ranks[r])
-        if ("barriers",) in dirty or (ticking and m.open_barriers()) or force:
-            self._render_barriers(now)
-            self._render_alerts()
-        outputs = ranks_changed(dirty, "output")
-        if outputs and not force and now - self._last_output_flush < self.output_interval:
-            self._dirty |= {("output", r) for r in outputs}  # later, in one go
-        elif outputs or force:
-            self._last_output_flush = now
-            self._render_outputs(outputs if not force else set(m.rank_ids))
-        if force or m.finished is not None:
-            self._render_end()
+    def _set(self, widget: Any, value: str, force: bool = False) -> bool:
+        """Show ``value`` in ``widget``: one message, paid from the budget (``force``: the
+        final redraw, not paid). False when the budget had nothing left."""
+        if self._sent.get(id(widget)) == value:
+            return True
+        if not force and not self.budget.take():
+            return False
+        widget.value = f"<div style='{BASE_STYLE}'>{value}</div>" if value else ""
+        self._sent[id(widget)] = value
+        return True
 
-    def _ensure_structure(self) -> None:
+    def flush(self, now: float, final: bool = False) -> None:
+        """Redraw what changed, most important first, as far as the budget allows."""
+        self._next_flush = now + self.interval
+        self.budget.refill(now)
         m = self.model
-        new = [r for r in m.rank_ids if r not in self.rows]
-        if not new:
-            return
-        for r in new:
-            self.rows[r] = _RankRow(self.W, r)
-        groups = m.nodes()
-        children: list[Any] = []
-        for node, ranks in sorted(groups.items()):
-            if len(groups) > 1 or (m.started is not None and m.started.num_nodes > 1):
-                heading = self.W.HTML(value=f"<b>node {node}</b>")
-                children.append(heading)
-            children += [self.rows[r].box for r in ranks]
-        self.ranks_box.children = tuple(children)
-        keys: list[int | None] = [None, *m.rank_ids]
-        for key in keys:
-            if key not in self.panes:
-                pane = self.W.HTML(value=_pane_html(OutputBuffer(1), labels=key is None))
-                pane.add_class("nl-pane-all" if key is None else f"nl-pane-{key}")
-                self.panes[key] = pane
-        with self.tabs.hold_sync():
-            self.tabs.children = tuple(self.panes[k] for k in keys)
-            self.tabs.titles = tuple("all ranks" if k is None else f"rank {k}" for k in keys)
+        dirty = self._dirty
+        if "structure" in dirty or len(m.ranks) != len(self._picked_ranks):
+            dirty.discard("structure")
+            self._structure()
+        second = int(m.elapsed(now) or 0)
+        if second != self._clock_second:  # the clocks shown move once a second
+            self._clock_second = second
+            dirty |= {"header", "ranks"} if m.finished is None else set()
+            if m.open_barriers():
+                dirty.add("barriers")
+        clock = fmt_clock
+        if "ranks" in dirty and self._set(
+            self.ranks, H.ranks_html(m, now, clock, pick=self.id), final
+        ):
+            dirty.discard("ranks")
+        if "log" in dirty and self.log.draw(m, Budget(1e9, now) if final else self.budget):
+            dirty.discard("log")
+        if "header" in dirty and self._set(self.header, H.header(m, now, clock), final):
+            dirty.discard("header")
+        if "alerts" in dirty and self._set(self.alerts, H.alerts(m), final):
+            dirty.discard("alerts")
+        if "barriers" in dirty and self._set(self.barriers, H.barriers(m, now, clock=clock), final):
+            dirty.discard("barriers")
+        due = final or now >= self._plot_due
+        if "plot" in dirty and due and self._draw_plot(now, final):
+            dirty.discard("plot")
+        if final:
+            self._set(self.header, H.header(m, now), True)
+            self._set(self.summary, H.summary(m), True)
 
-    def _render_header(self, now: float) -> None:
+    def _structure(self) -> None:
+        """The parts that depend on which ranks exist (and the plot, once metrics come)."""
         m = self.model
-        parts = ["<b>notebook_launcher</b>"]
-        if m.started is not None:
-            s = m.started
-            parts.append(f"{s.local_world_size} rank{'s' if s.local_world_size != 1 else ''}")
-            if s.num_nodes > 1:
-                parts.append(f"node {s.node_rank} of {s.num_nodes}")
-            parts += [_esc(s.start_method), _esc(s.backend)]
-        if m.finished is None:
-            parts.append(f"running {fmt_duration(m.elapsed(now))}")
+        ranks = tuple(m.rank_ids)
+        if ranks != self._picked_ranks:
+            self._picked_ranks = ranks
+            many = len(ranks) > H.COMPACT_ROWS_MAX
+            self.picker.value = _picker(self.id, list(ranks), many)
+        if m.metrics and self.plot is None:
+            self._dirty.add("plot")
+
+    def _show_plot(self, widget: Any) -> None:
+        """Show ``widget`` (the plot, or the table instead) in its own output under the
+        dashboard, one display id for the whole run: the final picture replaces it there
+        (an update reaches its output from any thread, even once the cell has ended)."""
+        widget.add_class("nl-plot")
+        old = self.plot
+        self.plot = widget
+        if self._display is not None:
+            self._display(widget, display_id=self.plot_id, update=old is not None)
+            self._plot_shown = True
+        if old is not None:
+            old.close()
+
+    def _render_plot(self) -> bytes | None:
+        try:
+            plots.load()
+            return plots.render_png(self.model)
+        except Exception as exc:  # noqa: BLE001 - a plot is not worth the dashboard
+            self.plots_available = False
+            self._plot_error = repr(exc)
+            return None
+
+    def _draw_plot(self, now: float, final: bool) -> bool:
+        m = self.model
+        if m.metrics_logged == self._plot_seen:
+            return True
+        if not final and not self.budget.take(1 if self.plot is not None else 4):
+            return False
+        self._plot_seen = m.metrics_logged
+        W = self.W
+        if self.plots_available:
+            try:
+                plots.load()  # not part of what a redraw costs
+            except Exception:  # noqa: BLE001 - _render_plot says why and falls back
+                pass
+            t0 = time.perf_counter()
+            png = self._render_plot()
+            cost = time.perf_counter() - t0
+            self._plot_interval = min(PLOT_MAX_INTERVAL, max(PLOT_INTERVAL, PLOT_COST_RATIO * cost))
+            self._plot_due = now + self._plot_interval
+            if png is not None:
+                if self.plot is None or not hasattr(self.plot, "format"):
+                    layout = W.Layout(max_width="100%", align_self="flex-start")
+                    self._show_plot(W.Image(value=png, format="png", layout=layout))
+                else:
+                    self.plot.value = png
+                return True
+        # no matplotlib (or drawing failed): a table of the last values, once a second
+        self._plot_due = now + 1.0
+        hint = plots.INSTALL_HINT
+        if self._plot_error:
+            hint = self._plot_error_hint()
+        table = f"<div style='{BASE_STYLE}'>{H.metrics_table(m, hint)}</div>"
+        if self.plot is None or hasattr(self.plot, "format"):
+            self._show_plot(W.HTML(value=table))
         else:
-            parts.append(f"finished in {fmt_duration(m.finished.wall_time)}")
-        self.header.value = " \u00b7 ".join(parts)
-
-    def _render_alerts(self) -> None:
-        alerts = self.model.alerts()
-        self.alerts.value = "".join(
-            f"<div style='color:{RED};font-weight:600'>\u26a0 {_esc(a)}</div>" for a in alerts
-        )
-
-    def _render_barriers(self, now: float, keep: int = 8) -> None:
-        m = self.model
-        if not m.barriers:
-            self.barriers.value = ""
-            return
-        ranks = m.rank_ids
-        rows = []
-        records = sorted(m.barriers.values(), key=lambda b: b.index)
-        shown_from = max(0, len(records) - keep)
-        hidden = shown_from + m.dropped_barriers
-        for rec in records[shown_from:]:
-            arrived = ", ".join(str(r) for r in rec.arrived_ranks(ranks)) or "-"
-            missing = rec.missing(ranks)
-            colour = "#2e7d32"
-            took = rec.took()
-            if rec.completed is not None:
-                state = f"passed ({fmt_duration(took)})" if took is not None else "passed"
-            elif rec.left:
-                colour = RED
-                state = "; ".join(f"rank {r} {why}" for r, why in sorted(rec.left.items()))
-            elif rec.waiting():
-                colour = "#e65100"
-                since = min(rec.arrived[r] for r in rec.waiting())
-                state = f"waiting {fmt_duration(now - since)}"
-            else:
-                state = "in progress"
-            where = _esc(rec.location) + (" (mismatch!)" if rec.mismatched else "")
-            miss = ", ".join(str(r) for r in missing) or "-"
-            rows.append(
-                f"<tr><td>#{rec.index}</td><td>{where}</td><td>{_esc(rec.kind)}</td>"
-                f"<td>{arrived}</td><td>{miss}</td>"
-                f"<td style='color:{colour};font-weight:600'>{_esc(state)}</td></tr>"
-            )
-        more = (
-            f"<div style='color:#757575'>{hidden} earlier barrier(s) not shown</div>"
-            if hidden
-            else ""
-        )
-        self.barriers.value = (
-            "<div style='margin-top:4px'><b>barriers</b>"
-            "<table style='border-collapse:collapse;font-size:12px' cellpadding='3'>"
-            "<tr style='text-align:left'><th>#</th><th>where</th><th>kind</th><th>arrived</th>"
-            "<th>missing</th><th>state</th></tr>" + "".join(rows) + f"</table>{more}</div>"
-        )
-
-    def _render_outputs(self, ranks: set[int]) -> None:
-        m = self.model
-        for r in sorted(ranks):
-            s = m.ranks[r]
-            tail = m.pending_tail(r, "stdout") or m.pending_tail(r, "stderr")
-            tb = notebook_cell_traceback(s.traceback) if m.finished and s.status == FAILED else ""
-            self.panes[r].value = _pane_html(s.output, labels=False, tail=tail, traceback=tb)
-        if ranks:
-            self.panes[None].value = _pane_html(m.combined, labels=True)
-
-    def _render_end(self) -> None:
-        m = self.model
-        if m.finished is None:
-            return
-        ok = m.finished.ok
-        colour = "#2e7d32" if ok else RED
-        mark = "\u2714" if ok else "\u2718"
-        self.summary.value = (
-            f"<div style='color:{colour};font-weight:600;margin-top:4px'>{mark} "
-            f"{_esc(m.summary_line())}</div>"
-        )
-        cause = m.root_cause()
-        if not ok and cause is not None and cause.rank in m.rank_ids:
-            self.tabs.selected_index = 1 + m.rank_ids.index(cause.rank)
+            self.plot.value = table
+        return True
 
 
-__all__ = ["WidgetView"]
+__all__ = ["Budget", "LiveLog", "WidgetView"]
