@@ -33,6 +33,7 @@ From a rank's exit to the exception the user catches:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,10 +42,12 @@ from ._events import Event, LaunchFinished
 from ._launch import preflight
 from ._launch.diagnosis import exception_for, summary_line
 from ._launch.group import WorkerGroup, WorkerProcess
-from ._launch.plan import plan_launch, prepare_task
+from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
+from ._launch.session import TaskHandle
 from .errors import LaunchError
-from .ui import View, view_for
+from .ui import TextView, View, in_notebook_kernel, view_for
+from .ui.lazy import DisplayedTextView
 
 
 def notebook_launcher(
@@ -68,7 +71,8 @@ def notebook_launcher(
     start_method: str | None = None,
     dashboard: bool | str | View = "auto",
     grace_period: float = 1.0,
-) -> list[Any]:
+    block: bool = True,
+) -> Any:
     """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
 
     Accelerate's signature and meaning, so existing notebooks keep working. Each rank
@@ -85,7 +89,10 @@ def notebook_launcher(
     (``None`` chooses: fork unless CUDA is initialised here, then a forkserver),
     ``dashboard`` (``"auto"``, ``True``, ``False``, or any object with the
     ``notebook_launcher.ui.View`` methods, which then receives every event), ``grace_period`` (seconds between
-    SIGTERM and SIGKILL when stopping ranks).
+    SIGTERM and SIGKILL when stopping ranks), ``block=False`` (return at once a
+    ``concurrent.futures.Future``-like handle: ``result(timeout)``, ``exception()``,
+    ``done()``, ``cancel()`` stops the ranks, ``add_done_callback``; the dashboard stays in
+    this cell and keeps updating while other cells run).
 
     Example::
 
@@ -121,54 +128,127 @@ def notebook_launcher(
     )
     try:
         task = prepare_task(function, tuple(args), dict(kwargs or {}), plan.start_method)
-        view = view_for(dashboard)
+        view = _view(dashboard, block)
     except BaseException:
         plan.close()
         raise
-    record = RunRecord(plan.ranks)
+    launch = _Launch(plan, task, view)
+    if block:
+        return launch.run()
+    launch.start()  # in this thread: the ranks die with the thread that started them
+    handle = TaskHandle(launch.interrupt)
+    threading.Thread(
+        target=launch.finish_into, args=(handle,), name="notebook-launcher", daemon=True
+    ).start()
+    return handle
 
-    def on_event(event: Event) -> None:
-        record.on_event(event)
-        view.handle(event)
 
-    def on_exit(proc: WorkerProcess) -> None:
-        for event in record.on_exit(proc):
+def _view(dashboard: bool | str | View, block: bool) -> View:
+    """The launch's view. A non-blocking launch in a notebook that would print text keeps
+    it in its own output area instead: the cell that runs later must not receive it."""
+    view = view_for(dashboard)
+    if block or not isinstance(dashboard, (bool, str)) or not in_notebook_kernel():
+        return view
+    if isinstance(getattr(view, "inner", view), TextView):
+        progress = dashboard is not False
+        return DisplayedTextView(lambda stream: TextView(stream, progress=progress))
+    return view
+
+
+class _Launch:
+    """One launch from start to verdict: the pipeline's last three steps."""
+
+    def __init__(self, plan: LaunchPlan, task: Any, view: View) -> None:
+        self.plan, self.view = plan, view
+        self.record = record = RunRecord(plan.ranks)
+
+        def on_event(event: Event) -> None:
+            record.on_event(event)
             view.handle(event)
 
-    group = WorkerGroup(
-        plan.specs, plan.start_method, task, plan.listen, on_event, on_exit, plan.grace_period
-    )
-    plan.listen = None  # the group owns it now
-    t0 = time.time()
-    view.handle(plan.started_event())
-    try:
-        group.start()
+        def on_exit(proc: WorkerProcess) -> None:
+            for event in record.on_exit(proc):
+                view.handle(event)
+
+        self.group = WorkerGroup(
+            plan.specs, plan.start_method, task, plan.listen, on_event, on_exit, plan.grace_period
+        )
+        plan.listen = None  # the group owns it now
+        self.t0 = time.time()
+
+    def start(self) -> None:
+        self.view.handle(self.plan.started_event())
+        try:
+            self.group.start()
+        except BaseException:
+            self._end()
+            raise
+
+    def run(self) -> list[Any]:
+        """Start, pump until every rank ended, return the results or raise (Ctrl-C: stop
+        every rank and re-raise)."""
+        __tracebackhide__ = True
+        self.start()
+        try:
+            self._pump()
+        except KeyboardInterrupt:
+            self.record.stopping = self.record.interrupted = True
+            self.group.stop()
+            raise
+        finally:
+            self._end()
+        return self._outcome()
+
+    def _pump(self) -> None:
+        group, record = self.group, self.record
         while not group.finished:
             group.pump(0.5)
-            view.tick()
+            self.view.tick()
             if record.failed and not record.stopping:
                 record.stopping = True
                 group.terminate()
-    except KeyboardInterrupt:
-        record.stopping = record.interrupted = True
-        group.stop()
-        raise
-    finally:
-        group.close()
-        verdict = record.verdict()
-        n = len(plan.specs)
+
+    def interrupt(self) -> None:
+        """Stop every rank (a non-blocking launch's ``cancel()``, or Ctrl-C on its result)."""
+        self.record.stopping = self.record.interrupted = True
+        self.group.terminate()
+
+    def finish_into(self, handle: TaskHandle) -> None:
+        """A non-blocking launch's thread: pump, then settle ``handle``."""
+        try:
+            try:
+                self._pump()
+            finally:
+                self._end()
+            handle.set_result(self._outcome())
+        except BaseException as exc:  # noqa: BLE001 - the handle carries whatever happened
+            handle.set_exception(exc)
+
+    def _end(self) -> None:
+        self.group.close()
+        record = self.record
+        self.verdict = verdict = record.verdict()
+        n = len(self.plan.specs)
         summary = summary_line(verdict, n, record.interrupted)
         ok = verdict.ok and not record.interrupted
         rank = None if record.interrupted else getattr(verdict.cause, "rank", None)
         now = time.time()
-        view.handle(LaunchFinished(ok, summary, rank, now - t0, now, verdict.failed_ranks))
-        view.close()
-    if not verdict.ok:
-        raise exception_for(verdict, n, record.exc_data)
-    missing = [r for r in plan.ranks if r not in record.results]
-    if missing:  # cannot happen without a failure record; never return a short list
-        raise LaunchError(f"ranks {missing} ended without a result")
-    return [record.results[r] for r in plan.ranks]
+        self.view.handle(
+            LaunchFinished(ok, summary, rank, now - self.t0, now, verdict.failed_ranks)
+        )
+        self.view.close()
+
+    def _outcome(self) -> list[Any]:
+        __tracebackhide__ = True
+        record, ranks = self.record, self.plan.ranks
+        if record.interrupted:
+            raise KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
+        if not self.verdict.ok:
+            raise exception_for(self.verdict, len(ranks), record.exc_data)
+        missing = [r for r in ranks if r not in record.results]
+        if missing:  # cannot happen without a failure record; never return a short list
+            raise LaunchError(f"ranks {missing} ended without a result")
+        return [record.results[r] for r in ranks]
 
 
 __all__ = ["notebook_launcher"]
