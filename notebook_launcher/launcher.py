@@ -134,7 +134,10 @@ def notebook_launcher(
         raise
     launch = _Launch(plan, task, view)
     if block:
-        return launch.run()
+        outcome = launch.run()
+        if isinstance(outcome, BaseException):
+            raise outcome  # here, so that the traceback shows the caller, then the rank
+        return outcome
     launch.start()  # in this thread: the ranks die with the thread that started them
     handle = TaskHandle(launch.interrupt)
     threading.Thread(
@@ -184,10 +187,9 @@ class _Launch:
             self._end()
             raise
 
-    def run(self) -> list[Any]:
-        """Start, pump until every rank ended, return the results or raise (Ctrl-C: stop
-        every rank and re-raise)."""
-        __tracebackhide__ = True
+    def run(self) -> list[Any] | BaseException:
+        """Start, pump until every rank ended; the results, or the exception to raise
+        (Ctrl-C: stop every rank and re-raise)."""
         self.start()
         try:
             self._pump()
@@ -220,9 +222,13 @@ class _Launch:
                 self._pump()
             finally:
                 self._end()
-            handle.set_result(self._outcome())
+            outcome = self._outcome()
         except BaseException as exc:  # noqa: BLE001 - the handle carries whatever happened
-            handle.set_exception(exc)
+            outcome = exc
+        if isinstance(outcome, BaseException):
+            handle.set_exception(outcome)
+        else:
+            handle.set_result(outcome)
 
     def _end(self) -> None:
         self.group.close()
@@ -238,16 +244,15 @@ class _Launch:
         )
         self.view.close()
 
-    def _outcome(self) -> list[Any]:
-        __tracebackhide__ = True
+    def _outcome(self) -> list[Any] | BaseException:
         record, ranks = self.record, self.plan.ranks
         if record.interrupted:
-            raise KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
+            return KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
         if not self.verdict.ok:
-            raise exception_for(self.verdict, len(ranks), record.exc_data)
+            return exception_for(self.verdict, len(ranks), record.exc_data)
         missing = [r for r in ranks if r not in record.results]
         if missing:  # cannot happen without a failure record; never return a short list
-            raise LaunchError(f"ranks {missing} ended without a result")
+            return LaunchError(f"ranks {missing} ended without a result")
         return [record.results[r] for r in ranks]
 
 
