@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -38,6 +39,10 @@ from . import forkserver
 
 #: Unterminated output kept per stream before it is passed on as it is (bounded memory).
 MAX_PARTIAL_CHARS = 1 << 16
+#: When only output is ready, wait this long for more before reading: ranks that print
+#: line by line then cost the kernel one wake-up per batch, not per line. Control
+#: messages and exits are never held back.
+OUTPUT_BATCH_S = 0.002
 
 # --- one worker process -------------------------------------------------------------------
 
@@ -240,6 +245,10 @@ class WorkerGroup:
         self.procs: list[WorkerProcess] = []
         self._kill_at: float | None = None
         self._closed = False
+        # One epoll set for the group's life: each fd is registered once, not on every
+        # wake-up (a pump wakes hundreds of times a second under chatty ranks).
+        self._selector = selectors.DefaultSelector()
+        self._wake: int | None = None
 
     # -- start -------------------------------------------------------------------------
 
@@ -261,6 +270,7 @@ class WorkerGroup:
                         req.close()
                         raise
                     self.procs.append(proc)
+                    self._watch(proc)
                 if (
                     self.start_method != "fork"
                 ):  # a fresh process: tell it who it is, and what to do
@@ -284,9 +294,28 @@ class WorkerGroup:
         try:
             proc.channel.send(message)
         except (BrokenPipeError, ConnectionResetError, OSError):
-            proc.conn_open = False
+            self._conn_closed(proc)
             return False
         return True
+
+    # -- the fds the pump waits on ---------------------------------------------------------
+
+    def _watch(self, proc: WorkerProcess) -> None:
+        self._selector.register(proc.channel.fileno(), selectors.EVENT_READ, ("conn", proc))
+        for stream, fd in proc.pipes.items():
+            self._selector.register(fd, selectors.EVENT_READ, (stream, proc))
+        self._selector.register(proc.pidfd, selectors.EVENT_READ, ("exit", proc))
+
+    def _unwatch(self, fd: int) -> None:
+        try:
+            self._selector.unregister(fd)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _conn_closed(self, proc: WorkerProcess) -> None:
+        if proc.conn_open:
+            proc.conn_open = False
+            self._unwatch(proc.channel.fileno())
 
     def _request(self, spec: WorkerSpec) -> StartRequest:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -317,7 +346,7 @@ class WorkerGroup:
 
     def _parent_fds(self, req: StartRequest) -> list[int]:
         """Fds a forked child must close: the parent's ends, its siblings', the listener."""
-        fds = [req.parent_conn.fileno(), req.out_r, req.err_r]
+        fds = [req.parent_conn.fileno(), req.out_r, req.err_r, self._selector.fileno()]
         for p in self.procs:
             fds += [p.channel.fileno(), p.pidfd, *p.pipes.values()]
         if self._listen is not None and req.listen_fd is None:
@@ -351,41 +380,49 @@ class WorkerGroup:
                 timeout = (
                     self._kill_at - now if timeout is None else min(timeout, self._kill_at - now)
                 )
-        waitables: dict[Any, tuple[str, WorkerProcess]] = {}
-        for p in self.procs:
-            if p.conn_open:
-                waitables[p.channel.conn] = ("conn", p)
-            for stream, fd in p.pipes.items():
-                waitables[fd] = (stream, p)
-            if not p.exited:
-                waitables[p.pidfd] = ("exit", p)
-        if wake is not None:
-            waitables[wake] = ("wake", None)  # type: ignore[assignment]
-        if not waitables:
+        if wake is not None and wake != self._wake:
+            if self._wake is not None:
+                self._unwatch(self._wake)
+            self._selector.register(wake, selectors.EVENT_READ, ("wake", None))
+            self._wake = wake
+        if not self._selector.get_map():
             return
-        ready = wait(list(waitables), timeout)
-        ready = [obj for obj in ready if obj != wake]
-        for obj in ready:
-            kind, proc = waitables[obj]
+        ready = self._ready(timeout)
+        if ready and all(kind in ("stdout", "stderr") for kind, _ in ready):
+            time.sleep(OUTPUT_BATCH_S)  # more lines are on their way: take them together
+            ready = self._ready(0)
+        for kind, proc in ready:
             if kind == "conn":
                 self._read_conn(proc)
-            elif kind == "exit":
-                continue
-            else:
+            elif kind in ("stdout", "stderr"):
                 self._read_output(proc, kind)
-        for obj in ready:  # exits last: a rank's final messages were read above
-            kind, proc = waitables[obj]
+        for kind, proc in ready:  # exits last: a rank's final messages were read above
             if kind == "exit" and not proc.exited:
                 proc.reap(report_timeout=2.0)  # its pidfd is readable: it has ended
+                self._unwatch(proc.pidfd)
                 self._drain(proc)
                 self._on_exit(proc)
 
+    def _ready(self, timeout: float | None) -> list[tuple[str, WorkerProcess]]:
+        return [key.data for key, _ in self._selector.select(timeout) if key.data[0] != "wake"]
+
     def _read_conn(self, proc: WorkerProcess) -> None:
-        try:
-            msg = proc.channel.recv()
-        except (EOFError, OSError):
-            proc.conn_open = False
-            return
+        """Take every message waiting on the rank's channel (not just one per wake-up)."""
+        while proc.conn_open:
+            try:
+                msg = proc.channel.recv()
+            except (EOFError, OSError):
+                self._conn_closed(proc)
+                return
+            self._handle(proc, msg)
+            try:
+                if not proc.channel.poll(0):
+                    return
+            except (EOFError, OSError):
+                self._conn_closed(proc)
+                return
+
+    def _handle(self, proc: WorkerProcess, msg: Any) -> None:
         if isinstance(msg, WorkerStarted):
             proc.stage = "running"
         if isinstance(msg, (Returned, Raised, Reformed)):
@@ -415,7 +452,9 @@ class WorkerGroup:
         if not chunk:
             proc.partial[stream] += proc.decoders[stream].decode(b"", final=True)
             self._flush_partial(proc, stream)
-            os.close(proc.pipes.pop(stream))
+            fd = proc.pipes.pop(stream)
+            self._unwatch(fd)
+            os.close(fd)
             return
         text = proc.partial[stream] + proc.decoders[stream].decode(chunk)
         now = time.time()
@@ -515,3 +554,4 @@ class WorkerGroup:
             p.pipes.clear()
             p.channel.close()
             p.conn_open = False
+        self._selector.close()  # forgets every registration with its epoll fd
