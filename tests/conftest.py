@@ -18,9 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-# Kernels and workers started by tests must not inherit pytest's marker: ipykernel
-# stops capturing fd-level output when it sees it (shared/TESTING.md, pitfall 1).
-KERNEL_ENV_DROP = ("PYTEST_CURRENT_TEST",)
+from . import helpers
 
 #: The test tiers (registered in pyproject.toml). Every test file declares exactly one with
 #: ``pytestmark``, so ``pytest -m unit`` is the fast loop and nothing runs unclassified.
@@ -167,5 +165,5 @@ def _forkserver_shut_down_at_end() -> Iterator[None]:
 
 @pytest.fixture
 def kernel_env() -> dict[str, str]:
-    """Environment for kernels started by a test (see KERNEL_ENV_DROP)."""
-    return {k: v for k, v in os.environ.items() if k not in KERNEL_ENV_DROP}
+    """Environment for kernels started by a test (see ``helpers.KERNEL_ENV_DROP``)."""
+    return helpers.kernel_env()

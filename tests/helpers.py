@@ -1,8 +1,51 @@
-"""Shared test helpers."""
+"""Shared test helpers: a recording view, a free port, a clean environment for kernels
+and subprocesses, a real ipykernel."""
 
 from __future__ import annotations
 
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
 from notebook_launcher._events import Event, Output
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Kernels and workers started by tests must not inherit pytest's marker: ipykernel stops
+#: capturing fd-level output when it sees it (../shared/TESTING.md, pitfall 1).
+KERNEL_ENV_DROP = ("PYTEST_CURRENT_TEST",)
+
+
+def kernel_env() -> dict[str, str]:
+    """This process's environment, less what a kernel or a rank must not inherit."""
+    return {k: v for k, v in os.environ.items() if k not in KERNEL_ENV_DROP}
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def started_kernel(**env: str) -> Iterator[Any]:
+    """A real ipykernel running this checkout (``jupyter_client``); yields its client."""
+    import jupyter_client
+
+    km, kc = jupyter_client.manager.start_new_kernel(
+        kernel_name="python3",
+        env={**kernel_env(), "PYTHONPATH": str(ROOT), **env},
+        cwd=str(ROOT),
+    )
+    try:
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
 
 
 class Recorder:

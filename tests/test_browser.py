@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ import nbformat
 import pytest
 
 import notebook_launcher
+
+from .helpers import free_port, kernel_env
 
 pytestmark = pytest.mark.browser
 
@@ -74,12 +75,6 @@ def _requirements() -> Any:
     return api
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     _requirements()
@@ -99,8 +94,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tracker = settings / "@jupyterlab" / "notebook-extension"
     tracker.mkdir(parents=True)
     (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    port, token = free_port(), secrets.token_hex(16)
+    env = kernel_env()
     env["JUPYTER_RUNTIME_DIR"] = str(runtime)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, env.get("PYTHONPATH")]))
     cmd = [

@@ -24,6 +24,8 @@ from nbclient import NotebookClient
 
 import notebook_launcher
 
+from .helpers import kernel_env
+
 pytestmark = pytest.mark.notebook
 
 HERE = Path(__file__).resolve().parent
@@ -99,7 +101,7 @@ def executed() -> tuple[RecordingClient, Any]:
         store_widget_state=True,
     )
     # no PYTEST_CURRENT_TEST in the kernel's env (shared/TESTING.md, pitfall 1)
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env = kernel_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [PACKAGE_PARENT, env.get("PYTHONPATH")]))
     client.execute(env=env)
     return client, nb

@@ -5,27 +5,20 @@ from __future__ import annotations
 import re
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+
+from .helpers import started_kernel
 
 pytestmark = pytest.mark.kernel
 
 jupyter_client = pytest.importorskip("jupyter_client")
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture
-def kernel(kernel_env: dict[str, str]) -> Iterator[object]:
-    km, kc = jupyter_client.manager.start_new_kernel(
-        kernel_name="python3", env={**kernel_env, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT)
-    )
-    try:
+def kernel() -> Iterator[object]:
+    with started_kernel() as kc:
         yield kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def run_cell(kc: object, code: str, timeout: float = 60) -> tuple[str, dict]:

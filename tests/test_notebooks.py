@@ -25,6 +25,8 @@ import pytest
 import notebook_launcher
 from notebook_launcher._kernelspec import DISPLAY_NAME, KERNEL_NAME, install
 
+from .helpers import kernel_env
+
 pytestmark = pytest.mark.notebook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +155,7 @@ def _nbval(
     The subprocess gets an environment without ``PYTEST_CURRENT_TEST``; its own pytest sets
     the variable again, and notebooks/conftest.py keeps it away from nbval's kernels.
     """
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env = kernel_env()
     pythonpath = [PACKAGE_PARENT, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["JUPYTER_PATH"] = jupyter_path  # finds the kernelspec installed for this test run
     env["PYTHONPATH"] = os.pathsep.join(pythonpath)  # the kernel imports the code under test

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import namedtuple
@@ -37,6 +36,8 @@ from notebook_launcher.utils import (
     send_to_device,
     set_seed,
 )
+
+from .helpers import free_port, kernel_env
 
 pytestmark = pytest.mark.multiprocess
 
@@ -72,15 +73,9 @@ def test_check_function_under_notebook_launcher(num_processes: int) -> None:
     ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.timeout(90)
 def test_check_function_under_torchrun(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env = kernel_env()
     env["GLOO_SOCKET_IFNAME"] = "lo"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     cmd = [
@@ -92,7 +87,7 @@ def test_check_function_under_torchrun(tmp_path: Path) -> None:
         "--master-addr",
         "127.0.0.1",
         "--master-port",
-        str(_free_port()),
+        str(free_port()),
         str(REPO / "tests" / "_torchrun_target.py"),
         str(tmp_path),
     ]

@@ -45,6 +45,7 @@ from notebook_launcher import notebook_launcher
 
 from . import _parity_shim as shim
 from ._parity_shim import Case
+from .helpers import kernel_env
 
 pytestmark = pytest.mark.multiprocess
 
@@ -354,7 +355,7 @@ def _record_launch_failure(out_dir: str, case: Case, error: BaseException) -> No
 
 def _run_in_kernel(script: str, cases: list[Case], out_dir: str) -> None:
     """Their functions that call notebook_launcher: in a child process acting as the kernel."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env = kernel_env()
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env["ACCELERATE_NUM_PROCESSES"] = "2"
     out_file = os.path.join(out_dir, "rank0.jsonl")

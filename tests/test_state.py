@@ -8,7 +8,6 @@ returns it, so the assertions live here in the parent.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from notebook_launcher.state import (
 )
 from notebook_launcher.utils.dataclasses import GradientAccumulationPlugin
 
-from .helpers import Recorder
+from .helpers import Recorder, free_port
 
 pytestmark = pytest.mark.multiprocess
 
@@ -288,12 +287,6 @@ def test_split_inputs_tensors_and_errors() -> None:
         split_inputs(42, 0, 2)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_torchrun_style_env_creates_and_reset_destroys_the_group(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -304,7 +297,7 @@ def test_torchrun_style_env_creates_and_reset_destroys_the_group(
         "LOCAL_RANK": "0",
         "WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
     }.items():
         monkeypatch.setenv(key, value)
     state = PartialState(timeout=30)
@@ -325,7 +318,7 @@ def test_destroy_process_group_destroys_a_group_it_created(
         "RANK": "0",
         "WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
     }.items():
         monkeypatch.setenv(key, value)
     PartialState().destroy_process_group()

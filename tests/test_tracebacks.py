@@ -18,33 +18,22 @@ from __future__ import annotations
 import re
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+
+from .helpers import started_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
 
 jupyter_client = pytest.importorskip("jupyter_client")
 
-ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[object]:
-    import os
-
-    from .conftest import KERNEL_ENV_DROP
-
-    env = {k: v for k, v in os.environ.items() if k not in KERNEL_ENV_DROP}
-    km, kc = jupyter_client.manager.start_new_kernel(
-        kernel_name="python3", env={**env, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT)
-    )
-    try:
+    with started_kernel() as kc:
         yield kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def run_cell(kc: object, code: str, timeout: float = 120) -> tuple[str, dict, list[str]]:
