@@ -53,7 +53,6 @@ import functools
 import gc
 import logging
 import os
-import shutil
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -853,26 +852,6 @@ class Accelerator(ProcessControl):
             )
         self._custom_objects.extend(objects)
 
-    def _checkpoint_dir(self, output_dir: str | os.PathLike[str] | None, loading: bool) -> str:
-        config = self.project_configuration
-        if output_dir is not None:
-            return os.fspath(output_dir)
-        if config.automatic_checkpoint_naming and config.project_dir is not None:
-            base = os.path.join(config.project_dir, "checkpoints")
-            if not loading:
-                return os.path.join(base, f"checkpoint_{config.iteration}")
-            found = sorted(
-                (d for d in os.listdir(base) if d.startswith("checkpoint_") and d[11:].isdigit()),
-                key=lambda d: int(d[11:]),
-            )
-            if not found:
-                raise FileNotFoundError(f"no checkpoint in {base}")
-            return os.path.join(base, found[-1])
-        raise ValueError(
-            "pass a directory, or use ProjectConfiguration(project_dir=..., "
-            "automatic_checkpoint_naming=True)"
-        )
-
     def save_state(
         self,
         output_dir: str | os.PathLike[str] | None = None,
@@ -891,13 +870,15 @@ class Accelerator(ProcessControl):
             ...
             accelerator.load_state("ckpt")   # continues bit-identically
         """
-        output_dir = self._checkpoint_dir(output_dir, loading=False)
         config = self.project_configuration
+        output_dir = checkpointing.checkpoint_dir(config, output_dir, loading=False)
         self.wait_for_everyone()
         if self.is_main_process:
             checkpointing.start_staging(output_dir)
             if config.automatic_checkpoint_naming and config.total_limit is not None:
-                _prune_checkpoints(os.path.dirname(os.path.abspath(output_dir)), config.total_limit)
+                checkpointing.prune_checkpoints(
+                    os.path.dirname(os.path.abspath(output_dir)), config.total_limit
+                )
         self.wait_for_everyone()
         staging = checkpointing.staging_dir(output_dir)
         if self.is_main_process:
@@ -941,51 +922,26 @@ class Accelerator(ProcessControl):
             model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
             accelerator.load_state("ckpt")
         """
-        input_dir = self._checkpoint_dir(input_dir, loading=True)
-        manifest = checkpointing.read_manifest(input_dir)
-        strict = load_model_func_kwargs.get("strict", True)
-        for i, model in enumerate(self._models):
-            for stem, ext in (("model", "safetensors"), ("pytorch_model", "bin")):
-                path = os.path.join(input_dir, checkpointing.indexed_name(stem, i, ext))
-                if os.path.exists(path):
-                    break
-            else:
-                raise ValueError(f"checkpoint {input_dir!r} has no weights for model {i}")
-            for hook in self._load_model_state_pre_hooks:
-                hook(self._models, input_dir)
-            state = checkpointing.load_model_state_dict(path)
-            self.unwrap_model(model).load_state_dict(state, strict=strict)
-        for i, opt in enumerate(self._optimizers):
-            path = os.path.join(input_dir, checkpointing.indexed_name("optimizer", i, "bin"))
-            opt.load_state_dict(checkpointing.load_torch(path))
-        for i, sched in enumerate(self._schedulers):
-            path = os.path.join(input_dir, checkpointing.indexed_name("scheduler", i, "bin"))
-            sched.load_state_dict(checkpointing.load_torch(path, trusted=True))
-        if self.scaler is not None:
-            path = os.path.join(input_dir, checkpointing.SCALER_NAME)
-            self.scaler.load_state_dict(checkpointing.load_torch(path))
-        for i, obj in enumerate(self._custom_objects):
-            import pickle
-
-            with open(os.path.join(input_dir, f"{checkpointing.CUSTOM_NAME}_{i}.pkl"), "rb") as f:
-                obj.load_state_dict(pickle.load(f))
-        states = checkpointing.load_rank_state(input_dir, self.process_index)
-        if states is None:
-            logger.warning(
-                "checkpoint %s was saved by %s processes and has no RNG state for rank %s; "
-                "RNG states not restored",
-                input_dir,
-                manifest.get("num_processes"),
-                self.process_index,
-            )
-        else:
-            checkpointing.set_rng_state(states)
-            self.step = int(states.get("step", 0))
-            shards = [dl for dl in self._dataloaders if isinstance(dl, DataLoaderShard)]
-            for dl, dl_state in zip(shards, states.get("dataloaders", []), strict=False):
-                dl.load_state_dict(dl_state)
-        if self.project_configuration.automatic_checkpoint_naming:
-            self.project_configuration.iteration = int(manifest.get("iteration", 0)) + 1
+        config = self.project_configuration
+        input_dir = checkpointing.checkpoint_dir(config, input_dir, loading=True)
+        manifest = checkpointing.load_accelerator_state(
+            input_dir,
+            models=[self.unwrap_model(m) for m in self._models],
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            scaler=self.scaler,
+            custom_objects=self._custom_objects,
+            pre_hooks=[
+                functools.partial(h, self._models) for h in self._load_model_state_pre_hooks
+            ],
+            strict=load_model_func_kwargs.get("strict", True),
+        )
+        shards = [dl for dl in self._dataloaders if isinstance(dl, DataLoaderShard)]
+        step = checkpointing.restore_rank_state(input_dir, self.process_index, shards, manifest)
+        if step is not None:
+            self.step = step
+        if config.automatic_checkpoint_naming:
+            config.iteration = int(manifest.get("iteration", 0)) + 1
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
         """``hook(models, state_dicts, output_dir)`` runs before models are saved."""
@@ -1106,15 +1062,6 @@ def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], data: Any) -> Any:
     if isinstance(data, (list, tuple)):
         return type(data)(_map_tensors(fn, v) for v in data)
     return data
-
-
-def _prune_checkpoints(base: str, total_limit: int) -> None:
-    found = sorted(
-        (d for d in os.listdir(base) if d.startswith("checkpoint_") and d[11:].isdigit()),
-        key=lambda d: int(d[11:]),
-    )
-    while len(found) + 1 > total_limit and found:
-        shutil.rmtree(os.path.join(base, found.pop(0)), ignore_errors=True)
 
 
 __all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "Accelerator"]

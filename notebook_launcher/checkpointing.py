@@ -570,7 +570,106 @@ def load_torch(path: str, trusted: bool = False) -> Any:
     return torch.load(path, map_location="cpu", weights_only=not trusted)
 
 
+# --- the Accelerator's checkpoints: where, and what goes back where -----------------------
+
+
+def checkpoint_dir(config: Any, output_dir: str | os.PathLike[str] | None, loading: bool) -> str:
+    """The directory to save to (or load from): ``output_dir``, else with
+    ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the next (or the latest)
+    ``<project_dir>/checkpoints/checkpoint_<i>``."""
+    if output_dir is not None:
+        return os.fspath(output_dir)
+    if config.automatic_checkpoint_naming and config.project_dir is not None:
+        base = os.path.join(config.project_dir, "checkpoints")
+        if not loading:
+            return os.path.join(base, f"checkpoint_{config.iteration}")
+        found = _numbered_checkpoints(base)
+        if not found:
+            raise FileNotFoundError(f"no checkpoint in {base}")
+        return os.path.join(base, found[-1])
+    raise ValueError(
+        "pass a directory, or use ProjectConfiguration(project_dir=..., "
+        "automatic_checkpoint_naming=True)"
+    )
+
+
+def _numbered_checkpoints(base: str) -> list[str]:
+    names = (d for d in os.listdir(base) if d.startswith("checkpoint_") and d[11:].isdigit())
+    return sorted(names, key=lambda d: int(d[11:]))
+
+
+def prune_checkpoints(base: str, total_limit: int) -> None:
+    """Delete the oldest ``checkpoint_<i>`` so that one more leaves ``total_limit``."""
+    found = _numbered_checkpoints(base)
+    while len(found) + 1 > total_limit and found:
+        shutil.rmtree(os.path.join(base, found.pop(0)), ignore_errors=True)
+
+
+def load_accelerator_state(
+    input_dir: str,
+    models: list[torch.nn.Module],
+    optimizers: list[Any],
+    schedulers: list[Any],
+    scaler: Any,
+    custom_objects: list[Any],
+    pre_hooks: list[Callable[[str], None]],
+    strict: bool = True,
+) -> dict[str, Any]:
+    """Load what ``Accelerator.save_state`` wrote into the (unwrapped) models, optimizers,
+    schedulers, scaler and registered objects; returns the checkpoint's manifest. Raises
+    ``ValueError`` for a directory that is not a complete checkpoint."""
+    manifest = read_manifest(input_dir)
+    for i, model in enumerate(models):
+        for stem, ext in (("model", "safetensors"), ("pytorch_model", "bin")):
+            path = os.path.join(input_dir, indexed_name(stem, i, ext))
+            if os.path.exists(path):
+                break
+        else:
+            raise ValueError(f"checkpoint {input_dir!r} has no weights for model {i}")
+        for hook in pre_hooks:
+            hook(input_dir)
+        model.load_state_dict(load_model_state_dict(path), strict=strict)
+    for i, opt in enumerate(optimizers):
+        opt.load_state_dict(
+            load_torch(os.path.join(input_dir, indexed_name("optimizer", i, "bin")))
+        )
+    for i, sched in enumerate(schedulers):
+        path = os.path.join(input_dir, indexed_name("scheduler", i, "bin"))
+        sched.load_state_dict(load_torch(path, trusted=True))
+    if scaler is not None:
+        scaler.load_state_dict(load_torch(os.path.join(input_dir, SCALER_NAME)))
+    for i, obj in enumerate(custom_objects):
+        with open(os.path.join(input_dir, f"{CUSTOM_NAME}_{i}.pkl"), "rb") as f:
+            obj.load_state_dict(pickle.load(f))
+    return manifest
+
+
+def restore_rank_state(
+    input_dir: str, process_index: int, dataloaders: list[Any], manifest: Mapping[str, Any]
+) -> int | None:
+    """This rank's RNG states and loaders' positions; its saved step (None: the checkpoint
+    has no state for this rank, e.g. it was saved by fewer processes)."""
+    states = load_rank_state(input_dir, process_index)
+    if states is None:
+        logger.warning(
+            "checkpoint %s was saved by %s processes and has no RNG state for rank %s; "
+            "RNG states not restored",
+            input_dir,
+            manifest.get("num_processes"),
+            process_index,
+        )
+        return None
+    set_rng_state(states)
+    for loader, loader_state in zip(dataloaders, states.get("dataloaders", []), strict=False):
+        loader.load_state_dict(loader_state)
+    return int(states.get("step", 0))
+
+
 __all__ = [
+    "checkpoint_dir",
+    "load_accelerator_state",
+    "prune_checkpoints",
+    "restore_rank_state",
     "ALIASES_KEY",
     "MANIFEST_NAME",
     "SAFE_WEIGHTS_INDEX_NAME",
