@@ -29,7 +29,7 @@ Differences from Accelerate (defects fixed, names kept):
 
 Barriers and the dashboard: inside a launched worker, every process-control barrier
 (``wait_for_everyone``, ``main_process_first``, ...) that keeps a rank waiting longer than
-a quiet period (20 ms; env ``NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS``, ``0`` = report all)
+a quiet period (50 ms; env ``NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS``, ``0`` = report all)
 sends ``BarrierEnter`` (call site, kind, time it entered) and ``BarrierExit`` to the
 parent. Shorter barriers cost nothing extra (``bench/barrier.py``).
 

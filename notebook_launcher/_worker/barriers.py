@@ -4,7 +4,7 @@ The process-control API (``PartialState.wait_for_everyone``, ``main_process_firs
 calls :func:`barrier` with the real barrier as a function. Outside a launched rank that is
 just the barrier. Inside one, the rank notes the barrier in a slot that a watchdog thread
 looks at every ``quiet / 2`` seconds: a barrier still running after the quiet period (env
-``NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS``, default 20) is reported with ``BarrierEnter`` (the
+``NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS``, default 50) is reported with ``BarrierEnter`` (the
 user's call site, the time the rank entered) and, once everybody arrived, ``BarrierExit``.
 Shorter barriers send nothing: no front end could show them, and two messages per barrier
 would cost more than the barrier itself. A quiet period of 0 reports every barrier.
@@ -30,8 +30,10 @@ from typing import TypeVar
 from .._events import BarrierEnter, BarrierExit
 from . import runtime
 
-#: Barriers shorter than this (seconds) are not reported (see the module docstring).
-DEFAULT_QUIET = 0.02
+#: Barriers shorter than this (seconds) are not reported (see the module docstring). The
+#: watchdog wakes every half of it: at 20 ms those wake-ups cost a busy rank's barriers
+#: 17-30% (bench/barrier.py), at 50 ms about 3%, and no one sees a 50 ms wait anyway.
+DEFAULT_QUIET = 0.05
 QUIET_ENV = "NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS"
 
 

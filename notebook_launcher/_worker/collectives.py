@@ -4,7 +4,7 @@ In a session a cell may run on some ranks only; a collective there waits for ran
 will never come. The kernel can tell, and stop it at once, if it hears about the wait:
 :func:`install` wraps the blocking collectives of ``torch.distributed`` on the default
 group with :func:`notebook_launcher._worker.barriers.barrier`, which reports a call that
-lasts longer than its quiet period (20 ms) with the user's call site. A call costs the
+lasts longer than its quiet period (50 ms) with the user's call site. A call costs the
 wrapper about a microsecond; asynchronous calls (``async_op=True``) and calls on a
 subgroup are passed straight through.
 """
