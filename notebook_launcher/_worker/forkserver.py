@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 
+from .. import _settings
 from .._posix import kill_process_group, quiet_fork
 from .._wire.forkserver import Exited, Fork, Forked, Ready, recv_request, send
 
@@ -45,6 +46,12 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - optional modules may be absent
             pass
+    # Every rank applies the kernel's RNG and torch settings; the first time costs ~15 ms
+    # (NumPy's global generator, torch's switches): pay it here, once, not in every rank.
+    try:
+        _settings.apply(_settings.capture())
+    except Exception:  # noqa: BLE001 - a warm-up only
+        pass
 
 
 def serve(sock: socket.socket) -> None:
