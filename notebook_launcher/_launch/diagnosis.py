@@ -130,6 +130,7 @@ def exception_for(
     verdict: Verdict,
     world_size: int,
     exc_data: Mapping[int, bytes | None] | None = None,
+    restarts: Iterable[str] = (),
 ) -> BaseException:
     """What the user catches for a failed run.
 
@@ -139,14 +140,15 @@ def exception_for(
     type and why when it cannot be rebuilt. ``died``: :class:`WorkerDied` with the exit
     code or signal and the last lines the rank wrote. ``left``:
     :class:`ProcessGroupMismatch` naming who left and where the others waited (with the
-    waiting rank's frames). Every one carries ``launch_failure`` (all ranks' records).
+    waiting rank's frames). Every one carries ``launch_failure`` (all ranks' records, and
+    how each earlier attempt ended when ``restarts`` were made).
     Raising it adds the caller's frames in front of the rank's, as for a local error.
     """
     failure = verdict.cause
     if failure is None:
         raise ValueError("exception_for() needs a failed verdict")
     exc_data = exc_data or {}
-    report = LaunchFailure(failure, list(verdict.failures), world_size)
+    report = LaunchFailure(failure, list(verdict.failures), world_size, list(restarts))
     if verdict.kind == "left":
         return _left_error(verdict, report, exc_data)
     if verdict.kind == "died":
@@ -179,7 +181,9 @@ def exception_for(
 
 def _died_error(failure: RankFailure, world_size: int, report: LaunchFailure) -> WorkerDied:
     tail = failure.message.strip()
+    told = failure.exitcode is None and not failure.signal_name  # describe() says it
     hint = f" {failure.context[0].upper()}{failure.context[1:]}." if failure.context else ""
+    hint = "" if told else hint
     if failure.signal_name == "SIGKILL" and "forkserver" not in failure.context:
         hint += " It was killed from outside (out of memory is a common reason: check `dmesg`)."
     how = failure.describe().split(": ", 1)[1]
