@@ -321,6 +321,9 @@ _INFRASTRUCTURE = (
     "tornado.",
     "tqdm.",
     "notebook_launcher.",
+    # a multiprocessing.Queue's feeder: a forked rank resets the queues it inherits, as
+    # multiprocessing's own fork children do (see _worker.entry), and never uses it
+    "multiprocessing.queues.",
     "debugpy",
     "pydevd",
     "_pydevd",

@@ -160,7 +160,10 @@ def run(
     """
     code = 1
     channel = Channel(conn)
+    forked = spec is not None  # fork: the kernel's memory, its multiprocessing objects too
     try:
+        if forked:
+            _adopt_multiprocessing()
         die_with_parent(expected_parent)
         lead_own_process_group()  # the kernel's interrupts are not ours; our children are
         guard_process_group()  # ...and they die with us, even if the kernel is killed
@@ -180,11 +183,32 @@ def run(
             pass
     finally:
         try:
+            _finish_multiprocessing()
             sys.stdout.flush()
             sys.stderr.flush()
         except BaseException:  # noqa: BLE001
             pass
         os._exit(code)
+
+
+def _adopt_multiprocessing() -> None:
+    """What ``multiprocessing`` does first in a child it forks: forget the kernel's
+    finalizers (a kernel's Pool would otherwise be terminated from here at exit) and run its
+    after-fork hooks, so that an inherited ``multiprocessing.Queue`` gets its own feeder
+    thread and locks. Accelerate's notebooks pass such queues to the launched function."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return
+    util._finalizer_registry.clear()
+    util._run_after_forkers()
+
+
+def _finish_multiprocessing() -> None:
+    """What ``multiprocessing`` does last in its children: run this rank's finalizers, so
+    that what it put in a queue is flushed before ``os._exit``."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util._run_finalizers()
 
 
 def _serve(
