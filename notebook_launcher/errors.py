@@ -145,7 +145,7 @@ class LaunchFailure:
         if others:
             lines.append("Collateral (a consequence of the root cause, not a separate bug):")
             lines += [f"  - {f.describe()}" for f in others]
-        stopped = [f.rank for f in self.failures if f.kind == "stopped"]
+        stopped = sorted(f.rank for f in self.failures if f.kind == "stopped")
         if stopped:
             lines.append(f"Stopped by the launcher: ranks {stopped}")
         if self.restarts:

@@ -61,7 +61,7 @@ from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
 from ._launch.session import TaskHandle
 from ._serialization import rebuild_exception
-from .errors import LaunchError, RankFailure
+from .errors import LaunchError, LaunchFailure, RankFailedError, RankFailure
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
 
@@ -237,6 +237,10 @@ class RestartPolicy:
         return isinstance(exc, self.on_exception)
 
 
+#: what a node that was interrupted announces to the others
+INTERRUPTED = "interrupted"
+
+
 class _Launch:
     """One launch from start to verdict: the rendezvous when there is one, then each
     attempt's ranks (start, pump, verdict), restarts, and the end."""
@@ -369,10 +373,10 @@ class _Launch:
         if job.lost is not None:
             reason = f"the {job.describe()} is gone"
         else:
-            node = job.failed_elsewhere(self.attempt)
-            if node is None or node == job.group_rank:
+            found = job.failed_elsewhere(self.attempt)
+            if found is None or found[0] == job.group_rank:
                 return
-            reason = f"a rank on node {node} failed"
+            reason = f"{found[1]} on node {found[0]}"
         record.stopping, record.stop_reason = True, reason
         self._announced = True  # nothing of ours to announce
         self.group.terminate()
@@ -397,13 +401,14 @@ class _Launch:
                 job.first_rank(),
                 "raised",
                 exc_type="builtins.KeyboardInterrupt",
-                message=f"the launch was interrupted on node {job.group_rank}",
+                message=f"{INTERRUPTED} on node {job.group_rank} ({job.nodes[job.group_rank].label})",
                 time=time.time(),
             )
             report = rendezvous.NodeReport(job.group_rank, [failure], {})
             try:
-                job.announce_failure(self.attempt)
+                job.announce_failure(self.attempt, INTERRUPTED)
                 job.publish(self.attempt, report)
+                job.decide(self.attempt, False)
             except Exception:  # noqa: BLE001 - the others notice our ranks' end anyway
                 pass
 
@@ -565,6 +570,14 @@ class _Launch:
         ranks = record.ranks
         if self.interrupted or record.interrupted:
             return KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
+        cause = self.verdict.cause
+        if cause is not None and cause.exc_type == "builtins.KeyboardInterrupt":  # elsewhere
+            report = LaunchFailure(cause, list(self.verdict.failures), self.world_size)
+            return RankFailedError(
+                f"the launch was {cause.message}: every rank of the job was stopped.\n"
+                + report.summary(),
+                report,
+            )
         if not self.verdict.ok:
             return exception_for(self.verdict, self.world_size, self.exc_data, self.history)
         missing = [r for r in ranks if r not in record.results]

@@ -22,7 +22,8 @@ NODE_ENV = "NL_TEST_NODE"
 
 def work(mode: str) -> dict[str, Any]:
     """Both nodes' function. ``mode``: ``"gather"``; ``"kill"`` (the other node's local
-    rank 1 is killed in the first attempt); ``"raise"`` (it raises ValueError)."""
+    rank 1 is killed in the first attempt); ``"raise"`` (it raises ValueError); ``"sleep"``
+    (every rank sleeps a minute once the group works)."""
     from notebook_launcher import PartialState
     from notebook_launcher.utils import gather_object
 
@@ -34,6 +35,9 @@ def work(mode: str) -> dict[str, Any]:
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "raise" and culprit:
         raise ValueError(f"boom on rank {state.process_index}")
+    if mode == "sleep":
+        state.wait_for_everyone()
+        time.sleep(60)
     return {
         "rank": state.process_index,
         "local": state.local_process_index,
@@ -66,7 +70,7 @@ def main(out: str, options: dict[str, Any]) -> None:
         record["results"] = notebook_launcher(
             work, (mode,), num_processes=2, dashboard=view, **options
         )
-    except Exception as exc:  # noqa: BLE001 - what the test checks
+    except BaseException as exc:  # noqa: BLE001 - what the test checks (Ctrl-C included)
         failure = getattr(exc, "launch_failure", None)
         record["error"] = {
             "type": type(exc).__name__,

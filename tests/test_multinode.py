@@ -25,8 +25,15 @@ from typing import Any
 
 import pytest
 
-from notebook_launcher import WorkerDied, notebook_launcher
-from notebook_launcher._events import LaunchRestarting, LaunchStarted, WorkerStarted
+from notebook_launcher import RankFailedError, WorkerDied, notebook_launcher
+from notebook_launcher._events import (
+    LaunchRestarting,
+    LaunchStarted,
+    WorkerExited,
+    WorkerFailed,
+    WorkerStarted,
+    WorkerStopped,
+)
 from notebook_launcher.errors import RendezvousError
 from notebook_launcher.state import first_host, launch_env
 
@@ -148,6 +155,35 @@ def test_failure_on_one_node_is_the_root_cause_on_both(backend: str, tmp_path: P
     assert theirs["error"]["type"] == "ValueError"
     assert theirs["error"]["root_rank"] == culprit
     assert len({f.rank for f in failure.failures}) == 4  # every rank's record, on both nodes
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_on_one_node_stops_both(tmp_path: Path) -> None:
+    """Ctrl-C on the other node: it stops its ranks, and this node (a non-blocking launch)
+    stops its own and says where the launch was interrupted."""
+    port = _free_port()
+    other = OtherNode(tmp_path, {"mode": "sleep", **_options("static", port, 1)})
+    view = Recorder()
+    handle = notebook_launcher(
+        work,
+        ("sleep",),
+        num_processes=2,
+        dashboard=view,
+        block=False,
+        **_options("static", port, 0),
+    )
+    deadline = time.monotonic() + 30
+    while len(view.of(WorkerStarted)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # both ranks here started: the group of four works
+    other.proc.send_signal(signal.SIGINT)
+    with pytest.raises(RankFailedError, match="interrupted on node 1 .*every rank of the job"):
+        handle.result(timeout=30)
+    theirs = other.result()
+    assert theirs["error"]["type"] == "KeyboardInterrupt"
+    stopped = {e.rank: e.reason for e in view.of(WorkerStopped)}
+    fallout = {e.rank for e in view.of(WorkerFailed) if e.collateral}  # a peer went first
+    assert set(stopped.values()) == {"interrupted on node 1"}
+    assert set(stopped) | fallout == {0, 1} and not view.of(WorkerExited)
 
 
 @pytest.mark.timeout(30)

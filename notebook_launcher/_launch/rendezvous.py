@@ -153,8 +153,11 @@ def join(config: RendezvousConfig, nproc: int) -> NodeJob:
         raise
 
 
-def label_for(config: RendezvousConfig) -> str:
-    return f"node_rank {config.node_rank} on {socket.gethostname()} (pid {os.getpid()})"
+def label_for(config: RendezvousConfig, lobby: bool = True) -> str:
+    """``node_rank 1 on host-a (pid 12)`` in the lobby (what the user called the node);
+    ``host-a (pid 12)`` once ranked, where c10d's rank may differ from that name."""
+    where = f"{socket.gethostname()} (pid {os.getpid()})"
+    return f"node_rank {config.node_rank} on {where}" if lobby else where
 
 
 def _bind(config: RendezvousConfig) -> socket.socket | None:
@@ -403,7 +406,7 @@ class NodeJob:
         if self.group_rank == 0:
             shared.set(f"{_NS}/job", uuid.uuid4().hex)
         self.prefix = f"{_NS}/{self.config.run_id}/{shared.get(f'{_NS}/job').decode()}"
-        me = NodeInfo(self.group_rank, nproc, label_for(self.config))
+        me = NodeInfo(self.group_rank, nproc, label_for(self.config, lobby=False))
         shared.set(f"{_NS}/node/{self.group_rank}", pickle.dumps(me))
         keys = [f"{_NS}/node/{g}" for g in range(self.num_nodes)]
         self.nodes = [pickle.loads(v) for v in shared.multi_get(keys)]
@@ -485,17 +488,19 @@ class NodeJob:
 
     # -- one attempt -------------------------------------------------------------------
 
-    def announce_failure(self, attempt: int) -> None:
-        """A rank of this node failed: tell every node (they stop their ranks)."""
+    def announce_failure(self, attempt: int, what: str = "a rank failed") -> None:
+        """Something ended this attempt here (``what``): tell every node (they stop their
+        ranks). The first announcement of an attempt is the one kept."""
         if self.num_nodes > 1:
-            self.store.compare_set(f"a{attempt}/failed", "", str(self.group_rank))
+            self.store.compare_set(f"a{attempt}/failed", "", f"{self.group_rank} {what}")
             self.ring_others()
 
-    def failed_elsewhere(self, attempt: int) -> int | None:
-        """The node that announced a failure of ``attempt`` first, if one did."""
+    def failed_elsewhere(self, attempt: int) -> tuple[int, str] | None:
+        """(node, what happened there) of the first announcement of ``attempt``, if any."""
         if self.num_nodes == 1 or not self.store.check([f"a{attempt}/failed"]):
             return None
-        return int(self.store.get(f"a{attempt}/failed"))
+        node, _, what = self.store.get(f"a{attempt}/failed").decode().partition(" ")
+        return int(node), what
 
     def publish(self, attempt: int, report: NodeReport) -> None:
         self.store.set(f"a{attempt}/report/{self.group_rank}", pickle.dumps(report))
@@ -513,18 +518,25 @@ class NodeJob:
         return found
 
     def decide(self, attempt: int, restart: bool, timeout: float = REPORT_TIMEOUT) -> bool:
-        """Restart only if every node decided to: the nodes never part ways."""
+        """Restart only if every node decided to: the nodes never part ways. A node that
+        will not restart says so and leaves at once; one that would waits for the others'
+        word (at most ``timeout`` seconds: a node that never says is a no)."""
         self.store.set(f"a{attempt}/decision/{self.group_rank}", b"1" if restart else b"0")
-        if self.num_nodes == 1:
+        if self.num_nodes > 1:
+            self.ring_others()
+        if not restart or self.num_nodes == 1:
             return restart
-        self.ring_others()
         keys = [f"a{attempt}/decision/{g}" for g in range(self.num_nodes)]
         deadline = time.monotonic() + timeout
-        while not self.store.check(keys):
+        while True:
+            said = [k for k in keys if self.store.check([k])]
+            if any(v != b"1" for v in (self.store.multi_get(said) if said else [])):
+                return False
+            if len(said) == len(keys):
+                return True
             if time.monotonic() >= deadline or self.lost:
                 return False
             time.sleep(_POLL)
-        return all(v == b"1" for v in self.store.multi_get(keys))
 
     # -- the end -----------------------------------------------------------------------
 
