@@ -275,6 +275,37 @@ def test_an_exception_restarts_only_when_asked(restart_on: Any, restarted: bool)
     assert len(view.of(LaunchRestarting)) == int(restarted)
 
 
+def _nut(queue: Any) -> int:
+    """Rank 0 takes a count from an inherited multiprocessing queue, puts it back one lower
+    and raises until it reaches 0 (Accelerate's tough nut, without the race for the queue)."""
+    if int(os.environ["RANK"]) == 0:
+        trial = queue.get(timeout=10)
+        if trial > 0:
+            queue.put(trial - 1)
+            raise RuntimeError("not yet")
+    return int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+@pytest.mark.timeout(60)
+def test_restarts_around_an_inherited_queue() -> None:
+    """What a forked rank puts in a queue it inherited reaches the next attempt (the rank
+    adopts it as multiprocessing's own children do); the queue's feeder thread in this
+    process does not stand in the way of fork."""
+    import multiprocessing
+
+    queue = multiprocessing.get_context("fork").Queue()
+    try:
+        queue.put(2)
+        view = Recorder()
+        call = {"max_restarts": 2, "restart_on_exception": RuntimeError, "dashboard": view}
+        assert notebook_launcher(_nut, (queue,), 2, **call) == [2, 2]
+        assert view.of(LaunchStarted)[0].start_method == "fork"
+        assert len(view.of(LaunchRestarting)) == 2 and queue.empty()
+    finally:
+        queue.close()
+        queue.join_thread()
+
+
 # --- torchrun, Slurm and the command line -------------------------------------------------
 
 
