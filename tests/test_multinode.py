@@ -290,16 +290,19 @@ def _nut(queue: Any) -> int:
 def test_restarts_around_an_inherited_queue() -> None:
     """What a forked rank puts in a queue it inherited reaches the next attempt (the rank
     adopts it as multiprocessing's own children do); the queue's feeder thread in this
-    process does not stand in the way of fork."""
+    process does not stand in the way of fork (fork itself is asked for: an earlier test
+    may have started this process's OpenMP pool, which would choose a forkserver)."""
     import multiprocessing
+
+    from notebook_launcher._launch import preflight
 
     queue = multiprocessing.get_context("fork").Queue()
     try:
         queue.put(2)
+        assert preflight.busy_threads() == []  # the feeder runs
         view = Recorder()
         call = {"max_restarts": 2, "restart_on_exception": RuntimeError, "dashboard": view}
-        assert notebook_launcher(_nut, (queue,), 2, **call) == [2, 2]
-        assert view.of(LaunchStarted)[0].start_method == "fork"
+        assert notebook_launcher(_nut, (queue,), 2, start_method="fork", **call) == [2, 2]
         assert len(view.of(LaunchRestarting)) == 2 and queue.empty()
     finally:
         queue.close()

@@ -548,9 +548,9 @@ class NodeJob:
         self._closed = True
         handler, self._handler = self._handler, None
         try:
-            if handler is not None and self.lost is None:
+            if handler is not None:  # c10d: stops its keep-alive thread first, lost or not
                 with contextlib.suppress(Exception):
-                    handler.shutdown()  # c10d: stops its keep-alive thread
+                    handler.shutdown()
             if self.store is not None and self.lost is None:
                 self._leave()
         finally:
