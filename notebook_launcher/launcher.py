@@ -266,6 +266,8 @@ class _Launch:
         self.verdict: Verdict | None = None
         self.exc_data: dict[int, bytes | None] = {}
         self.interrupted = False
+        #: nodes whose kernel stopped answering (see rendezvous.LOST_AFTER)
+        self.gone: set[int] = set()
         self._announced = False
         self._ended = False
         self.t0 = time.time()
@@ -356,6 +358,7 @@ class _Launch:
             self.view.tick()
             if wake is not None:
                 self._hear_other_nodes()
+                self._beat()
             if record.failed and not record.stopping:
                 record.stopping = True
                 group.terminate()
@@ -380,6 +383,14 @@ class _Launch:
         record.stopping, record.stop_reason = True, reason
         self._announced = True  # nothing of ours to announce
         self.group.terminate()
+
+    def _beat(self) -> None:
+        job = self.job
+        assert job is not None
+        try:
+            job.beat()
+        except Exception as exc:  # noqa: BLE001 - the store is gone; the bell says so too
+            job.lost = job.lost or f"{type(exc).__name__}: {exc}"
 
     def interrupt(self) -> None:
         """Stop every rank (a non-blocking launch's ``cancel()``, or Ctrl-C on its result)."""
@@ -441,8 +452,8 @@ class _Launch:
             verdict, self.exc_data
         )
         job = self.job
-        if job is not None and job.num_nodes > 1:
-            restart = job.lost is None and job.decide(self.attempt, restart)
+        if job is not None and job.num_nodes > 1:  # every node must agree (a gone one: no)
+            restart = job.lost is None and job.decide(self.attempt, restart and not self.gone)
         if not restart or self.interrupted:
             return False
         assert verdict.cause is not None
@@ -483,8 +494,8 @@ class _Launch:
             finished.update(r.finished_at)
             self.exc_data.update(r.exc_data)
         for g in range(job.num_nodes):
-            if g not in reports:
-                failures.append(self._silent_node(g))
+            if g not in reports and (job.lost is None or job.nodes[g].holds_store):
+                failures.append(self._silent_node(g))  # lost: the holder is the one gone
         stranded = next((r.stranded for r in reports.values() if r.stranded), None)
         return diagnose(failures, finished, stranded)
 
@@ -498,7 +509,9 @@ class _Launch:
         while job.lost is None:
             try:
                 reports.update(job.reports(self.attempt, skip=reports))
-                if len(reports) == job.num_nodes:
+                pending = [g for g in range(job.num_nodes) if g not in reports]
+                self.gone.update(job.gone(pending))
+                if not set(pending) - self.gone:
                     break
                 if deadline is None and job.failed_elsewhere(self.attempt) is not None:
                     deadline = time.monotonic() + rendezvous.REPORT_TIMEOUT
@@ -516,11 +529,12 @@ class _Launch:
         job = self.job
         assert job is not None
         node = job.nodes[group_rank]
-        why = (
-            f"the {job.describe()} went away ({job.lost})"
-            if job.lost
-            else f"it sent no report within {rendezvous.REPORT_TIMEOUT:g} s"
-        )
+        if job.lost:
+            why = f"the {job.describe()} went away ({job.lost})"
+        elif group_rank in self.gone:
+            why = f"its kernel stopped answering (no heartbeat for {rendezvous.LOST_AFTER:g} s)"
+        else:
+            why = f"it sent no report within {rendezvous.REPORT_TIMEOUT:g} s"
         return RankFailure(
             job.first_rank(group_rank),
             "died",

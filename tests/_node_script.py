@@ -23,7 +23,8 @@ NODE_ENV = "NL_TEST_NODE"
 def work(mode: str) -> dict[str, Any]:
     """Both nodes' function. ``mode``: ``"gather"``; ``"kill"`` (the other node's local
     rank 1 is killed in the first attempt); ``"raise"`` (it raises ValueError); ``"sleep"``
-    (every rank sleeps a minute once the group works)."""
+    (every rank sleeps a minute once the group works); ``"linger"`` (after one gather, this
+    node's ranks return and the other node's sleep a minute)."""
     from notebook_launcher import PartialState
     from notebook_launcher.utils import gather_object
 
@@ -38,6 +39,11 @@ def work(mode: str) -> dict[str, Any]:
     if mode == "sleep":
         state.wait_for_everyone()
         time.sleep(60)
+    if mode == "linger" and here == "other":  # after the gather below: nobody waits on it
+        gather_object([state.process_index])
+        time.sleep(60)
+    if mode == "linger":  # here: return at once, with no further collective
+        return {"rank": state.process_index, "seen": gather_object([state.process_index])}
     return {
         "rank": state.process_index,
         "local": state.local_process_index,

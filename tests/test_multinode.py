@@ -31,6 +31,7 @@ from notebook_launcher._events import (
     LaunchStarted,
     WorkerExited,
     WorkerFailed,
+    WorkerFinished,
     WorkerStarted,
     WorkerStopped,
 )
@@ -184,6 +185,38 @@ def test_ctrl_c_on_one_node_stops_both(tmp_path: Path) -> None:
     fallout = {e.rank for e in view.of(WorkerFailed) if e.collateral}  # a peer went first
     assert set(stopped.values()) == {"interrupted on node 1"}
     assert set(stopped) | fallout == {0, 1} and not view.of(WorkerExited)
+
+
+@pytest.mark.timeout(60)
+def test_a_node_whose_kernel_dies_is_noticed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This node's ranks returned and it waits for the other node's report; that node's
+    kernel is killed (its ranks die with it): its heartbeat stops, and this node says so
+    instead of waiting forever."""
+    from notebook_launcher._launch import rendezvous
+
+    monkeypatch.setattr(rendezvous, "LOST_AFTER", 1.5)
+    port = _free_port()
+    other = OtherNode(tmp_path, {"mode": "linger", **_options("static", port, 1)})
+    view = Recorder()
+    handle = notebook_launcher(
+        work,
+        ("linger",),
+        num_processes=2,
+        dashboard=view,
+        block=False,
+        **_options("static", port, 0),
+    )
+    deadline = time.monotonic() + 30
+    while len(view.of(WorkerFinished)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # both ranks here returned: the other node's still sleep
+    other.proc.kill()
+    other.proc.communicate(timeout=10)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDied, match="node 1 .* stopped answering"):
+        handle.result(timeout=30)
+    assert time.monotonic() - t0 < 10
 
 
 @pytest.mark.timeout(30)

@@ -15,6 +15,8 @@ c10d rendezvous, or may restart its ranks (``max_restarts``). Who holds what::
       exchange   each node's number of ranks -> its first global rank, the world size
       bell       a thread blocked in ``store.wait`` on this node's bell; another node
                  rings it (a failure announced, a report published) and the pump wakes
+    heartbeat  a counter each kernel bumps while it pumps and waits: a node waiting for
+               the others' reports takes one whose counter stopped for a node gone
     every rank, on any node
       TCPStore client to the endpoint, ``PrefixStore(<job>/a<attempt>/pg)``: its group
 
@@ -55,6 +57,10 @@ REPORT_TIMEOUT = 30.0
 #: Seconds the node holding the store waits for the others to be done with it.
 EXIT_TIMEOUT = 30.0
 _POLL = 0.05  # seconds between two looks at the lobby (Ctrl-C stays responsive)
+#: Seconds between two heartbeats of a node's kernel (it beats while it pumps and waits)...
+BEAT_INTERVAL = 2.0
+#: ...and without one after which the others take that node for gone.
+LOST_AFTER = 20.0
 _NS = "notebook_launcher"
 
 
@@ -87,7 +93,8 @@ class NodeInfo:
 
     group_rank: int
     nproc: int
-    label: str  # "node_rank 1 on host-a (pid 12)"
+    label: str  # "host-a (pid 12)"
+    holds_store: bool = False
 
 
 @dataclass
@@ -384,6 +391,8 @@ class NodeJob:
         self._stopping = False
         self._rung = 0
         self._watcher: threading.Thread | None = None
+        self._last_beat = 0.0
+        self._beats: dict[int, tuple[int, float]] = {}  # node -> (its count, when it moved)
         self.wake_fd, self._wake_w = os.pipe()
         os.set_blocking(self.wake_fd, False)
         os.set_blocking(self._wake_w, False)  # a full pipe already says "wake up"
@@ -406,7 +415,7 @@ class NodeJob:
         if self.group_rank == 0:
             shared.set(f"{_NS}/job", uuid.uuid4().hex)
         self.prefix = f"{_NS}/{self.config.run_id}/{shared.get(f'{_NS}/job').decode()}"
-        me = NodeInfo(self.group_rank, nproc, label_for(self.config, lobby=False))
+        me = NodeInfo(self.group_rank, nproc, label_for(self.config, lobby=False), self.holds_store)
         shared.set(f"{_NS}/node/{self.group_rank}", pickle.dumps(me))
         keys = [f"{_NS}/node/{g}" for g in range(self.num_nodes)]
         self.nodes = [pickle.loads(v) for v in shared.multi_get(keys)]
@@ -486,6 +495,31 @@ class NodeJob:
             pass
         return rang
 
+    # -- heartbeats --------------------------------------------------------------------
+
+    def beat(self) -> None:
+        """Say this node's kernel is alive (at most every ``BEAT_INTERVAL`` seconds). The
+        launch calls it from each of its waits, so no thread is needed."""
+        now = time.monotonic()
+        if self.num_nodes > 1 and now - self._last_beat >= BEAT_INTERVAL:
+            self._last_beat = now
+            self.store.add(f"beat/{self.group_rank}", 1)
+
+    def gone(self, nodes: Container[int]) -> list[int]:
+        """Those of ``nodes`` whose kernel has not beaten for ``LOST_AFTER`` seconds."""
+        self.beat()
+        now, found = time.monotonic(), []
+        for g in range(self.num_nodes):
+            if g not in nodes or g == self.group_rank:
+                continue
+            count = self.store.add(f"beat/{g}", 0)
+            seen, since = self._beats.get(g, (-1, now))
+            if count != seen:
+                self._beats[g] = (count, now)
+            elif now - since >= LOST_AFTER:
+                found.append(g)
+        return found
+
     # -- one attempt -------------------------------------------------------------------
 
     def announce_failure(self, attempt: int, what: str = "a rank failed") -> None:
@@ -536,6 +570,7 @@ class NodeJob:
                 return True
             if time.monotonic() >= deadline or self.lost:
                 return False
+            self.beat()
             time.sleep(_POLL)
 
     # -- the end -----------------------------------------------------------------------
@@ -568,14 +603,18 @@ class NodeJob:
         self.store.set(f"done/{self.group_rank}", b"1")
         if not self.holds_store or self.num_nodes == 1:
             return
-        keys = [f"done/{g}" for g in range(self.num_nodes)]
         deadline = time.monotonic() + EXIT_TIMEOUT
-        while not self.store.check(keys) and time.monotonic() < deadline:
+        waiting = set(range(self.num_nodes))
+        while waiting and time.monotonic() < deadline:
+            waiting = {g for g in waiting if not self.store.check([f"done/{g}"])}
+            waiting -= set(self.gone(waiting))  # a node whose kernel died never says
             time.sleep(_POLL)
 
 
 __all__ = [
+    "BEAT_INTERVAL",
     "EXIT_TIMEOUT",
+    "LOST_AFTER",
     "REPORT_TIMEOUT",
     "NodeInfo",
     "NodeJob",
