@@ -364,7 +364,18 @@ class _Launch:
                 group.terminate()
             if record.failed and job is not None and not self._announced:
                 self._announced = True
-                job.announce_failure(self.attempt)
+                self._guarded(job.announce_failure, self.attempt)
+
+    def _guarded(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` on the job's store; an error means the store is gone (the bell
+        says so too), which ends the attempt here: None."""
+        job = self.job
+        assert job is not None
+        try:
+            return call(*args)
+        except Exception as exc:  # noqa: BLE001 - whatever the store raised
+            job.lost = job.lost or f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            return None
 
     def _hear_other_nodes(self) -> None:
         """Another node rang: if it announced a failure (or the job's store is gone), stop
@@ -373,24 +384,20 @@ class _Launch:
         assert job is not None and self.group is not None
         if not job.drain() or record.stopping:
             return
+        found = self._guarded(job.failed_elsewhere, self.attempt) if job.lost is None else None
         if job.lost is not None:
             reason = f"the {job.describe()} is gone"
+        elif found is None or found[0] == job.group_rank:
+            return
         else:
-            found = job.failed_elsewhere(self.attempt)
-            if found is None or found[0] == job.group_rank:
-                return
             reason = f"{found[1]} on node {found[0]}"
         record.stopping, record.stop_reason = True, reason
         self._announced = True  # nothing of ours to announce
         self.group.terminate()
 
     def _beat(self) -> None:
-        job = self.job
-        assert job is not None
-        try:
-            job.beat()
-        except Exception as exc:  # noqa: BLE001 - the store is gone; the bell says so too
-            job.lost = job.lost or f"{type(exc).__name__}: {exc}"
+        assert self.job is not None
+        self._guarded(self.job.beat)
 
     def interrupt(self) -> None:
         """Stop every rank (a non-blocking launch's ``cancel()``, or Ctrl-C on its result)."""
@@ -406,22 +413,25 @@ class _Launch:
         self.record.stopping = self.record.interrupted = True
         if self.group is not None:
             self.group.stop()
+        self._tell_interrupted()
+
+    def _tell_interrupted(self) -> None:
+        """This node was interrupted: the other nodes stop their ranks and report that as
+        the cause (not the "connection closed" their ranks get), and nobody restarts."""
         job = self.job
-        if job is not None and job.num_nodes > 1 and job.lost is None:
-            failure = RankFailure(
-                job.first_rank(),
-                "raised",
-                exc_type="builtins.KeyboardInterrupt",
-                message=f"{INTERRUPTED} on node {job.group_rank} ({job.nodes[job.group_rank].label})",
-                time=time.time(),
-            )
-            report = rendezvous.NodeReport(job.group_rank, [failure], {})
-            try:
-                job.announce_failure(self.attempt, INTERRUPTED)
-                job.publish(self.attempt, report)
-                job.decide(self.attempt, False)
-            except Exception:  # noqa: BLE001 - the others notice our ranks' end anyway
-                pass
+        if job is None or job.num_nodes == 1 or job.lost is not None:
+            return
+        failure = RankFailure(
+            job.first_rank(),
+            "raised",
+            exc_type="builtins.KeyboardInterrupt",
+            message=f"{INTERRUPTED} on node {job.group_rank} ({job.nodes[job.group_rank].label})",
+            time=time.time(),
+        )
+        report = rendezvous.NodeReport(job.group_rank, [failure, *self.record.failures], {})
+        self._guarded(job.announce_failure, self.attempt, INTERRUPTED)
+        self._guarded(job.publish, self.attempt, report)
+        self._guarded(job.decide, self.attempt, False)
 
     def finish_into(self, handle: TaskHandle) -> None:
         """A non-blocking launch's thread: pump (and restart), then settle ``handle``."""
@@ -453,7 +463,8 @@ class _Launch:
         )
         job = self.job
         if job is not None and job.num_nodes > 1:  # every node must agree (a gone one: no)
-            restart = job.lost is None and job.decide(self.attempt, restart and not self.gone)
+            agreed = self._guarded(job.decide, self.attempt, restart and not self.gone)
+            restart = bool(agreed) and job.lost is None
         if not restart or self.interrupted:
             return False
         assert verdict.cause is not None
@@ -471,7 +482,9 @@ class _Launch:
         """This attempt's verdict: this node's records, and with several nodes everyone's
         (each node publishes its own and collects the others': the same verdict on all)."""
         record, job = self.record, self.job
-        if job is None or job.num_nodes == 1:
+        if self.interrupted or record.interrupted:  # KeyboardInterrupt: nothing to collect
+            self._tell_interrupted()
+        if job is None or job.num_nodes == 1 or self.interrupted or record.interrupted:
             self.exc_data = dict(record.exc_data)
             return record.verdict()
         mine = rendezvous.NodeReport(
@@ -481,10 +494,7 @@ class _Launch:
             dict(record.exc_data),
             record.barriers.stranded,
         )
-        try:
-            job.publish(self.attempt, mine)
-        except Exception as exc:  # noqa: BLE001 - the store is gone: judge what we have
-            job.lost = job.lost or f"{type(exc).__name__}: {exc}"
+        self._guarded(job.publish, self.attempt, mine)  # lost: judge what we have
         reports = self._collect(failed=record.failed or record.stopping)
         reports[job.group_rank] = mine
         failures = [f for r in reports.values() for f in r.failures]
@@ -507,17 +517,13 @@ class _Launch:
         deadline = time.monotonic() + rendezvous.REPORT_TIMEOUT if failed else None
         reports: dict[int, rendezvous.NodeReport] = {}
         while job.lost is None:
-            try:
-                reports.update(job.reports(self.attempt, skip=reports))
-                pending = [g for g in range(job.num_nodes) if g not in reports]
-                self.gone.update(job.gone(pending))
-                if not set(pending) - self.gone:
-                    break
-                if deadline is None and job.failed_elsewhere(self.attempt) is not None:
-                    deadline = time.monotonic() + rendezvous.REPORT_TIMEOUT
-            except Exception as exc:  # noqa: BLE001 - the store is gone
-                job.lost = f"{type(exc).__name__}: {exc}"
+            reports.update(self._guarded(job.reports, self.attempt, reports) or {})
+            pending = [g for g in range(job.num_nodes) if g not in reports]
+            self.gone.update(self._guarded(job.gone, pending) or ())
+            if not set(pending) - self.gone or job.lost is not None:
                 break
+            if deadline is None and self._guarded(job.failed_elsewhere, self.attempt):
+                deadline = time.monotonic() + rendezvous.REPORT_TIMEOUT
             if deadline is not None and time.monotonic() >= deadline:
                 break
             select.select([job.wake_fd], [], [], 0.5)

@@ -187,6 +187,30 @@ def test_ctrl_c_on_one_node_stops_both(tmp_path: Path) -> None:
     assert set(stopped) | fallout == {0, 1} and not view.of(WorkerExited)
 
 
+@pytest.mark.timeout(90)
+def test_cancel_on_one_node_stops_both(tmp_path: Path) -> None:
+    """``cancel()`` of a non-blocking launch here: the other node stops its ranks and says
+    the launch was interrupted on this node."""
+    port = _free_port()
+    other = OtherNode(tmp_path, {"mode": "sleep", **_options("static", port, 1)})
+    view = Recorder()
+    handle = notebook_launcher(
+        work,
+        ("sleep",),
+        num_processes=2,
+        dashboard=view,
+        block=False,
+        **_options("static", port, 0),
+    )
+    deadline = time.monotonic() + 30
+    while len(view.of(WorkerStarted)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert handle.cancel()
+    theirs = other.result()
+    assert theirs["error"]["type"] == "RankFailedError"
+    assert "the launch was interrupted on node 0" in theirs["error"]["message"]
+
+
 @pytest.mark.timeout(60)
 def test_a_node_whose_kernel_dies_is_noticed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

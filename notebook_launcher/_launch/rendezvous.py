@@ -587,7 +587,8 @@ class NodeJob:
                 with contextlib.suppress(Exception):
                     handler.shutdown()
             if self.store is not None and self.lost is None:
-                self._leave()
+                with contextlib.suppress(Exception):  # a store gone now changes nothing
+                    self._leave()
         finally:
             self._stopping = True
             if self._watcher is not None:
