@@ -31,7 +31,7 @@ From a rank's exit to the exception the user catches:
        ProcessGroupMismatch, with every rank's record in ``exc.launch_failure``.
 
 Across nodes, and with restarts (``_launch.rendezvous``: torch's own rendezvous, one
-notebook or script per machine)::
+notebook or script per machine; ``_launch.nodes``: this node's side of each attempt)::
 
     rendezvous.join()   the nodes meet (static: node_rank; c10d: torch assigns the ranks);
                         this node's ranks, the job's world size; its ranks join the store
@@ -46,22 +46,20 @@ notebook or script per machine)::
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ._events import Event, LaunchFinished, LaunchRestarting, RendezvousStarted
 from ._launch import preflight, rendezvous
-from ._launch.diagnosis import Verdict, diagnose, exception_for, summary_line
+from ._launch.diagnosis import RestartPolicy, Verdict, exception_for, summary_line
 from ._launch.group import WorkerGroup, WorkerProcess
+from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
 from ._launch.session import TaskHandle
-from ._serialization import rebuild_exception
-from .errors import LaunchError, LaunchFailure, RankFailedError, RankFailure
+from .errors import LaunchError, LaunchFailure, RankFailedError
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
 
@@ -215,32 +213,6 @@ def _view(dashboard: bool | str | View, block: bool) -> View:
     return view
 
 
-@dataclass(frozen=True)
-class RestartPolicy:
-    """When an attempt that failed starts again: ``max_restarts`` times at most, for a
-    death (signal, exit code, a node gone), and for exceptions only when asked."""
-
-    max_restarts: int = 0
-    on_exception: bool | tuple[type[BaseException], ...] = False
-
-    def restarts(self, verdict: Verdict, exc_data: dict[int, bytes | None]) -> bool:
-        cause = verdict.cause
-        if cause is None or cause.exc_type == "builtins.KeyboardInterrupt":
-            return False
-        if verdict.kind == "died" or (verdict.kind == "raised" and cause.collateral):
-            return True
-        if verdict.kind != "raised" or self.on_exception is False:
-            return False
-        if self.on_exception is True:
-            return True
-        exc = rebuild_exception(exc_data.get(cause.rank)).exc
-        return isinstance(exc, self.on_exception)
-
-
-#: what a node that was interrupted announces to the others
-INTERRUPTED = "interrupted"
-
-
 class _Launch:
     """One launch from start to verdict: the rendezvous when there is one, then each
     attempt's ranks (start, pump, verdict), restarts, and the end."""
@@ -258,6 +230,7 @@ class _Launch:
         self.line_prefix = line_prefix
         self._listen, plan.listen = plan.listen, None  # ours now
         self.job: rendezvous.NodeJob | None = None
+        self.link: NodeLink | None = None  # with a job: the other nodes
         self.attempt = 0
         #: how each earlier attempt ended, one line each
         self.history: list[str] = []
@@ -266,8 +239,6 @@ class _Launch:
         self.verdict: Verdict | None = None
         self.exc_data: dict[int, bytes | None] = {}
         self.interrupted = False
-        #: nodes whose kernel stopped answering (see rendezvous.LOST_AFTER)
-        self.gone: set[int] = set()
         self._announced = False
         self._ended = False
         self.t0 = time.time()
@@ -296,6 +267,7 @@ class _Launch:
                 )
             if c is not None:
                 self.job = rendezvous.join(c, len(self.plan.specs))
+                self.link = NodeLink(self.job)
             self.view.handle(self.plan.started_event(self.job, self.line_prefix))
             self._start_attempt()
         except BaseException as exc:
@@ -350,54 +322,24 @@ class _Launch:
                 return
 
     def _pump(self) -> None:
-        group, record, job = self.group, self.record, self.job
+        group, record, link = self.group, self.record, self.link
         assert group is not None
-        wake = job.wake_fd if job is not None and job.num_nodes > 1 else None
+        wake = link.wake_fd if link is not None and link.job.num_nodes > 1 else None
         while not group.finished:
             group.pump(0.5, wake=wake)
             self.view.tick()
-            if wake is not None:
-                self._hear_other_nodes()
-                self._beat()
+            if link is not None and wake is not None and not record.stopping:
+                reason = link.heard(self.attempt)
+                if reason is not None:  # collateral of another node's end
+                    record.stopping, record.stop_reason = True, reason
+                    self._announced = True  # nothing of ours to announce
+                    group.terminate()
             if record.failed and not record.stopping:
                 record.stopping = True
                 group.terminate()
-            if record.failed and job is not None and not self._announced:
+            if record.failed and link is not None and not self._announced:
                 self._announced = True
-                self._guarded(job.announce_failure, self.attempt)
-
-    def _guarded(self, call: Callable[..., Any], *args: Any) -> Any:
-        """``call(*args)`` on the job's store; an error means the store is gone (the bell
-        says so too), which ends the attempt here: None."""
-        job = self.job
-        assert job is not None
-        try:
-            return call(*args)
-        except Exception as exc:  # noqa: BLE001 - whatever the store raised
-            job.lost = job.lost or f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-            return None
-
-    def _hear_other_nodes(self) -> None:
-        """Another node rang: if it announced a failure (or the job's store is gone), stop
-        this node's ranks: collateral of that failure."""
-        job, record = self.job, self.record
-        assert job is not None and self.group is not None
-        if not job.drain() or record.stopping:
-            return
-        found = self._guarded(job.failed_elsewhere, self.attempt) if job.lost is None else None
-        if job.lost is not None:
-            reason = f"the {job.describe()} is gone"
-        elif found is None or found[0] == job.group_rank:
-            return
-        else:
-            reason = f"{found[1]} on node {found[0]}"
-        record.stopping, record.stop_reason = True, reason
-        self._announced = True  # nothing of ours to announce
-        self.group.terminate()
-
-    def _beat(self) -> None:
-        assert self.job is not None
-        self._guarded(self.job.beat)
+                link.announce(self.attempt)
 
     def interrupt(self) -> None:
         """Stop every rank (a non-blocking launch's ``cancel()``, or Ctrl-C on its result)."""
@@ -407,31 +349,14 @@ class _Launch:
             self.group.terminate()
 
     def _interrupted(self) -> None:
-        """Ctrl-C: stop this node's ranks now; tell the other nodes, so that they stop
-        theirs and report the interrupt as the cause."""
+        """Ctrl-C: stop this node's ranks now; tell the other nodes (see
+        :meth:`NodeLink.tell_interrupted`)."""
         self.interrupted = True
         self.record.stopping = self.record.interrupted = True
         if self.group is not None:
             self.group.stop()
-        self._tell_interrupted()
-
-    def _tell_interrupted(self) -> None:
-        """This node was interrupted: the other nodes stop their ranks and report that as
-        the cause (not the "connection closed" their ranks get), and nobody restarts."""
-        job = self.job
-        if job is None or job.num_nodes == 1 or job.lost is not None:
-            return
-        failure = RankFailure(
-            job.first_rank(),
-            "raised",
-            exc_type="builtins.KeyboardInterrupt",
-            message=f"{INTERRUPTED} on node {job.group_rank} ({job.nodes[job.group_rank].label})",
-            time=time.time(),
-        )
-        report = rendezvous.NodeReport(job.group_rank, [failure, *self.record.failures], {})
-        self._guarded(job.announce_failure, self.attempt, INTERRUPTED)
-        self._guarded(job.publish, self.attempt, report)
-        self._guarded(job.decide, self.attempt, False)
+        if self.link is not None:
+            self.link.tell_interrupted(self.attempt, self.record)
 
     def finish_into(self, handle: TaskHandle) -> None:
         """A non-blocking launch's thread: pump (and restart), then settle ``handle``."""
@@ -455,16 +380,22 @@ class _Launch:
         next attempt when the policy (and every node) says so."""
         assert self.group is not None
         self.group.close()
-        self.verdict = verdict = self._judge()
-        if verdict.ok or self.interrupted or self.record.interrupted:
+        record, link = self.record, self.link
+        interrupted = self.interrupted or record.interrupted
+        if link is not None and interrupted:
+            link.tell_interrupted(self.attempt, record)
+        if link is None or interrupted:
+            self.verdict, self.exc_data = record.verdict(), dict(record.exc_data)
+        else:
+            self.verdict, self.exc_data = link.judge(self.attempt, record, self.view.tick)
+        verdict = self.verdict
+        if verdict.ok or interrupted:
             return False
         restart = self.attempt < self.policy.max_restarts and self.policy.restarts(
             verdict, self.exc_data
         )
-        job = self.job
-        if job is not None and job.num_nodes > 1:  # every node must agree (a gone one: no)
-            agreed = self._guarded(job.decide, self.attempt, restart and not self.gone)
-            restart = bool(agreed) and job.lost is None
+        if link is not None:
+            restart = link.agree(self.attempt, restart)
         if not restart or self.interrupted:
             return False
         assert verdict.cause is not None
@@ -477,76 +408,6 @@ class _Launch:
         self.verdict = None
         self._start_attempt()
         return True
-
-    def _judge(self) -> Verdict:
-        """This attempt's verdict: this node's records, and with several nodes everyone's
-        (each node publishes its own and collects the others': the same verdict on all)."""
-        record, job = self.record, self.job
-        if self.interrupted or record.interrupted:  # KeyboardInterrupt: nothing to collect
-            self._tell_interrupted()
-        if job is None or job.num_nodes == 1 or self.interrupted or record.interrupted:
-            self.exc_data = dict(record.exc_data)
-            return record.verdict()
-        mine = rendezvous.NodeReport(
-            job.group_rank,
-            list(record.failures),
-            dict(record.finished_at),
-            dict(record.exc_data),
-            record.barriers.stranded,
-        )
-        self._guarded(job.publish, self.attempt, mine)  # lost: judge what we have
-        reports = self._collect(failed=record.failed or record.stopping)
-        reports[job.group_rank] = mine
-        failures = [f for r in reports.values() for f in r.failures]
-        finished: dict[int, float] = {}
-        self.exc_data = {}
-        for r in reports.values():
-            finished.update(r.finished_at)
-            self.exc_data.update(r.exc_data)
-        for g in range(job.num_nodes):
-            if g not in reports and (job.lost is None or job.nodes[g].holds_store):
-                failures.append(self._silent_node(g))  # lost: the holder is the one gone
-        stranded = next((r.stranded for r in reports.values() if r.stranded), None)
-        return diagnose(failures, finished, stranded)
-
-    def _collect(self, failed: bool) -> dict[int, rendezvous.NodeReport]:
-        """Every node's report of this attempt. While the job runs fine elsewhere, wait as
-        long as it runs; once any node failed, at most ``REPORT_TIMEOUT`` seconds."""
-        job = self.job
-        assert job is not None
-        deadline = time.monotonic() + rendezvous.REPORT_TIMEOUT if failed else None
-        reports: dict[int, rendezvous.NodeReport] = {}
-        while job.lost is None:
-            reports.update(self._guarded(job.reports, self.attempt, reports) or {})
-            pending = [g for g in range(job.num_nodes) if g not in reports]
-            self.gone.update(self._guarded(job.gone, pending) or ())
-            if not set(pending) - self.gone or job.lost is not None:
-                break
-            if deadline is None and self._guarded(job.failed_elsewhere, self.attempt):
-                deadline = time.monotonic() + rendezvous.REPORT_TIMEOUT
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            select.select([job.wake_fd], [], [], 0.5)
-            job.drain()
-            self.view.tick()
-        return reports
-
-    def _silent_node(self, group_rank: int) -> RankFailure:
-        job = self.job
-        assert job is not None
-        node = job.nodes[group_rank]
-        if job.lost:
-            why = f"the {job.describe()} went away ({job.lost})"
-        elif group_rank in self.gone:
-            why = f"its kernel stopped answering (no heartbeat for {rendezvous.LOST_AFTER:g} s)"
-        else:
-            why = f"it sent no report within {rendezvous.REPORT_TIMEOUT:g} s"
-        return RankFailure(
-            job.first_rank(group_rank),
-            "died",
-            time=time.time(),
-            context=f"node {group_rank} ({node.label}) is gone: {why}",
-        )
 
     # -- the end -----------------------------------------------------------------------
 

@@ -16,6 +16,10 @@ The rule (torch elastic's ``ChildFailedError.get_first_failure``, refined):
 4. else, when only collateral errors were raised and some rank had returned, that rank
    **left** the others waiting in a collective;
 5. else the earliest collateral error.
+
+:class:`RestartPolicy` says, from a verdict, whether a launch with ``max_restarts`` starts
+its ranks again: for a death (a signal, an exit code, a node gone), and for an exception
+only when asked.
 """
 
 from __future__ import annotations
@@ -226,4 +230,28 @@ def _left_error(
     return err
 
 
-__all__ = ["Stranded", "Verdict", "diagnose", "exception_for", "summary_line"]
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When an attempt that failed starts again: ``max_restarts`` times at most, for a
+    death (signal, exit code, a node gone), and for exceptions only when asked."""
+
+    max_restarts: int = 0
+    on_exception: bool | tuple[type[BaseException], ...] = False
+
+    def restarts(self, verdict: Verdict, exc_data: Mapping[int, bytes | None]) -> bool:
+        """Whether ``verdict`` (a failed attempt) calls for a restart, attempts left aside.
+        A node interrupted elsewhere (a ``KeyboardInterrupt`` record) never does."""
+        cause = verdict.cause
+        if cause is None or cause.exc_type == "builtins.KeyboardInterrupt":
+            return False
+        if verdict.kind == "died" or (verdict.kind == "raised" and cause.collateral):
+            return True
+        if verdict.kind != "raised" or self.on_exception is False:
+            return False
+        if self.on_exception is True:
+            return True
+        exc = rebuild_exception(exc_data.get(cause.rank)).exc
+        return isinstance(exc, self.on_exception)
+
+
+__all__ = ["RestartPolicy", "Stranded", "Verdict", "diagnose", "exception_for", "summary_line"]
