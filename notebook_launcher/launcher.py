@@ -271,8 +271,21 @@ class _Launch:
             self.view.handle(self.plan.started_event(self.job, self.line_prefix))
             self._start_attempt()
         except BaseException as exc:
+            self._tell_others(exc)
             self._end(error=exc)
             raise
+
+    def _tell_others(self, error: BaseException) -> None:
+        """This node's ranks could not start (or were interrupted while starting): the
+        other nodes must not wait for them."""
+        if self.link is None:
+            return
+        if isinstance(error, KeyboardInterrupt):
+            self.link.tell_interrupted(self.attempt, self.record)
+        else:
+            kind = f"{type(error).__module__}.{type(error).__qualname__}"
+            what = f"its ranks could not start ({type(error).__name__}: {error})"
+            self.link.tell_ended(self.attempt, self.record, what, kind)
 
     def _start_attempt(self) -> None:
         specs = self.plan.for_attempt(self.job, self.attempt)
@@ -406,7 +419,12 @@ class _Launch:
             LaunchRestarting(self.attempt, self.policy.max_restarts, cause, time.time())
         )
         self.verdict = None
-        self._start_attempt()
+        try:
+            self._start_attempt()
+        except BaseException as exc:
+            self._tell_others(exc)
+            self._end(error=exc)
+            raise
         return True
 
     # -- the end -----------------------------------------------------------------------
@@ -430,7 +448,9 @@ class _Launch:
             self.exc_data = dict(record.exc_data)
         verdict = self.verdict
         now = time.time()
-        if error is not None and self.group is None:  # the nodes never met
+        if isinstance(error, KeyboardInterrupt):
+            summary, ok, rank = "interrupted while starting", False, None
+        elif error is not None:  # the nodes never met, or the ranks could not start
             summary, ok, rank = f"{type(error).__name__}: {error}", False, None
         else:
             summary = summary_line(verdict, self.world_size, interrupted)

@@ -67,18 +67,23 @@ class NodeLink:
     def tell_interrupted(self, attempt: int, record: RunRecord) -> None:
         """This node was interrupted: the others stop their ranks and report that as the
         cause (not the "connection closed" their ranks get), and nobody restarts."""
+        self.tell_ended(attempt, record, INTERRUPTED, "builtins.KeyboardInterrupt")
+
+    def tell_ended(self, attempt: int, record: RunRecord, what: str, exc_type: str) -> None:
+        """This node's part of the attempt ended early (``what``, e.g. interrupted, or its
+        ranks could not start): the others stop theirs, with this as the root cause."""
         job = self.job
         if job.num_nodes == 1 or job.lost is not None:
             return
         failure = RankFailure(
             job.first_rank(),
             "raised",
-            exc_type="builtins.KeyboardInterrupt",
-            message=f"{INTERRUPTED} on node {job.group_rank} ({job.nodes[job.group_rank].label})",
+            exc_type=exc_type,
+            message=f"{what} on node {job.group_rank} ({job.nodes[job.group_rank].label})",
             time=time.time(),
         )
         report = rendezvous.NodeReport(job.group_rank, [failure, *record.failures], {})
-        self.announce(attempt, INTERRUPTED)
+        self.announce(attempt, what)
         self.guarded(job.publish, attempt, report)
         self.guarded(job.decide, attempt, False)
 
