@@ -121,8 +121,8 @@ def join(config: RendezvousConfig, nproc: int) -> NodeJob:
     import torch.distributed as dist
 
     deadline = time.monotonic() + config.join_timeout
-    listen = server = None
-    stores: list[Any] = []
+    listen: socket.socket | None = None
+    server = main = bell = handler = info = job = None
     try:
         listen = _bind(config)
         host = config.host
@@ -142,21 +142,21 @@ def join(config: RendezvousConfig, nproc: int) -> NodeJob:
         else:
             _wait_for_holder(config, deadline)
         main, bell = (_client(host, port, config) for _ in range(2))
-        stores += [main, bell]
         lobby = Lobby(main, config)
         lobby.arrive(label_for(config))
         lobby.wait_for_all(deadline)
         handler, info = _meet(config, host, port, server is not None, lobby, deadline)
-        stores += [handler, info]
         job = NodeJob(config, host, port, server, handler, main, bell)
-        server = None
         job.exchange(info, nproc)
         return job
     except BaseException:
         if listen is not None:
             listen.close()
-        del server
-        stores.clear()
+        if job is not None:
+            job.close()
+        # The traceback keeps this frame (IPython keeps the last one): without these
+        # references the store stops listening now, not at the next error.
+        server = main = bell = handler = info = job = None
         raise
 
 
@@ -332,15 +332,20 @@ def _meet(
         local_addr=conf.pop("local_addr", None) or socket.gethostname(),
         **conf,
     )
-    handler = get_rendezvous_handler(params)
+    handler: Any = get_rendezvous_handler(params)
+    timed_out = False
     try:
         with _no_second_store():
             info = handler.next_rendezvous()
     except RendezvousTimeoutError:
-        raise lobby.timeout_error() from None
+        timed_out = True
     except BaseException:
         handler.shutdown()
         raise
+    if timed_out:  # raised out here, so that it holds no reference to the handler
+        handler.shutdown()
+        handler = None
+        raise lobby.timeout_error()
     return handler, info
 
 
