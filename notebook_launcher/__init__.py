@@ -20,6 +20,7 @@ from .errors import (
     PreflightError,
     ProcessGroupMismatch,
     RankFailedError,
+    RendezvousError,
     SerializationError,
     WorkerDied,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "PreflightError",
     "ProcessGroupMismatch",
     "RankFailedError",
+    "RendezvousError",
     "SerializationError",
     "Session",
     "SessionBroken",

@@ -2,9 +2,11 @@
 
 Every event is a small frozen dataclass of builtins: it pickles with the standard
 library, knows nothing of torch or widgets, and is the *only* thing the dashboard
-sees. Workers create most of them; the parent adds :class:`LaunchStarted`,
-:class:`Output` (it reads the workers' stdout/stderr pipes itself),
-:class:`WorkerExited`, :class:`WorkerStopped` and :class:`LaunchFinished`.
+sees. Workers create most of them; the parent adds :class:`RendezvousStarted` (a launch
+across nodes waits for the others), :class:`LaunchStarted`, :class:`Output` (it reads the
+workers' stdout/stderr pipes itself), :class:`WorkerExited`, :class:`WorkerStopped`,
+:class:`LaunchRestarting` (``max_restarts``: every rank starts again) and
+:class:`LaunchFinished`.
 
 ``time`` is always ``time.time()`` where the event was made (wall clock, so the
 parent can order events coming from different processes on one node).
@@ -16,8 +18,27 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class RendezvousStarted:
+    """This node waits (up to ``timeout`` seconds) for the other nodes of the job to join
+    the rendezvous at ``endpoint``; :class:`LaunchStarted` follows once they all have."""
+
+    backend: str
+    endpoint: str
+    run_id: str
+    num_nodes: int
+    node_rank: int
+    timeout: float
+    time: float
+
+
+@dataclass(frozen=True)
 class LaunchStarted:
-    """The launcher is about to start ``world_size`` ranks (this node's share of them)."""
+    """The launcher is about to start ``world_size`` ranks (this node's share of them).
+
+    ``node_rank`` is this node's rank in the job (with the c10d rendezvous, the one torch
+    assigned); ``rendezvous`` says how the nodes met (empty for one node without one);
+    ``log_line_prefix_template`` (torch elastic's ``${rank}``, ``${local_rank}``,
+    ``${role_name}``) replaces the views' ``[rankN]`` label of output lines."""
 
     world_size: int
     local_world_size: int
@@ -29,6 +50,21 @@ class LaunchStarted:
     master_port: int
     backend: str
     ranks: tuple[int, ...]
+    time: float
+    max_restarts: int = 0
+    rendezvous: str = ""
+    log_line_prefix_template: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchRestarting:
+    """A rank failed in a way that restarts (see ``max_restarts``): every rank of the job
+    was stopped and restart number ``attempt`` (1, 2, ... up to ``max_restarts``) starts
+    the ranks again now. ``cause``: how the previous attempt ended, in one line."""
+
+    attempt: int
+    max_restarts: int
+    cause: str
     time: float
 
 
@@ -165,10 +201,14 @@ class LaunchFinished:
     wall_time: float
     time: float
     failed_ranks: tuple[int, ...] = field(default=())
+    #: how many times the ranks were restarted (``max_restarts``) before this end
+    restarts: int = 0
 
 
 Event = (
-    LaunchStarted
+    RendezvousStarted
+    | LaunchStarted
+    | LaunchRestarting
     | WorkerStarted
     | Output
     | ProgressUpdate
@@ -187,10 +227,12 @@ __all__ = [
     "BarrierExit",
     "Event",
     "LaunchFinished",
+    "LaunchRestarting",
     "LaunchStarted",
     "MetricsLogged",
     "Output",
     "ProgressUpdate",
+    "RendezvousStarted",
     "WorkerExited",
     "WorkerFailed",
     "WorkerFinished",

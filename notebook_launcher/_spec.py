@@ -39,6 +39,15 @@ class WorkerSpec:
     settings: dict[str, Any] | None = None
     #: a session's rank: after its set-up it serves tasks until told to leave
     session: bool = False
+    #: a launch across nodes (or with restarts): the rendezvous store at
+    #: ``master_addr:master_port`` is held by a node's kernel, and this rank joins its
+    #: process group as a client under this key prefix (one per attempt); None: rank 0
+    #: holds the store itself (one node, the kernel's listening socket)
+    store_prefix: str | None = None
+    num_nodes: int = 1
+    #: which restart this is (0: the first attempt) and how many are allowed
+    restart_count: int = 0
+    max_restarts: int = 0
 
 
 __all__ = ["LAUNCHER_ENV", "WorkerSpec"]

@@ -13,6 +13,8 @@ A launch that fails raises, in the caller:
 * :class:`WorkerDied` when a rank exited or was killed without raising;
 * :class:`ProcessGroupMismatch` when a rank returned while others still waited for it
   in a collective;
+* :class:`RendezvousError` when the nodes of a launch across machines could not form one
+  job (a node never showed up, or the node holding the rendezvous went away);
 * :class:`LaunchError` for everything else (and as the base of the above).
 
 Every exception here that carries fields defines ``__reduce__`` so it survives pickling.
@@ -109,12 +111,14 @@ class RankFailure:
         if self.kind == "raised":
             return f"rank {self.rank} raised {self.exc_type}: {shorten(self.message)}"
         if self.kind == "died":
-            how = (
-                f"killed by {self.signal_name}({self.exitcode})"
-                if self.signal_name
-                else f"exit code {self.exitcode}"
-            )
-            return f"rank {self.rank} (pid {self.pid}) died: {how}"
+            if self.signal_name:
+                how = f"killed by {self.signal_name}({self.exitcode})"
+            elif self.exitcode is not None:
+                how = f"exit code {self.exitcode}"
+            else:  # no process of ours to tell: e.g. a node whose kernel went away
+                how = self.context or "no exit status"
+            pid = f" (pid {self.pid})" if self.pid is not None else ""
+            return f"rank {self.rank}{pid} died: {how}"
         if self.kind == "left":
             waiting = shorten(self.message) or "other ranks still waited for it"
             return f"rank {self.rank} returned while {waiting}"
@@ -128,6 +132,8 @@ class LaunchFailure:
     root_cause: RankFailure
     failures: list[RankFailure] = field(default_factory=list)
     world_size: int = 0
+    #: how each earlier attempt of a launch with ``max_restarts`` ended, oldest first
+    restarts: list[str] = field(default_factory=list)
 
     @property
     def collateral(self) -> list[RankFailure]:
@@ -139,9 +145,13 @@ class LaunchFailure:
         if others:
             lines.append("Collateral (a consequence of the root cause, not a separate bug):")
             lines += [f"  - {f.describe()}" for f in others]
-        stopped = [f.rank for f in self.failures if f.kind == "stopped"]
+        stopped = sorted(f.rank for f in self.failures if f.kind == "stopped")
         if stopped:
             lines.append(f"Stopped by the launcher: ranks {stopped}")
+        if self.restarts:
+            n = len(self.restarts)
+            lines.append(f"Restarted {n} time{'s' if n != 1 else ''} before this attempt:")
+            lines += [f"  - attempt {i}: {why}" for i, why in enumerate(self.restarts, 1)]
         return "\n".join(lines)
 
     @property
@@ -195,6 +205,12 @@ class WorkerDied(RankFailedError):
 
 class ProcessGroupMismatch(RankFailedError):
     """A rank left the function while other ranks still waited for it in a collective."""
+
+
+class RendezvousError(LaunchError):
+    """The nodes of a launch across machines could not form one job: a node never joined
+    within ``join_timeout`` (the message names it and the rendezvous endpoint), or the
+    node holding the rendezvous store went away."""
 
 
 class SessionBroken(LaunchError):
@@ -327,6 +343,7 @@ __all__ = [
     "ProcessGroupMismatch",
     "RankFailedError",
     "RankFailure",
+    "RendezvousError",
     "format_remote_traceback",
     "library_module",
     "notebook_cell_name",

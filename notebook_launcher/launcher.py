@@ -29,6 +29,19 @@ From a rank's exit to the exception the user catches:
     -> LaunchFinished to the view; return the results, or raise
        diagnosis.exception_for(verdict): the rank's own exception type, WorkerDied or
        ProcessGroupMismatch, with every rank's record in ``exc.launch_failure``.
+
+Across nodes, and with restarts (``_launch.rendezvous``: torch's own rendezvous, one
+notebook or script per machine; ``_launch.nodes``: this node's side of each attempt)::
+
+    rendezvous.join()   the nodes meet (static: node_rank; c10d: torch assigns the ranks);
+                        this node's ranks, the job's world size; its ranks join the store
+                        of the node that holds it, under a prefix per attempt
+    pump                + a node's bell (wake fd): another node announced a failure ->
+                        stop ours, as collateral; ours failed -> announce it
+    every rank ended    -> publish this node's records, collect every node's: the same
+                        verdict everywhere (the root cause's rank and exception included)
+    a death (or, when asked, an exception) with restarts left, on every node's word
+                        -> LaunchRestarting to the view, the next attempt's ranks start
 """
 
 from __future__ import annotations
@@ -38,14 +51,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._events import Event, LaunchFinished
-from ._launch import preflight
-from ._launch.diagnosis import exception_for, summary_line
+from ._events import Event, LaunchFinished, LaunchRestarting, RendezvousStarted
+from ._launch import preflight, rendezvous
+from ._launch.diagnosis import RestartPolicy, Verdict, exception_for, summary_line
 from ._launch.group import WorkerGroup, WorkerProcess
+from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
 from ._launch.session import TaskHandle
-from .errors import LaunchError
+from .errors import LaunchError, LaunchFailure, RankFailedError
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
 
@@ -72,6 +86,11 @@ def notebook_launcher(
     dashboard: bool | str | View = "auto",
     grace_period: float = 1.0,
     block: bool = True,
+    join_timeout: float = preflight.DEFAULT_JOIN_TIMEOUT,
+    restart_on_exception: bool
+    | type[BaseException]
+    | tuple[type[BaseException], ...]
+    | None = None,
 ) -> Any:
     """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
 
@@ -85,6 +104,24 @@ def notebook_launcher(
     :class:`~notebook_launcher.WorkerDied` / :class:`~notebook_launcher.ProcessGroupMismatch`;
     the other ranks are stopped and the kernel stays usable.
 
+    Several machines: run the same call on each, with ``num_nodes=M`` and the same
+    rendezvous: ``rdzv_backend="static"`` (each node its own ``node_rank``; node 0 holds the
+    store at ``master_addr:use_port``) or ``"c10d"`` (torch assigns the node ranks; the node
+    whose address is ``rdzv_endpoint`` holds the store); ``rdzv_id`` names the job and
+    ``rdzv_conf`` passes options to torch's handler. Every node waits up to
+    ``join_timeout`` seconds for the others, then raises
+    :class:`~notebook_launcher.errors.RendezvousError` naming the missing ones. A failure on
+    any node stops the ranks of every node, and every node raises the root cause.
+
+    ``max_restarts=n``: a rank that dies (a signal, an exit code) stops every rank and
+    starts them all again, up to ``n`` times (``TORCHELASTIC_RESTART_COUNT`` tells the
+    ranks which attempt they are). An exception the function raises is a bug and ends the
+    launch, unless ``restart_on_exception`` is True (any exception, as torch elastic), an
+    exception class or a tuple of them (``None``: env
+    ``NOTEBOOK_LAUNCHER_RESTART_ON_EXCEPTION=1`` means True).
+    ``log_line_prefix_template`` (``"[${rank}]: "``; torch elastic's ``${rank}``,
+    ``${local_rank}``, ``${role_name}``) replaces the ``[rankN]`` label of output lines.
+
     Extras beyond Accelerate: ``kwargs`` for the function, ``start_method``
     (``None`` chooses: fork unless CUDA is initialised here, then a forkserver),
     ``dashboard`` (``"auto"``, ``True``, ``False``, or any object with the
@@ -92,7 +129,8 @@ def notebook_launcher(
     SIGTERM and SIGKILL when stopping ranks), ``block=False`` (return at once a
     ``concurrent.futures.Future``-like handle: ``result(timeout)``, ``exception()``,
     ``done()``, ``cancel()`` stops the ranks, ``add_done_callback``; the dashboard stays in
-    this cell and keeps updating while other cells run).
+    this cell and keeps updating while other cells run), ``join_timeout`` and
+    ``restart_on_exception`` (above).
 
     Example::
 
@@ -102,11 +140,34 @@ def notebook_launcher(
             return state.process_index * lr
 
         notebook_launcher(train, args=(0.1,), num_processes=2)   # -> [0.0, 0.1]
+
+        # the same function on two machines: this cell on each, node_rank 0 and 1
+        notebook_launcher(train, args=(0.1,), num_processes=2, num_nodes=2, node_rank=0,
+                          master_addr="10.0.0.1", use_port=29500)
     """
     __tracebackhide__ = True  # IPython and pytest show the caller's frames, then the rank's
     preflight.check_args(args, kwargs)
     preflight.check_dashboard(dashboard)
     del monitor_interval  # we wait on sentinels instead of polling
+    preflight.check_nodes(num_nodes, node_rank)
+    preflight.check_master_addr(master_addr)
+    policy = RestartPolicy(
+        preflight.check_max_restarts(max_restarts),
+        preflight.check_restart_on_exception(restart_on_exception),
+    )
+    line_prefix = preflight.check_log_line_prefix_template(log_line_prefix_template)
+    meeting = preflight.check_rendezvous(
+        rdzv_backend,
+        rdzv_endpoint,
+        rdzv_conf,
+        rdzv_id,
+        master_addr=master_addr,
+        use_port=use_port,
+        num_nodes=num_nodes,
+        node_rank=node_rank,
+        join_timeout=join_timeout,
+        max_restarts=policy.max_restarts,
+    )
     plan = plan_launch(
         function,
         num_processes,
@@ -117,14 +178,8 @@ def notebook_launcher(
         num_nodes=num_nodes,
         start_method=start_method,
         grace_period=grace_period,
-        unsupported={
-            "rdzv_backend": (rdzv_backend, "static"),
-            "rdzv_endpoint": (rdzv_endpoint, ""),
-            "rdzv_conf": (rdzv_conf, None),
-            "rdzv_id": (rdzv_id, "none"),
-            "max_restarts": (max_restarts, 0),
-            "log_line_prefix_template": (log_line_prefix_template, None),
-        },
+        rendezvous=meeting,
+        max_restarts=policy.max_restarts,
     )
     try:
         task = prepare_task(function, tuple(args), dict(kwargs or {}), plan.start_method)
@@ -132,7 +187,7 @@ def notebook_launcher(
     except BaseException:
         plan.close()
         raise
-    launch = _Launch(plan, task, view)
+    launch = _Launch(plan, task, view, policy, line_prefix)
     if block:
         outcome = launch.run()
         if isinstance(outcome, BaseException):
@@ -159,11 +214,83 @@ def _view(dashboard: bool | str | View, block: bool) -> View:
 
 
 class _Launch:
-    """One launch from start to verdict: the pipeline's last three steps."""
+    """One launch from start to verdict: the rendezvous when there is one, then each
+    attempt's ranks (start, pump, verdict), restarts, and the end."""
 
-    def __init__(self, plan: LaunchPlan, task: Any, view: View) -> None:
-        self.plan, self.view = plan, view
-        self.record = record = RunRecord(plan.ranks)
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        task: Any,
+        view: View,
+        policy: RestartPolicy | None = None,
+        line_prefix: str | None = None,
+    ) -> None:
+        self.plan, self.task, self.view = plan, task, view
+        self.policy = policy or RestartPolicy()
+        self.line_prefix = line_prefix
+        self._listen, plan.listen = plan.listen, None  # ours now
+        self.job: rendezvous.NodeJob | None = None
+        self.link: NodeLink | None = None  # with a job: the other nodes
+        self.attempt = 0
+        #: how each earlier attempt ended, one line each
+        self.history: list[str] = []
+        self.record = RunRecord([s.rank for s in plan.specs])
+        self.group: WorkerGroup | None = None
+        self.verdict: Verdict | None = None
+        self.exc_data: dict[int, bytes | None] = {}
+        self.interrupted = False
+        self._announced = False
+        self._ended = False
+        self.t0 = time.time()
+
+    @property
+    def world_size(self) -> int:
+        return self.job.world_size if self.job is not None else self.plan.world_size
+
+    # -- start -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Meet the other nodes (if any), then start this node's ranks."""
+        try:
+            c = self.plan.rendezvous
+            if c is not None and c.num_nodes > 1:  # the others may take a while
+                self.view.handle(
+                    RendezvousStarted(
+                        c.backend,
+                        c.endpoint,
+                        c.run_id,
+                        c.num_nodes,
+                        c.node_rank,
+                        c.join_timeout,
+                        time.time(),
+                    )
+                )
+            if c is not None:
+                self.job = rendezvous.join(c, len(self.plan.specs))
+                self.link = NodeLink(self.job)
+            self.view.handle(self.plan.started_event(self.job, self.line_prefix))
+            self._start_attempt()
+        except BaseException as exc:
+            self._tell_others(exc)
+            self._end(error=exc)
+            raise
+
+    def _tell_others(self, error: BaseException) -> None:
+        """This node's ranks could not start (or were interrupted while starting): the
+        other nodes must not wait for them."""
+        if self.link is None:
+            return
+        if isinstance(error, KeyboardInterrupt):
+            self.link.tell_interrupted(self.attempt, self.record)
+        else:
+            kind = f"{type(error).__module__}.{type(error).__qualname__}"
+            what = f"its ranks could not start ({type(error).__name__}: {error})"
+            self.link.tell_ended(self.attempt, self.record, what, kind)
+
+    def _start_attempt(self) -> None:
+        specs = self.plan.for_attempt(self.job, self.attempt)
+        self.record = record = RunRecord([s.rank for s in specs])
+        view = self.view
 
         def on_event(event: Event) -> None:
             record.on_event(event)
@@ -173,53 +300,82 @@ class _Launch:
             for event in record.on_exit(proc):
                 view.handle(event)
 
+        self._announced = False
         self.group = WorkerGroup(
-            plan.specs, plan.start_method, task, plan.listen, on_event, on_exit, plan.grace_period
+            specs,
+            self.plan.start_method,
+            self.task,
+            self._listen,
+            on_event,
+            on_exit,
+            self.plan.grace_period,
         )
-        plan.listen = None  # the group owns it now
-        self.t0 = time.time()
+        self._listen = None  # the group owns it now
+        self.group.start()
 
-    def start(self) -> None:
-        self.view.handle(self.plan.started_event())
-        try:
-            self.group.start()
-        except BaseException:
-            self._end()
-            raise
+    # -- run ---------------------------------------------------------------------------
 
     def run(self) -> list[Any] | BaseException:
-        """Start, pump until every rank ended; the results, or the exception to raise
-        (Ctrl-C: stop every rank and re-raise)."""
+        """Start, pump until every rank ended (restarting as the policy says); the results,
+        or the exception to raise (Ctrl-C: stop every rank and re-raise)."""
         self.start()
         try:
-            self._pump()
+            self._attempts()
         except KeyboardInterrupt:
-            self.record.stopping = self.record.interrupted = True
-            self.group.stop()
+            self._interrupted()
             raise
         finally:
             self._end()
         return self._outcome()
 
+    def _attempts(self) -> None:
+        while True:
+            self._pump()
+            if not self._next_attempt():
+                return
+
     def _pump(self) -> None:
-        group, record = self.group, self.record
+        group, record, link = self.group, self.record, self.link
+        assert group is not None
+        wake = link.wake_fd if link is not None and link.job.num_nodes > 1 else None
         while not group.finished:
-            group.pump(0.5)
+            group.pump(0.5, wake=wake)
             self.view.tick()
+            if link is not None and wake is not None and not record.stopping:
+                reason = link.heard(self.attempt)
+                if reason is not None:  # collateral of another node's end
+                    record.stopping, record.stop_reason = True, reason
+                    self._announced = True  # nothing of ours to announce
+                    group.terminate()
             if record.failed and not record.stopping:
                 record.stopping = True
                 group.terminate()
+            if record.failed and link is not None and not self._announced:
+                self._announced = True
+                link.announce(self.attempt)
 
     def interrupt(self) -> None:
         """Stop every rank (a non-blocking launch's ``cancel()``, or Ctrl-C on its result)."""
+        self.interrupted = True
         self.record.stopping = self.record.interrupted = True
-        self.group.terminate()
+        if self.group is not None:
+            self.group.terminate()
+
+    def _interrupted(self) -> None:
+        """Ctrl-C: stop this node's ranks now; tell the other nodes (see
+        :meth:`NodeLink.tell_interrupted`)."""
+        self.interrupted = True
+        self.record.stopping = self.record.interrupted = True
+        if self.group is not None:
+            self.group.stop()
+        if self.link is not None:
+            self.link.tell_interrupted(self.attempt, self.record)
 
     def finish_into(self, handle: TaskHandle) -> None:
-        """A non-blocking launch's thread: pump, then settle ``handle``."""
+        """A non-blocking launch's thread: pump (and restart), then settle ``handle``."""
         try:
             try:
-                self._pump()
+                self._attempts()
             finally:
                 self._end()
             outcome = self._outcome()
@@ -230,26 +386,101 @@ class _Launch:
         else:
             handle.set_result(outcome)
 
-    def _end(self) -> None:
+    # -- between attempts --------------------------------------------------------------
+
+    def _next_attempt(self) -> bool:
+        """Every rank of this attempt ended: judge it (with every node), and start the
+        next attempt when the policy (and every node) says so."""
+        assert self.group is not None
         self.group.close()
-        record = self.record
-        self.verdict = verdict = record.verdict()
-        n = len(self.plan.specs)
-        summary = summary_line(verdict, n, record.interrupted)
-        ok = verdict.ok and not record.interrupted
-        rank = None if record.interrupted else getattr(verdict.cause, "rank", None)
-        now = time.time()
+        record, link = self.record, self.link
+        interrupted = self.interrupted or record.interrupted
+        if link is not None and interrupted:
+            link.tell_interrupted(self.attempt, record)
+        if link is None or interrupted:
+            self.verdict, self.exc_data = record.verdict(), dict(record.exc_data)
+        else:
+            self.verdict, self.exc_data = link.judge(self.attempt, record, self.view.tick)
+        verdict = self.verdict
+        if verdict.ok or interrupted:
+            return False
+        restart = self.attempt < self.policy.max_restarts and self.policy.restarts(
+            verdict, self.exc_data
+        )
+        if link is not None:
+            restart = link.agree(self.attempt, restart)
+        if not restart or self.interrupted:
+            return False
+        assert verdict.cause is not None
+        cause = verdict.cause.describe()
+        self.history.append(cause)
+        self.attempt += 1
         self.view.handle(
-            LaunchFinished(ok, summary, rank, now - self.t0, now, verdict.failed_ranks)
+            LaunchRestarting(self.attempt, self.policy.max_restarts, cause, time.time())
+        )
+        self.verdict = None
+        try:
+            self._start_attempt()
+        except BaseException as exc:
+            self._tell_others(exc)
+            self._end(error=exc)
+            raise
+        return True
+
+    # -- the end -----------------------------------------------------------------------
+
+    def _end(self, error: BaseException | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            if self.group is not None:
+                self.group.close()
+        finally:
+            if self.job is not None:
+                self.job.close()
+            elif self._listen is not None:
+                self._listen.close()
+        record = self.record
+        interrupted = self.interrupted or record.interrupted
+        if self.verdict is None:
+            self.verdict = record.verdict()
+            self.exc_data = dict(record.exc_data)
+        verdict = self.verdict
+        now = time.time()
+        if isinstance(error, KeyboardInterrupt):
+            summary, ok, rank = "interrupted while starting", False, None
+        elif error is not None:  # the nodes never met, or the ranks could not start
+            summary, ok, rank = f"{type(error).__name__}: {error}", False, None
+        else:
+            summary = summary_line(verdict, self.world_size, interrupted)
+            ok = verdict.ok and not interrupted
+            rank = None if interrupted else getattr(verdict.cause, "rank", None)
+        if self.attempt:
+            summary += f" (after {self.attempt} restart{'s' if self.attempt > 1 else ''})"
+        self.view.handle(
+            LaunchFinished(
+                ok, summary, rank, now - self.t0, now, verdict.failed_ranks, self.attempt
+            )
         )
         self.view.close()
 
     def _outcome(self) -> list[Any] | BaseException:
-        record, ranks = self.record, self.plan.ranks
-        if record.interrupted:
+        record = self.record
+        assert self.verdict is not None
+        ranks = record.ranks
+        if self.interrupted or record.interrupted:
             return KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
+        cause = self.verdict.cause
+        if cause is not None and cause.exc_type == "builtins.KeyboardInterrupt":  # elsewhere
+            report = LaunchFailure(cause, list(self.verdict.failures), self.world_size)
+            return RankFailedError(
+                f"the launch was {cause.message}: every rank of the job was stopped.\n"
+                + report.summary(),
+                report,
+            )
         if not self.verdict.ok:
-            return exception_for(self.verdict, len(ranks), record.exc_data)
+            return exception_for(self.verdict, self.world_size, self.exc_data, self.history)
         missing = [r for r in ranks if r not in record.results]
         if missing:  # cannot happen without a failure record; never return a short list
             return LaunchError(f"ranks {missing} ended without a result")

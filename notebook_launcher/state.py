@@ -10,9 +10,10 @@ Where the process group comes from (decided once, on the first ``PartialState()`
 * inside a worker of :func:`notebook_launcher.notebook_launcher`, or any process where the
   default group already exists: the group is adopted (rank and world size come from
   ``torch.distributed``), giving ``MULTI_CPU`` on gloo and ``MULTI_GPU`` on nccl;
-* under ``torchrun`` (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` set, no group yet): the
-  group is created here (gloo on CPU, nccl with CUDA) and destroyed by
-  :meth:`PartialState.destroy_process_group` or :func:`_reset_state`;
+* under ``torchrun`` (``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` set, no group yet) or
+  a Slurm job step (``srun``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``; see
+  :func:`launch_env`): the group is created here (gloo on CPU, nccl with CUDA) and destroyed
+  by :meth:`PartialState.destroy_process_group` or :func:`_reset_state`;
 * otherwise a plain single process: ``DistributedType.NO``, ``num_processes == 1``.
 
 Differences from Accelerate (defects fixed, names kept):
@@ -52,9 +53,11 @@ import functools
 import itertools
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -112,10 +115,75 @@ def _env_int(*keys: str, default: int) -> int:
 
 
 def _env_wants_group() -> bool:
-    """True under ``torchrun`` and similar: the env describes a group that does not exist yet."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")) and (
-        "MASTER_PORT" in os.environ
+    """True under ``torchrun``, Slurm and similar: the env describes a group that does not
+    exist yet."""
+    return launch_env() is not None
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """A process group the environment describes: this process's place in it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    #: ``tcp://host:port`` when the address is not in ``MASTER_ADDR``/``MASTER_PORT``
+    #: (Slurm), else None (torch reads the env)
+    init_method: str | None
+    source: str  # "torchrun" | "slurm"
+
+
+def launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv | None:
+    """The group ``environ`` (default ``os.environ``) describes, or None.
+
+    * ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (``LOCAL_RANK``): torchrun,
+      ``accelerate launch``, or set by hand;
+    * a Slurm job step of several tasks (``srun``: ``SLURM_STEP_ID``, ``SLURM_PROCID``,
+      ``SLURM_STEP_NUM_TASKS`` or ``SLURM_NTASKS``, ``SLURM_LOCALID``): the store is on the
+      first node of the step (``MASTER_ADDR`` overrides), port ``MASTER_PORT`` or 15000 plus
+      the last four digits of ``SLURM_JOB_ID``. A batch script or a notebook kernel in an
+      allocation is not a step of several tasks: a plain single process.
+    """
+    env = os.environ if environ is None else environ
+
+    def num(key: str, default: int | None = None) -> int | None:
+        value = env.get(key, "").strip()
+        return int(value) if value.lstrip("-").isdigit() else default
+
+    if all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        rank = num("RANK", 0) or 0
+        return LaunchEnv(
+            rank, num("WORLD_SIZE", 1) or 1, num("LOCAL_RANK", rank) or 0, None, "torchrun"
+        )
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    tasks = num("SLURM_STEP_NUM_TASKS", num("SLURM_NTASKS"))
+    procid = num("SLURM_PROCID")
+    if step is None or procid is None or tasks is None or tasks < 2:
+        return None
+    host = env.get("MASTER_ADDR") or first_host(
+        env.get("SLURM_STEP_NODELIST")
+        or env.get("SLURM_JOB_NODELIST")
+        or env.get("SLURM_NODELIST", "")
     )
+    job = env.get("SLURM_JOB_ID", "").strip()
+    port = num("MASTER_PORT") or 15000 + (int(job[-4:]) if job[-4:].isdigit() else 0)
+    if not host:
+        return None
+    where = f"[{host}]" if ":" in host else host
+    local = num("SLURM_LOCALID", 0) or 0
+    return LaunchEnv(procid, tasks, local, f"tcp://{where}:{port}", "slurm")
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm host list: ``node[07-09,12],gpu1`` -> ``node07``."""
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):  # the first item: up to a comma outside brackets
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            end = i
+            break
+    item = nodelist[:end].strip()
+    return re.sub(r"\[([^\],-]+)[^\]]*\]", r"\1", item)
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,7 +527,8 @@ def _build_partial_state(
     created = False
     init_kwargs = dict(kwargs)
     cuda = torch.cuda.is_available() and not cpu
-    if dist.is_available() and not dist.is_initialized() and _env_wants_group():
+    described = launch_env() if dist.is_available() and not dist.is_initialized() else None
+    if described is not None:
         backend = init_kwargs.pop("backend", None) or ("nccl" if cuda else "gloo")
         timeout = init_kwargs.pop("timeout", None)
         if isinstance(timeout, (int, float)):
@@ -467,18 +536,21 @@ def _build_partial_state(
         if timeout is not None:
             init_kwargs["timeout"] = timeout
         if "nccl" in backend:
-            torch.cuda.set_device(_env_int("LOCAL_RANK", default=0))
+            torch.cuda.set_device(described.local_rank)
+        if described.init_method is not None:
+            init_kwargs.setdefault("init_method", described.init_method)
         dist.init_process_group(
             backend=backend,
-            rank=_env_int("RANK", default=0),
-            world_size=_env_int("WORLD_SIZE", default=1),
+            rank=described.rank,
+            world_size=described.world_size,
             **init_kwargs,
         )
         created = True
     if dist.is_available() and dist.is_initialized():
         rank = dist.get_rank()
         world = dist.get_world_size()
-        local = _env_int("LOCAL_RANK", default=rank)
+        env = launch_env()
+        local = env.local_rank if env is not None else _env_int("LOCAL_RANK", default=rank)
         backend_name: str | None = str(dist.get_backend())
         if cuda and backend_name is not None and "nccl" in backend_name:
             device = torch.device("cuda", local % max(torch.cuda.device_count(), 1))

@@ -28,6 +28,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -210,9 +211,35 @@ def _watchdog(case: Case) -> threading.Timer:
     return timer
 
 
-def _outcome(case: Case, module: ModuleType, preamble: Callable[..., dict[str, Any]]) -> dict:
+class _Alarm:
+    """The kernel side's watchdog: SIGALRM, not a thread. A thread running in the kernel
+    would make the launcher choose a forkserver over fork (a lock it holds could hang a
+    forked rank), and their functions are written for fork: they pass a
+    ``multiprocessing.Queue`` that only fork can hand over."""
+
+    def __init__(self, case: Case) -> None:
+        def expire(signum: int, frame: Any) -> None:
+            sys.stderr.write(f"case {case.name} ran over {case.timeout:.0f}s; stacks:\n")
+            faulthandler.dump_traceback(all_threads=True)
+            sys.stderr.flush()
+            os._exit(3)
+
+        self._before = signal.signal(signal.SIGALRM, expire)
+        signal.alarm(max(1, int(case.timeout)))
+
+    def cancel(self) -> None:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self._before)
+
+
+def _outcome(
+    case: Case,
+    module: ModuleType,
+    preamble: Callable[..., dict[str, Any]],
+    watchdog_for: Callable[[Case], Any] = _watchdog,
+) -> dict:
     start = time.monotonic()
-    watchdog = _watchdog(case)
+    watchdog = watchdog_for(case)
     try:
         _fresh_state()
         case.call(module, preamble(module))
@@ -279,7 +306,7 @@ def run_kernel_cases(sources: str, script: str, names: list[str], out_file: str)
     with open(out_file, "a") as out:
         for name in names:
             case = Case(name, lambda m, env, name=name: getattr(m, name)(), timeout=120.0)
-            record = _outcome(case, module, lambda m: {})
+            record = _outcome(case, module, lambda m: {}, _Alarm)
             out.write(json.dumps(record) + "\n")
             out.flush()
 

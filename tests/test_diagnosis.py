@@ -243,3 +243,36 @@ def test_last_words_start_at_a_fatal_error_banner() -> None:
     lines = [f"line {i}\n" for i in range(40)] + ["Fatal Python error: Segmentation fault\n", "x\n"]
     assert last_words(lines).startswith("Fatal Python error")
     assert last_words([f"{i}\n" for i in range(40)]).splitlines()[0] == "15"
+
+
+# --- restarts: which failed attempts start again (max_restarts) -------------------------------
+
+
+RESTARTS = [
+    # (records, restart_on_exception, restarts?)
+    ([died(1, 1.0)], False, True),
+    ([raised(1, 1.0, "builtins.KeyError")], False, False),
+    ([raised(1, 1.0, "builtins.KeyError")], True, True),
+    ([raised(1, 1.0, "builtins.KeyError")], (KeyError,), True),
+    ([raised(1, 1.0, "builtins.KeyError")], (ValueError, OSError), False),
+    ([raised(0, 1.0, "RuntimeError", collateral=True)], False, True),  # a peer vanished
+    ([raised(1, 1.0, "builtins.KeyboardInterrupt")], True, False),  # interrupted elsewhere
+]
+
+
+@pytest.mark.parametrize(("records", "on_exception", "expected"), RESTARTS)
+def test_restart_policy(records: list[RankFailure], on_exception: object, expected: bool) -> None:
+    from notebook_launcher._launch.diagnosis import RestartPolicy
+
+    verdict = diagnose(records, {})
+    exc_data = {1: dump_exception(KeyError("k"))}
+    policy = RestartPolicy(3, on_exception)  # type: ignore[arg-type]
+    assert policy.restarts(verdict, exc_data) is expected
+
+
+def test_a_rank_that_left_never_restarts() -> None:
+    from notebook_launcher._launch.diagnosis import RestartPolicy
+
+    verdict = diagnose([raised(1, 2.0, "RuntimeError", collateral=True)], {0: 1.0})
+    assert verdict.kind == "left"
+    assert not RestartPolicy(3, True).restarts(verdict, {})

@@ -28,6 +28,7 @@ EXPECTED = {
     "PreflightError",
     "ProcessGroupMismatch",
     "RankFailedError",
+    "RendezvousError",
     "SerializationError",
     "Session",
     "SessionBroken",

@@ -257,21 +257,16 @@ NOTEBOOK = [
     Case("test_can_initialize", _call("test_can_initialize")),
     Case("test_clean_cuda_fork", _call("test_clean_cuda_fork")),
     Case("test_static_rdzv_backend", _call("test_static_rdzv_backend")),
-    Case(
-        "test_c10d_rdzv_backend",
-        _call("test_c10d_rdzv_backend"),
-        differs=(
-            "rendezvous is our own store on loopback: rdzv_backend other than 'static' is "
-            "refused before anything starts, not silently ignored"
-        ),
-        raises=r"PreflightError: rdzv_backend='c10d' is not supported",
-    ),
-    Case(
-        "test_fault_tolerant",
-        _call("test_fault_tolerant"),
-        differs="no elastic restarts: max_restarts > 0 is refused before anything starts",
-        raises=r"PreflightError: max_restarts=3 is not supported",
-    ),
+    Case("test_c10d_rdzv_backend", _call("test_c10d_rdzv_backend")),
+    # Their tough nut raises RuntimeError until a queue runs dry, and counts on torch
+    # elastic restarting on any failure. Ours restarts on exceptions only when asked: the
+    # kernel here asks through the environment (see _run_in_kernel), their code unchanged.
+    # On one rank (their ACCELERATE_NUM_PROCESSES=1): with two, the ranks race for the
+    # queue's last item and the loser waits in queue.get() forever (and a rank stopped
+    # inside get() keeps the queue's shared lock). Under elastic the ranks start a few ms
+    # apart; ours enter the function together, once their group is up: it hung 1 run in 15.
+    # Two ranks restarting around an inherited queue: tests/test_multinode.py.
+    Case("test_fault_tolerant", _call("test_fault_tolerant"), processes=1),
     Case(
         "test_monitoring",
         _call("test_monitoring"),
@@ -354,20 +349,23 @@ def _record_launch_failure(out_dir: str, case: Case, error: BaseException) -> No
 
 
 def _run_in_kernel(script: str, cases: list[Case], out_dir: str) -> None:
-    """Their functions that call notebook_launcher: in a child process acting as the kernel."""
+    """Their functions that call notebook_launcher: in a child process acting as the kernel
+    (one per process count: their module reads ``ACCELERATE_NUM_PROCESSES`` once)."""
     env = kernel_env()
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["ACCELERATE_NUM_PROCESSES"] = "2"
+    env["NOTEBOOK_LAUNCHER_RESTART_ON_EXCEPTION"] = "1"  # test_fault_tolerant: as elastic
     out_file = os.path.join(out_dir, "rank0.jsonl")
     command = [sys.executable, "-m", "tests._parity_shim", str(shim.accelerate_sources()), script]
-    subprocess.run(
-        [*command, out_file, *(c.name for c in cases)],
-        env=env,
-        cwd=str(REPO),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    for processes in sorted({c.processes for c in cases}):
+        env["ACCELERATE_NUM_PROCESSES"] = str(processes)
+        subprocess.run(
+            [*command, out_file, *(c.name for c in cases if c.processes == processes)],
+            env=env,
+            cwd=str(REPO),
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
 
 
 @functools.cache

@@ -331,6 +331,62 @@ def test_nodes_group_ranks() -> None:
     assert two.nodes() == {0: [0], 1: [2, 3]}
 
 
+def test_restart_starts_every_row_afresh_and_keeps_the_log() -> None:
+    from notebook_launcher._events import LaunchRestarting
+
+    m = fold(
+        [
+            started(2),
+            *(WorkerStarted(r, r, 100 + r, "cpu", T0) for r in range(2)),
+            Output(0, "stdout", "attempt 0\n", T0),
+            BarrierEnter(0, 0, "train.py:3", "wait_for_everyone", T0 + 0.5),
+            bar(0, 1, 5, 10, 0.6),
+            WorkerExited(1, 101, -9, "SIGKILL", T0 + 1),
+            WorkerStopped(0, "another rank failed", T0 + 1),
+        ]
+    )
+    assert m.alerts()  # rank 1 left rank 0 waiting in barrier #0 of this attempt
+    m.apply(LaunchRestarting(1, 3, "rank 1 (pid 101) died: killed by SIGKILL(-9)", T0 + 1.1))
+    assert [m.ranks[r].status for r in (0, 1)] == [STARTING, STARTING]
+    assert not m.ranks[0].bars and not m.barriers and not m.alerts()
+    assert [t for _, _, t in m.ranks[0].output.lines] == ["attempt 0"]
+    assert m.restart_text() == "restart 1 of 3 (rank 1 (pid 101) died: killed by SIGKILL(-9))"
+    for r in range(2):
+        m.apply(WorkerStarted(r, r, 200 + r, "cpu", T0 + 1.2))
+        m.apply(WorkerFinished(r, T0 + 2))
+    m.apply(LaunchFinished(True, "all 2 ranks finished", None, 2.0, T0 + 2, restarts=1))
+    assert m.summary_line() == "2 ranks, 2.0s, 1 restart: ok"
+
+
+def test_nodes_meeting_then_the_job() -> None:
+    from notebook_launcher._events import RendezvousStarted
+    from notebook_launcher.ui.html import header_parts
+
+    m = fold([RendezvousStarted("c10d", "10.0.0.1:29500", "job", 2, 0, 300.0, T0)])
+    assert "waiting up to 5:00 for 2 nodes: c10d rendezvous 'job' at 10.0.0.1:29500" in (
+        header_parts(m, T0 + 1)
+    )
+    job = started(2, num_nodes=2, node_rank=1, ranks=(2, 3))
+    m.apply(LaunchStarted(**{**job.__dict__, "rendezvous": "c10d rendezvous 'job' at h:1"}))
+    parts = header_parts(m, T0 + 1)
+    assert "node 1 of 2, world size 4" in parts and "gloo, c10d rendezvous 'job' at h:1" in parts
+    never = fold([RendezvousStarted("static", "h:1", "none", 2, 0, 1.0, T0)])
+    never.apply(LaunchFinished(False, "RendezvousError: node 1 did not join", None, 1.0, T0 + 1))
+    assert never.summary_line() == "2 nodes, 1.0s: failed: RendezvousError: node 1 did not join"
+
+
+def test_line_label_follows_the_template() -> None:
+    m = fold([started(2, ranks=(4, 5))])
+    assert m.line_label(5) == "[rank5]"
+    m.started = LaunchStarted(
+        **{
+            **m.started.__dict__,
+            "log_line_prefix_template": "${role_name}[${rank}/${local_rank}]: ",
+        }
+    )  # type: ignore[union-attr]
+    assert m.line_label(5) == "default[5/1]:" and m.line_label(9) == "default[9/]:"
+
+
 def test_unknown_events_change_nothing() -> None:
     m = LaunchModel()
     assert m.apply(object()) == frozenset()  # type: ignore[arg-type]

@@ -193,3 +193,27 @@ def test_transient_lines_are_written_once_committed_and_metrics_at_the_end() -> 
         "notebook_launcher: loss (step 2): rank 0 0.333, rank 1 0.25",
         "notebook_launcher: 2 ranks, 1.0s: ok",
     ]
+
+
+def test_restarts_and_the_line_prefix_template() -> None:
+    from notebook_launcher._events import LaunchRestarting, LaunchStarted, WorkerExited
+
+    first = started(2)
+    templated = LaunchStarted(**{**first.__dict__, "log_line_prefix_template": "${rank}>"})
+    out = render(
+        [
+            templated,
+            Output(1, "stdout", "hi\n", T0),
+            WorkerExited(1, 101, -9, "SIGKILL", T0 + 1),
+            LaunchRestarting(1, 2, "rank 1 (pid 101) died: killed by SIGKILL(-9)", T0 + 1),
+            Output(1, "stdout", "again\n", T0 + 2),
+            LaunchFinished(True, "all 2 ranks finished", None, 3.0, T0 + 3, restarts=1),
+        ],
+        progress=False,
+    )
+    assert out.splitlines() == [
+        "1> hi",
+        "notebook_launcher: restart 1 of 2 (rank 1 (pid 101) died: killed by SIGKILL(-9))",
+        "1> again",
+        "notebook_launcher: 2 ranks, 3.0s, 1 restart: ok",
+    ]

@@ -4,8 +4,11 @@
 * :mod:`.group` -- the worker group: start ranks, pump their channels, stop in stages;
 * :mod:`.forkserver` -- the client of the CUDA-safe forkserver;
 * :mod:`.record` -- what one run's ranks reported, folded into per-rank records;
-* :mod:`.diagnosis` -- pure functions from those records to the root cause and the
-  exception the user catches.
+* :mod:`.diagnosis` -- pure functions from those records to the root cause, the
+  exception the user catches, and whether a failed attempt restarts;
+* :mod:`.rendezvous` -- nodes meeting as one job on torch's rendezvous, and the job's
+  store protocol (bell, reports, decisions, heartbeats);
+* :mod:`.nodes` -- this node's side of each attempt of such a job.
 
 Imports the bottom layer only (and, for ``fork``, the rank entry the child runs); never
 ``ui``: :mod:`notebook_launcher.launcher` is where the process side meets the views.

@@ -16,6 +16,10 @@ The rule (torch elastic's ``ChildFailedError.get_first_failure``, refined):
 4. else, when only collateral errors were raised and some rank had returned, that rank
    **left** the others waiting in a collective;
 5. else the earliest collateral error.
+
+:class:`RestartPolicy` says, from a verdict, whether a launch with ``max_restarts`` starts
+its ranks again: for a death (a signal, an exit code, a node gone), and for an exception
+only when asked.
 """
 
 from __future__ import annotations
@@ -130,6 +134,7 @@ def exception_for(
     verdict: Verdict,
     world_size: int,
     exc_data: Mapping[int, bytes | None] | None = None,
+    restarts: Iterable[str] = (),
 ) -> BaseException:
     """What the user catches for a failed run.
 
@@ -139,14 +144,15 @@ def exception_for(
     type and why when it cannot be rebuilt. ``died``: :class:`WorkerDied` with the exit
     code or signal and the last lines the rank wrote. ``left``:
     :class:`ProcessGroupMismatch` naming who left and where the others waited (with the
-    waiting rank's frames). Every one carries ``launch_failure`` (all ranks' records).
+    waiting rank's frames). Every one carries ``launch_failure`` (all ranks' records, and
+    how each earlier attempt ended when ``restarts`` were made).
     Raising it adds the caller's frames in front of the rank's, as for a local error.
     """
     failure = verdict.cause
     if failure is None:
         raise ValueError("exception_for() needs a failed verdict")
     exc_data = exc_data or {}
-    report = LaunchFailure(failure, list(verdict.failures), world_size)
+    report = LaunchFailure(failure, list(verdict.failures), world_size, list(restarts))
     if verdict.kind == "left":
         return _left_error(verdict, report, exc_data)
     if verdict.kind == "died":
@@ -179,7 +185,9 @@ def exception_for(
 
 def _died_error(failure: RankFailure, world_size: int, report: LaunchFailure) -> WorkerDied:
     tail = failure.message.strip()
+    told = failure.exitcode is None and not failure.signal_name  # describe() says it
     hint = f" {failure.context[0].upper()}{failure.context[1:]}." if failure.context else ""
+    hint = "" if told else hint
     if failure.signal_name == "SIGKILL" and "forkserver" not in failure.context:
         hint += " It was killed from outside (out of memory is a common reason: check `dmesg`)."
     how = failure.describe().split(": ", 1)[1]
@@ -222,4 +230,28 @@ def _left_error(
     return err
 
 
-__all__ = ["Stranded", "Verdict", "diagnose", "exception_for", "summary_line"]
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When an attempt that failed starts again: ``max_restarts`` times at most, for a
+    death (signal, exit code, a node gone), and for exceptions only when asked."""
+
+    max_restarts: int = 0
+    on_exception: bool | tuple[type[BaseException], ...] = False
+
+    def restarts(self, verdict: Verdict, exc_data: Mapping[int, bytes | None]) -> bool:
+        """Whether ``verdict`` (a failed attempt) calls for a restart, attempts left aside.
+        A node interrupted elsewhere (a ``KeyboardInterrupt`` record) never does."""
+        cause = verdict.cause
+        if cause is None or cause.exc_type == "builtins.KeyboardInterrupt":
+            return False
+        if verdict.kind == "died" or (verdict.kind == "raised" and cause.collateral):
+            return True
+        if verdict.kind != "raised" or self.on_exception is False:
+            return False
+        if self.on_exception is True:
+            return True
+        exc = rebuild_exception(exc_data.get(cause.rank)).exc
+        return isinstance(exc, self.on_exception)
+
+
+__all__ = ["RestartPolicy", "Stranded", "Verdict", "diagnose", "exception_for", "summary_line"]

@@ -6,10 +6,15 @@ CUDA initialised), the start method, and the rendezvous port (bound now, so no o
 process can take it). The plan holds one :class:`~notebook_launcher._spec.WorkerSpec` per
 local rank and the task in the form the start method needs. Shared by one-shot launches
 and persistent sessions.
+
+A launch across nodes (or with restarts) binds nothing here: its rendezvous
+(:mod:`.rendezvous`) decides this node's ranks, and :meth:`LaunchPlan.for_attempt` gives
+the specs of each attempt.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import socket
@@ -27,6 +32,7 @@ from .._serialization import dumps_checked, payload_size_warning, share_class_id
 from .._spec import WorkerSpec
 from ..errors import LargePayloadWarning
 from . import preflight
+from .rendezvous import NodeJob, RendezvousConfig
 
 #: Imported in the kernel before forking, so that every rank inherits them instead of
 #: importing them itself (tqdm's patch and the state module are used by most functions).
@@ -46,6 +52,9 @@ class LaunchPlan:
     num_nodes: int
     node_rank: int
     grace_period: float
+    #: the rendezvous of a launch across nodes, or with restarts; None: one plain node
+    rendezvous: RendezvousConfig | None = None
+    max_restarts: int = 0
 
     @property
     def world_size(self) -> int:
@@ -55,21 +64,54 @@ class LaunchPlan:
     def ranks(self) -> list[int]:
         return [s.rank for s in self.specs]
 
-    def started_event(self) -> LaunchStarted:
-        first = self.specs[0]
+    def started_event(
+        self, job: NodeJob | None = None, line_prefix: str | None = None
+    ) -> LaunchStarted:
+        specs = self.for_attempt(job, 0) if job is not None else self.specs
+        first = specs[0]
         return LaunchStarted(
             world_size=first.world_size,
-            local_world_size=len(self.specs),
-            node_rank=self.node_rank,
-            num_nodes=self.num_nodes,
+            local_world_size=len(specs),
+            node_rank=first.node_rank,
+            num_nodes=first.num_nodes,
             start_method=self.start_method,
             start_reason=self.reason,
             master_addr=first.master_addr,
             master_port=first.master_port,
             backend=first.backend,
-            ranks=tuple(self.ranks),
+            ranks=tuple(s.rank for s in specs),
             time=time.time(),
+            max_restarts=self.max_restarts,
+            rendezvous=job.describe() if job is not None and self._shown(job) else "",
+            log_line_prefix_template=line_prefix,
         )
+
+    @staticmethod
+    def _shown(job: NodeJob) -> bool:
+        """Whether the views name the rendezvous (not for one node that only restarts)."""
+        return job.num_nodes > 1 or job.config.backend != "static"
+
+    def for_attempt(self, job: NodeJob | None, attempt: int) -> list[WorkerSpec]:
+        """The specs of attempt ``attempt`` (0: the first): with a job, this node's ranks in
+        it, joining the job's store under the attempt's own prefix."""
+        if job is None:
+            return self.specs
+        first = job.first_rank()
+        return [
+            dataclasses.replace(
+                spec,
+                rank=first + spec.local_rank,
+                world_size=job.world_size,
+                node_rank=job.group_rank,
+                num_nodes=job.num_nodes,
+                master_addr=job.host,
+                master_port=job.port,
+                store_prefix=job.worker_prefix(attempt),
+                restart_count=attempt,
+                max_restarts=self.max_restarts,
+            )
+            for spec in self.specs
+        ]
 
     def close(self) -> None:
         """Release the listening socket if nobody took it (a launch that never started)."""
@@ -89,9 +131,11 @@ def plan_launch(
     num_nodes: int = 1,
     start_method: str | None = None,
     grace_period: Any = 1.0,
-    unsupported: dict[str, tuple[Any, Any]] | None = None,
+    rendezvous: RendezvousConfig | None = None,
+    max_restarts: int = 0,
 ) -> LaunchPlan:
-    """Check everything, choose the start method, bind the rendezvous port.
+    """Check everything, choose the start method, bind the rendezvous port (unless a
+    ``rendezvous`` of nodes will decide where the store is).
 
     ``function`` is checked when given (a session has none at start). Raises
     :class:`~notebook_launcher.errors.PreflightError` naming the fix.
@@ -102,7 +146,6 @@ def plan_launch(
     preflight.check_nodes(num_nodes, node_rank)
     preflight.check_master_addr(master_addr)
     grace = preflight.check_grace_period(grace_period)
-    preflight.check_unsupported(**(unsupported or {}))
     gpus = preflight.cuda_device_count()
     nprocs = preflight.resolve_num_processes(num_processes, gpus)
     precision = preflight.check_mixed_precision(mixed_precision, gpus)
@@ -114,14 +157,19 @@ def plan_launch(
     fork_safe = preflight.fork_is_safe() if wants_fork else True  # may fork a probe
     busy = preflight.busy_threads() if wants_fork else []
     method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe, busy)
-    listen, port, port_note = preflight.bind_rendezvous(master_addr, use_port, node_rank)
-    if port_note:
-        reason += f"; {port_note}, using {port}"
+    if rendezvous is None:
+        listen, port, port_note = preflight.bind_rendezvous(master_addr, use_port, node_rank)
+        if port_note:
+            reason += f"; {port_note}, using {port}"
+    else:  # the rendezvous binds, on the node that holds its store
+        listen, master_addr, port = None, rendezvous.host, rendezvous.port
     threads = 1 if (method == "fork" and not fork_safe) else threads_per_rank(nprocs)
     specs = _specs(
         nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method, threads
     )
-    return LaunchPlan(specs, method, reason, listen, num_nodes, node_rank, grace)
+    return LaunchPlan(
+        specs, method, reason, listen, num_nodes, node_rank, grace, rendezvous, max_restarts
+    )
 
 
 def prepare_task(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str) -> Any:

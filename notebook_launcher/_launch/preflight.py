@@ -17,6 +17,7 @@ from .._posix import die_with_parent, quiet_fork
 from .._spec import LAUNCHER_ENV
 from ..errors import PreflightError
 from ..utils.constants import FP16_ON_CPU_WARNING, parse_mixed_precision
+from .rendezvous import RendezvousConfig
 
 START_METHODS = ("fork", "spawn", "forkserver")
 
@@ -108,14 +109,132 @@ def check_grace_period(grace_period: Any) -> float:
     return float(grace_period)
 
 
-def check_unsupported(**options: tuple[Any, Any]) -> None:
-    """Accelerate options we accept by name but do not implement yet: refuse non-defaults."""
-    for name, (value, default) in options.items():
-        if value != default:
-            raise PreflightError(
-                f"{name}={value!r} is not supported by notebook_launcher yet (only the "
-                f"default {default!r}). Remove the argument."
-            )
+RDZV_BACKENDS = ("static", "c10d")
+#: Seconds a node waits for the others by default: time to start the same cell on each.
+DEFAULT_JOIN_TIMEOUT = 300.0
+
+
+def check_rendezvous(
+    backend: Any,
+    endpoint: Any,
+    conf: Any,
+    run_id: Any,
+    *,
+    master_addr: str,
+    use_port: Any,
+    num_nodes: int,
+    node_rank: int,
+    join_timeout: Any,
+    max_restarts: int,
+) -> RendezvousConfig | None:
+    """The rendezvous of a launch that needs one -- several nodes, the c10d backend, an
+    endpoint, or restarts -- checked; None for a plain launch on one node (rank 0 then
+    holds the store on the kernel's listening socket, as always)."""
+    if not isinstance(backend, str) or backend.lower() not in RDZV_BACKENDS:
+        raise PreflightError(
+            f"rdzv_backend={backend!r} is not supported: use 'static' (node_rank says who is "
+            "who) or 'c10d' (torch assigns the node ranks)."
+        )
+    backend = backend.lower()
+    if not isinstance(endpoint, str):
+        raise PreflightError(f"rdzv_endpoint must be 'host:port' or '', got {endpoint!r}.")
+    if conf is not None and not (isinstance(conf, dict) and all(isinstance(k, str) for k in conf)):
+        raise PreflightError(
+            f"rdzv_conf must be a dict of option names to values (e.g. "
+            f"{{'join_timeout': 600}}), got {conf!r}."
+        )
+    if not isinstance(run_id, str) or not run_id:
+        raise PreflightError(f"rdzv_id must be a non-empty string, got {run_id!r}.")
+    if isinstance(join_timeout, bool) or not isinstance(join_timeout, (int, float)):
+        raise PreflightError(f"join_timeout must be a number of seconds, got {join_timeout!r}.")
+    if not join_timeout > 0:
+        raise PreflightError(f"join_timeout must be > 0 seconds, got {join_timeout!r}.")
+    if num_nodes == 1 and backend == "static" and not endpoint and not max_restarts:
+        return None
+    conf = dict(conf or {})
+    timeout = float(conf.pop("join_timeout", join_timeout))
+    host, port = _parse_endpoint(endpoint, master_addr, use_port, num_nodes)
+    return RendezvousConfig(backend, host, port, run_id, conf, num_nodes, node_rank, timeout)
+
+
+def _parse_endpoint(
+    endpoint: str, master_addr: str, use_port: Any, num_nodes: int
+) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``host`` (then ``use_port``); empty: master_addr and
+    use_port, as Accelerate does. ``use_port="auto"`` is for one node only."""
+    text = endpoint.strip()
+    host, port_text = master_addr, None
+    if text:
+        if text.startswith("["):
+            host, _, rest = text[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else None
+        elif text.count(":") == 1:
+            host, port_text = text.split(":")
+        else:
+            host = text
+    if port_text is None:
+        if use_port is None or str(use_port).lower() == "auto":
+            if num_nodes > 1:
+                raise PreflightError(
+                    "with several nodes, every node needs the same rendezvous port: give "
+                    "use_port=29500 (or rdzv_endpoint='host:port'), not 'auto'."
+                )
+            return host, 0
+        port_text = str(use_port)
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise PreflightError(
+            f"the rendezvous port must be a number, got {port_text!r} (rdzv_endpoint="
+            f"{endpoint!r}, use_port={use_port!r})."
+        ) from None
+    if not 0 < port < 65536 or not host:
+        raise PreflightError(f"rendezvous endpoint {host}:{port} is not a host and a TCP port.")
+    return host, port
+
+
+def check_max_restarts(max_restarts: Any) -> int:
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise PreflightError(
+            f"max_restarts must be a whole number >= 0 (restarts of every rank after one "
+            f"dies), got {max_restarts!r}."
+        )
+    return max_restarts
+
+
+def check_restart_on_exception(value: Any) -> bool | tuple[type[BaseException], ...]:
+    """``False`` (a raised exception ends the launch), ``True`` (any restarts, as torch
+    elastic does), or exception classes that restart (e.g. ``(ConnectionError,)``).
+    ``None``: env ``NOTEBOOK_LAUNCHER_RESTART_ON_EXCEPTION`` (``1``: any), else False."""
+    if value is None:
+        value = os.environ.get("NOTEBOOK_LAUNCHER_RESTART_ON_EXCEPTION", "").lower() in (
+            "1",
+            "true",
+            "yes",
+        )
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, type) and issubclass(value, BaseException):
+        return (value,)
+    if (
+        isinstance(value, tuple)
+        and value
+        and all(isinstance(t, type) and issubclass(t, BaseException) for t in value)
+    ):
+        return value
+    raise PreflightError(
+        f"restart_on_exception must be True, False, an exception class or a tuple of them, "
+        f"got {value!r}."
+    )
+
+
+def check_log_line_prefix_template(template: Any) -> str | None:
+    if template is not None and not isinstance(template, str):
+        raise PreflightError(
+            "log_line_prefix_template must be a string such as '[${rank}]: ' (torch "
+            f"elastic's ${{rank}}, ${{local_rank}}, ${{role_name}}), got {template!r}."
+        )
+    return template
 
 
 def _unknown_native_threads() -> frozenset[int]:
@@ -202,6 +321,9 @@ _INFRASTRUCTURE = (
     "tornado.",
     "tqdm.",
     "notebook_launcher.",
+    # a multiprocessing.Queue's feeder: a forked rank resets the queues it inherits, as
+    # multiprocessing's own fork children do (see _worker.entry), and never uses it
+    "multiprocessing.queues.",
     "debugpy",
     "pydevd",
     "_pydevd",

@@ -80,6 +80,9 @@ class RunRecord:
         self.stopping = False
         self.interrupted = False
         self.failed = False
+        #: why the caller stopped the ranks, when not for a failure here or an interrupt
+        #: (e.g. "a rank on node 1 failed")
+        self.stop_reason = ""
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, Output):
@@ -138,7 +141,7 @@ class RunRecord:
         """We stopped the rank (it was interrupted, or another rank failed)."""
         now = time.time()
         self.failures.append(RankFailure(rank, "stopped", pid, time=now))
-        reason = "interrupted" if self.interrupted else "another rank failed"
+        reason = "interrupted" if self.interrupted else self.stop_reason or "another rank failed"
         return [WorkerStopped(rank, reason, now)]
 
     def died(self, proc: WorkerProcess) -> list[Event]:

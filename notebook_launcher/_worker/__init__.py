@@ -5,6 +5,8 @@
 * :mod:`.progress` -- tqdm bars become progress events;
 * :mod:`.barriers` -- barrier telemetry for ``wait_for_everyone`` and friends;
 * :mod:`.forkserver` -- the forkserver process (imports torch once, forks ranks);
+* :mod:`.script` -- what ``python -m notebook_launcher run`` runs in a rank (a script, a
+  module, a ``module:function``);
 * ``python -m notebook_launcher._worker`` -- a spawned rank (``__main__``).
 
 Imports the bottom layer only (``_events``, ``_spec``, ``_posix``, ``_wire``,

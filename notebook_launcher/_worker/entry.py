@@ -10,7 +10,8 @@ forkserver, or a fresh interpreter with ``spawn``):
 * the write ends of two pipes that become its fd 1 and fd 2, so everything the rank
   prints -- Python, C++, subprocesses -- reaches the kernel labelled with its rank;
 * for rank 0 only, the listening socket of the rendezvous store, bound by the kernel
-  (no port race).
+  (no port race) -- unless the launch spans nodes or restarts: then a node's kernel holds
+  the store and every rank joins as a client, under a key prefix of its attempt.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def _set_environment(spec: WorkerSpec) -> None:
             "LOCAL_WORLD_SIZE": str(spec.local_world_size),
             "NODE_RANK": str(spec.node_rank),
             "GROUP_RANK": str(spec.node_rank),
+            "GROUP_WORLD_SIZE": str(spec.num_nodes),
+            # what torch elastic tells its workers: code that resumes from a checkpoint
+            # on a restart reads it
+            "TORCHELASTIC_RESTART_COUNT": str(spec.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
             "MASTER_ADDR": spec.master_addr,
             "MASTER_PORT": str(spec.master_port),
             runtime.LAUNCHER_ENV: "1",
@@ -113,13 +119,18 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> tuple[str, A
         torch.cuda.set_device(spec.local_rank)
         device = f"cuda:{spec.local_rank}"
     timeout = timedelta(seconds=spec.pg_timeout_s)
-    is_master = spec.rank == 0
-    store_kwargs: dict[str, Any] = {"timeout": timeout, "wait_for_workers": False}
-    if is_master and listen_fd is not None:
-        store_kwargs["master_listen_fd"] = listen_fd
-    store = dist.TCPStore(
-        spec.master_addr, spec.master_port, spec.world_size, is_master, **store_kwargs
-    )
+    store: Any
+    if spec.store_prefix is not None:  # a node's kernel holds the store: join as a client
+        client = dist.TCPStore(spec.master_addr, spec.master_port, is_master=False, timeout=timeout)
+        store = dist.PrefixStore(spec.store_prefix, client)
+    else:
+        is_master = spec.rank == 0
+        store_kwargs: dict[str, Any] = {"timeout": timeout, "wait_for_workers": False}
+        if is_master and listen_fd is not None:
+            store_kwargs["master_listen_fd"] = listen_fd
+        store = dist.TCPStore(
+            spec.master_addr, spec.master_port, spec.world_size, is_master, **store_kwargs
+        )
     dist.init_process_group(
         spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
     )
@@ -149,7 +160,10 @@ def run(
     """
     code = 1
     channel = Channel(conn)
+    forked = spec is not None  # fork: the kernel's memory, its multiprocessing objects too
     try:
+        if forked:
+            _adopt_multiprocessing()
         die_with_parent(expected_parent)
         lead_own_process_group()  # the kernel's interrupts are not ours; our children are
         guard_process_group()  # ...and they die with us, even if the kernel is killed
@@ -169,11 +183,32 @@ def run(
             pass
     finally:
         try:
+            _finish_multiprocessing()
             sys.stdout.flush()
             sys.stderr.flush()
         except BaseException:  # noqa: BLE001
             pass
         os._exit(code)
+
+
+def _adopt_multiprocessing() -> None:
+    """What ``multiprocessing`` does first in a child it forks: forget the kernel's
+    finalizers (a kernel's Pool would otherwise be terminated from here at exit) and run its
+    after-fork hooks, so that an inherited ``multiprocessing.Queue`` gets its own feeder
+    thread and locks. Accelerate's notebooks pass such queues to the launched function."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return
+    util._finalizer_registry.clear()
+    util._run_after_forkers()
+
+
+def _finish_multiprocessing() -> None:
+    """What ``multiprocessing`` does last in its children: run this rank's finalizers, so
+    that what it put in a queue is flushed before ``os._exit``."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util._run_finalizers()
 
 
 def _serve(

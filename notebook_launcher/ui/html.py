@@ -80,12 +80,18 @@ def header_parts(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> lis
         n = s.local_world_size
         parts.append(f"{n} rank{'s' if n != 1 else ''}")
         if s.num_nodes > 1:
-            parts.append(f"node {s.node_rank} of {s.num_nodes}")
+            parts.append(f"node {s.node_rank} of {s.num_nodes}, world size {s.world_size}")
         reason, _, port_note = s.start_reason.partition("; ")
         port_note = port_note.rsplit(", using ", 1)[0]
         parts.append(f"{s.start_method}: {reason}" if reason else s.start_method)
         where = f"{s.backend} on {s.master_addr}:{s.master_port}"
+        if s.rendezvous:
+            where = f"{s.backend}, {s.rendezvous}"
         parts.append(f"{where} ({port_note})" if port_note else where)
+    elif m.rendezvous is not None:
+        parts.append(m.waiting_text())
+    if m.restarts:
+        parts.append(m.restart_text())
     if m.finished is None:
         parts.append(f"running {clock(m.elapsed(now))}")
     else:

@@ -23,6 +23,7 @@ show "elapsed" or "waiting for" take ``now`` so tests need no real clock.
 from __future__ import annotations
 
 import re
+import string
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,10 +34,12 @@ from .._events import (
     BarrierExit,
     Event,
     LaunchFinished,
+    LaunchRestarting,
     LaunchStarted,
     MetricsLogged,
     Output,
     ProgressUpdate,
+    RendezvousStarted,
     WorkerExited,
     WorkerFailed,
     WorkerFinished,
@@ -438,6 +441,10 @@ class LaunchModel:
         self.max_lines_per_rank = max_lines_per_rank
         self.started: LaunchStarted | None = None
         self.finished: LaunchFinished | None = None
+        #: a launch across nodes: the rendezvous it waits in (or waited in)
+        self.rendezvous: RendezvousStarted | None = None
+        #: ``max_restarts``: every restart so far, oldest first
+        self.restarts: list[LaunchRestarting] = []
         self.ranks: dict[int, RankState] = {}
         self.barriers: dict[int, BarrierRecord] = {}
         self.dropped_barriers = 0  # passed barriers forgotten to keep the history bounded
@@ -544,15 +551,52 @@ class LaunchModel:
         """``2 ranks, 3.1s: ok`` or ``2 ranks, 3.1s: failed: rank 1 raised ValueError: boom``."""
         n = self.world_size
         head = f"{n} rank{'s' if n != 1 else ''}"
+        if self.started is None and self.rendezvous is not None:  # the nodes never met
+            head = f"{self.rendezvous.num_nodes} nodes"
         if self.finished is None:
             return f"{head}: running"
         head += f", {fmt_duration(self.finished.wall_time)}"
+        k = self.finished.restarts
+        if k:
+            head += f", {k} restart{'s' if k > 1 else ''}"
         if self.finished.ok:
             return f"{head}: ok"
         cause = self.root_cause()
         if cause is not None and cause.status in (FAILED, DIED, STOPPED):
             return f"{head}: failed: rank {cause.rank} {cause.outcome()}"
         return f"{head}: failed: {self.finished.summary}"
+
+    def restart_text(self) -> str:
+        """``restart 2 of 3 (rank 1 (pid 12) died: killed by SIGKILL(-9))``; empty before
+        any restart."""
+        if not self.restarts:
+            return ""
+        last = self.restarts[-1]
+        return f"restart {last.attempt} of {last.max_restarts} ({last.cause})"
+
+    def waiting_text(self) -> str:
+        """While the nodes meet: ``waiting for 2 nodes: c10d rendezvous 'job' at h:p``."""
+        r = self.rendezvous
+        if r is None or self.started is not None:
+            return ""
+        return (
+            f"waiting up to {fmt_duration(r.timeout)} for {r.num_nodes} nodes: "
+            f"{r.backend} rendezvous '{r.run_id}' at {r.endpoint}"
+        )
+
+    def line_label(self, rank: int) -> str:
+        """The label of a rank's output lines: ``[rank3]``, or the launch's
+        ``log_line_prefix_template`` filled in (torch elastic's ``${rank}``,
+        ``${local_rank}``, ``${role_name}``) without the trailing space it may end with."""
+        template = self.started.log_line_prefix_template if self.started else None
+        if not template:
+            return f"[rank{rank}]"
+        state = self.ranks.get(rank)
+        local = state.local_rank if state is not None else None
+        if local is None and self.started is not None and rank in self.started.ranks:
+            local = self.started.ranks.index(rank)
+        values = {"rank": rank, "local_rank": "" if local is None else local}
+        return string.Template(template).safe_substitute(role_name="default", **values).rstrip()
 
     # -- folding ---------------------------------------------------------------------------
     def rank(self, rank: int) -> RankState:
@@ -574,12 +618,31 @@ class LaunchModel:
             return frozenset()
         return frozenset(handler(self, event))
 
+    def _on_RendezvousStarted(self, e: RendezvousStarted) -> list[Change]:
+        self.rendezvous = e
+        if self.start_time is None:
+            self.start_time = e.time
+        return [("launch",)]
+
     def _on_LaunchStarted(self, e: LaunchStarted) -> list[Change]:
         self.started = e
-        self.start_time = e.time
+        if self.rendezvous is None or self.start_time is None:  # from when nodes met
+            self.start_time = e.time
         for r in e.ranks:
             self.rank(r)
         return [("launch",), *(("rank", r) for r in e.ranks)]
+
+    def _on_LaunchRestarting(self, e: LaunchRestarting) -> list[Change]:
+        """Every rank starts again: each row from scratch (its log goes on), barriers
+        counted afresh (the new attempt's ranks number theirs from 0)."""
+        self.restarts.append(e)
+        self.barriers.clear()
+        self.dropped_barriers = 0
+        changes: list[Change] = [("launch",), ("barriers",)]
+        for r, old in list(self.ranks.items()):
+            self.ranks[r] = RankState(rank=r, output=old.output, local_rank=old.local_rank)
+            changes += [("rank", r), ("bars", r)]
+        return changes
 
     def _on_WorkerStarted(self, e: WorkerStarted) -> list[Change]:
         s = self.rank(e.rank)
@@ -798,7 +861,9 @@ class LaunchModel:
 
 #: Event type -> the model's handler for it.
 HANDLERS: dict[type, Callable[[LaunchModel, Any], list[Change]]] = {
+    RendezvousStarted: LaunchModel._on_RendezvousStarted,
     LaunchStarted: LaunchModel._on_LaunchStarted,
+    LaunchRestarting: LaunchModel._on_LaunchRestarting,
     WorkerStarted: LaunchModel._on_WorkerStarted,
     Output: LaunchModel._on_Output,
     ProgressUpdate: LaunchModel._on_ProgressUpdate,

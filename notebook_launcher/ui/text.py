@@ -29,9 +29,11 @@ from .._events import (
     BarrierEnter,
     Event,
     LaunchFinished,
+    LaunchRestarting,
     LaunchStarted,
     Output,
     ProgressUpdate,
+    RendezvousStarted,
     WorkerExited,
     WorkerFailed,
     WorkerStopped,
@@ -94,12 +96,19 @@ class TextView:
             self.model.apply(event)
             new = min(out.total - before, len(out.lines))
             for _, _, line in list(out.lines)[len(out.lines) - new :]:
-                self._write(f"[rank{event.rank}] {line}\n", stderr=event.stream == "stderr")
+                label = self.model.line_label(event.rank)
+                self._write(f"{label} {line}\n", stderr=event.stream == "stderr")
             return
         self.model.apply(event)
         if isinstance(event, LaunchFinished):
             self._finish()
             return
+        if isinstance(event, RendezvousStarted):  # shown even without progress lines
+            self._write(f"notebook_launcher: {self.model.waiting_text()}\n")
+        elif isinstance(event, LaunchRestarting):
+            self._last_line.clear()
+            self._dirty.clear()
+            self._write(f"notebook_launcher: {self.model.restart_text()}\n")
         if not self.progress:
             return
         now = self.clock()
@@ -151,14 +160,20 @@ class TextView:
     # -- rendering -------------------------------------------------------------------------
     def _flush_tails(self) -> None:
         for rank, stream, line in self.model.flush_tails():
-            self._write(f"[rank{rank}] {line}\n", stderr=stream == "stderr")
+            self._write(f"{self.model.line_label(rank)} {line}\n", stderr=stream == "stderr")
 
     @staticmethod
     def _header(e: LaunchStarted) -> str:
-        nodes = f" on node {e.node_rank} of {e.num_nodes}" if e.num_nodes > 1 else ""
+        nodes = (
+            f" on node {e.node_rank} of {e.num_nodes} (world size {e.world_size})"
+            if e.num_nodes > 1
+            else ""
+        )
+        where = e.rendezvous or f"on {e.master_addr}:{e.master_port}"
+        restarts = f", up to {e.max_restarts} restarts" if e.max_restarts else ""
         return (
             f"{e.local_world_size} rank{'s' if e.local_world_size != 1 else ''}{nodes}, "
-            f"{e.start_method} ({e.start_reason}), {e.backend} on {e.master_addr}:{e.master_port}"
+            f"{e.start_method} ({e.start_reason}), {e.backend} {where}{restarts}"
         )
 
     def rank_line(self, state: RankState, now: float) -> str:
