@@ -170,6 +170,7 @@ class DistMagics:
     # %dist ----------------------------------------------------------------------------------
 
     def dist(self, line: str) -> Any:
+        __tracebackhide__ = True  # a failing rank's traceback reads like the cell's own
         import shlex
 
         try:
@@ -182,8 +183,7 @@ class DistMagics:
         if command == "status":
             return self.session.status() if self.session is not None else "no session"
         if command == "restart":
-            self._need_session().restart()
-            print("restarted: fresh ranks (the old ranks' variables are gone)")
+            self._need_session().restart()  # says that the variables are lost
             return None
         if command == "stop":
             if self.session is not None:
@@ -244,6 +244,7 @@ class DistMagics:
     # %%distributed, %%rank -----------------------------------------------------------------
 
     def distributed(self, line: str, cell: str) -> Any:
+        __tracebackhide__ = True
         import argparse
         import shlex
 
@@ -257,12 +258,14 @@ class DistMagics:
         return self._cell(cell, parse_ranks(args.ranks), args.post_mortem)
 
     def rank(self, line: str, cell: str) -> Any:
+        __tracebackhide__ = True
         ranks = parse_ranks(line)
         if ranks is None:
             raise UsageError("%%rank N (or %%rank 0,2): which ranks run the cell")
         return self._cell(cell, ranks, post_mortem=False)
 
     def _cell(self, cell: str, ranks: list[int] | None, post_mortem: bool) -> Any:
+        __tracebackhide__ = True
         session = self._need_session()
         if post_mortem:
             if not ranks or len(ranks) != 1:

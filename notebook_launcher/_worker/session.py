@@ -62,6 +62,9 @@ class RankSession:
         self.device = device
         self.generation = 0
         self.running = False
+        #: a Run was received and its outcome not yet sent; an interrupt then is for it
+        self.in_task = False
+        self.interrupt_pending = False
         self.last_error: BaseException | None = None
         self.namespace = self._namespace()
 
@@ -90,6 +93,7 @@ class RankSession:
         _current = self
         signal.signal(signal.SIGINT, self._on_sigint)
         collectives.install(self.spec.rank)
+        self._send(Reformed(0))  # serving, in group generation 0: the session is ready
         while True:
             try:
                 message = self.channel.recv()
@@ -107,22 +111,35 @@ class RankSession:
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self.running:
             raise KeyboardInterrupt
+        if self.in_task:  # the task has not started yet (its data is being unpickled):
+            self.interrupt_pending = True  # it starts interrupted
 
     def _run(self, message: Run) -> None:
+        self.in_task, self.interrupt_pending = True, False
+        try:
+            self._run_task(message)
+        finally:
+            self.in_task = False
+
+    def _run_task(self, message: Run) -> None:
         spec, pid = self.spec, os.getpid()
         runtime.reset_barrier_count()
         runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, self.device, time.time()))
+        fn: Any = None
         try:
             fn, args, kwargs = load_task(message.data, spec.rank)
             self.running = True
             try:
+                if self.interrupt_pending:
+                    raise KeyboardInterrupt
                 result = fn(*args, **kwargs)
             finally:
                 self.running = False
             data = _dumps_result(result, spec.rank)
         except BaseException as exc:  # noqa: BLE001 - every failure is the task's
             self.running = False
-            self.last_error = exc
+            if fn not in _INSPECTING:  # a typo while looking must not lose what we look at
+                self.last_error = exc
             _flush()
             failure = exception_to_failure(exc, spec.rank, pid, time.time(), skip_file=__file__)
             raised = Raised(failure, dump_exception(exc), message.task, summarise_locals(exc))
@@ -305,6 +322,9 @@ def post_mortem(source: str, filename: str) -> str | None:
     assert frame is not None
     return _shown(_execute(source, filename, {**frame.f_globals, **frame.f_locals}))
 
+
+#: Tasks that look at the rank's state: their own failures keep the last one to inspect.
+_INSPECTING = (post_mortem, pull)
 
 __all__ = [
     "RankSession",
