@@ -331,7 +331,7 @@ class SessionCore:
         for rank in task.pending - task.interrupted:
             assert self.group is not None
             if rank in task.started:
-                self.group.proc(rank).send_signal(signal.SIGINT)
+                _interrupt_rank(self.group.proc(rank))
             else:
                 task.interrupt_on_start.add(rank)
             task.interrupted.add(rank)
@@ -361,7 +361,7 @@ class SessionCore:
             if isinstance(event, WorkerStarted):
                 task.started.add(event.rank)
                 if event.rank in task.interrupt_on_start and self.group is not None:
-                    self.group.proc(event.rank).send_signal(signal.SIGINT)
+                    _interrupt_rank(self.group.proc(event.rank))
             if isinstance(event, BarrierEnter) and task.mismatch is None:
                 outside = [r for r in self.world if r not in task.ranks]
                 if outside:
@@ -506,7 +506,8 @@ class SessionCore:
             summary = f"interrupted: ranks {task.ranks} stopped their task; the session lives on"
         else:
             summary = summary_line(verdict, n, interrupted)
-        ok = verdict.ok and not interrupted and task.mismatch is None and self.broken is None
+        missing = [r for r in task.ranks if r not in record.results]
+        ok = not (missing or interrupted or task.mismatch or self.broken or not verdict.ok)
         now = time.time()
         rank = getattr(verdict.cause, "rank", None)
         task.view.handle(
@@ -518,7 +519,9 @@ class SessionCore:
             task.handle.set_result([record.results.get(r) for r in task.ranks])
             return
         exc: BaseException
-        if task.mismatch is not None:
+        if self._closing:
+            exc = LaunchError("the session was closed while the task ran")
+        elif task.mismatch is not None:
             failure = RankFailure(task.ranks[0], "left", message=task.mismatch, time=now)
             from ..errors import LaunchFailure
 
@@ -538,8 +541,10 @@ class SessionCore:
                     f"Variables in rank {verdict.cause.rank}'s failing frame:\n  "
                     + "\n  ".join(rows),
                 )
-        else:
+        elif self.broken is not None:
             exc = SessionBroken(f"the session broke while the task ran: {self.broken}")
+        else:  # never a short list: say which ranks did not answer
+            exc = LaunchError(f"ranks {missing} of the task ended without a result")
         for note in notes:
             if hasattr(exc, "add_note"):
                 exc.add_note(note)
@@ -606,6 +611,29 @@ class SessionCore:
     @property
     def closed(self) -> bool:
         return self._closing
+
+
+#: ``pidfd_send_signal`` flag (Linux 6.9): to the thread the pidfd names, not the process.
+PIDFD_SIGNAL_THREAD = 1
+
+
+def _interrupt_rank(proc: WorkerProcess) -> None:
+    """SIGINT to the rank's main thread, where its task runs.
+
+    Sent to the process, the kernel may hand the signal to any of the rank's threads
+    (gloo's, OpenMP's): Python then notes it, but the main thread sleeps on in a blocking
+    call (``time.sleep``) until something else wakes it -- the interrupt is seen seconds
+    later or never. Sent to the main thread (the process's first, whose tid is its pid),
+    it interrupts that call. Older kernels lack the flag: then to the process.
+    """
+    if proc.exited:
+        return
+    try:
+        signal.pidfd_send_signal(proc.pidfd, signal.SIGINT, None, PIDFD_SIGNAL_THREAD)
+    except ProcessLookupError:
+        pass
+    except OSError:  # EINVAL: a kernel before 6.9
+        proc.send_signal(signal.SIGINT)
 
 
 def _where(location: str) -> str:
