@@ -150,10 +150,10 @@ class RankSession:
         self._send(Returned(data, message.task))
 
     def _send(self, message: Any) -> None:
-        try:
-            self.channel.send(message)
-        except KeyboardInterrupt:  # a late interrupt: the message must still go
-            self.channel.send(message)
+        """Send an answer (never interrupted: SIGINT only raises while a task runs), under
+        the lock of :func:`runtime.emit`: the barrier watchdog thread may be sending an
+        event at the same moment, and two frames must not interleave."""
+        runtime.send(message)
 
     def _reform(self, generation: int) -> None:
         import torch.distributed as dist
