@@ -33,6 +33,7 @@ From a rank's exit to the exception the user catches:
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable
@@ -140,8 +141,11 @@ def notebook_launcher(
         return outcome
     launch.start()  # in this thread: the ranks die with the thread that started them
     handle = TaskHandle(launch.interrupt)
+    # In this cell's context: what the thread shows belongs to this cell (ipykernel keeps
+    # the cell of an output in context variables), not to the cell that runs meanwhile.
+    cell = contextvars.copy_context()
     threading.Thread(
-        target=launch.finish_into, args=(handle,), name="notebook-launcher", daemon=True
+        target=cell.run, args=(launch.finish_into, handle), name="notebook-launcher", daemon=True
     ).start()
     return handle
 

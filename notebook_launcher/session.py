@@ -36,7 +36,7 @@ from ._launch.session import SessionCore, TaskHandle
 from ._serialization import dumps_checked
 from ._worker import session as rank_side
 from .ui import View, view_for
-from .ui.lazy import LazyView
+from .ui.lazy import InCell, LazyView
 
 _live: weakref.WeakSet[Session] = weakref.WeakSet()
 _cells = itertools.count(1)
@@ -128,7 +128,8 @@ class Session:
         choice = self._options["dashboard"] if dashboard is None else dashboard
         if not isinstance(choice, (bool, str)):
             return view_for(choice)  # the caller's own view gets every event
-        return LazyView(lambda: view_for(choice))
+        # The pump thread serves it: what it shows belongs to the cell that asked.
+        return InCell(LazyView(lambda: view_for(choice)))
 
     @property
     def core(self) -> SessionCore:
