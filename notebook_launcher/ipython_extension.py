@@ -192,7 +192,9 @@ class DistMagics:
             self.auto_mode(False)
             return None
         if command == "auto":
-            self.auto_mode((args.names or ["on"])[0] == "on")
+            if args.names not in ([], ["on"], ["off"]):
+                raise UsageError(f"%dist auto on|off, not {' '.join(args.names)!r}")
+            self.auto_mode(args.names != ["off"])
             return None
         if command == "push":
             session = self._need_session()
