@@ -197,10 +197,24 @@ def raises_while_peer_waits() -> int:
     raise ValueError(f"{len(labels)} labels for {len(batch)} samples")
 
 
+def raises_while_peer_waits_and_torch_holds_the_group() -> int:
+    """The same, after creating an optimizer: from then on torch keeps the process group
+    alive after ``destroy_process_group`` (its connections open), so re-forming must shut
+    its sockets down itself to free rank 0."""
+    import torch
+
+    torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    return raises_while_peer_waits()
+
+
 @pytest.mark.parametrize(
     ("task", "reformed"),
-    [(raises_alone, False), (raises_while_peer_waits, True)],
-    ids=["no-collective-pending", "peer-waits-in-collective"],
+    [
+        (raises_alone, False),
+        (raises_while_peer_waits, True),
+        (raises_while_peer_waits_and_torch_holds_the_group, True),
+    ],
+    ids=["no-collective-pending", "peer-waits-in-collective", "group-held-by-torch"],
 )
 def test_a_failing_task_keeps_the_session_and_the_variables(
     shared: Session, task: Callable[[], int], reformed: bool

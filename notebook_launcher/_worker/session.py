@@ -27,6 +27,7 @@ import builtins
 import linecache
 import os
 import signal
+import socket
 import sys
 import time
 import types
@@ -61,6 +62,8 @@ class RankSession:
         self.store = store
         self.device = device
         self.generation = 0
+        #: inodes of the sockets of the current process group (see _join)
+        self.group_sockets: set[str] = set()
         self.running = False
         #: a Run was received and its outcome not yet sent; an interrupt then is for it
         self.in_task = False
@@ -93,6 +96,7 @@ class RankSession:
         _current = self
         signal.signal(signal.SIGINT, self._on_sigint)
         collectives.install(self.spec.rank)
+        self._join(0)  # a group whose connections this rank knows (see _reform)
         self._send(Reformed(0))  # serving, in group generation 0: the session is ready
         while True:
             try:
@@ -156,11 +160,34 @@ class RankSession:
         runtime.send(message)
 
     def _reform(self, generation: int) -> None:
+        self._join(generation)
+        self._send(Reformed(generation))
+
+    def _join(self, generation: int) -> None:
+        """Leave the current process group and join generation ``generation`` of a new one,
+        on the same store.
+
+        Leaving must free any peer stuck in a collective of the old group. Destroying the
+        group is not enough: torch keeps a gloo group alive (its connections open) once
+        anything holds it -- creating an optimizer is enough -- and gloo's ``abort`` does
+        not close them either. So the rank shuts down the old group's sockets itself: it
+        noted which sockets appeared while it joined (not the store's, never one of the
+        kernel's that a forked rank inherited), and a peer waiting on one of them fails at
+        once. The old group's objects keep their (dead) descriptors until they are freed.
+        """
         import torch.distributed as dist
 
         spec = self.spec
         if dist.is_initialized():
-            dist.destroy_process_group()  # closes our connections: stuck peers fail now
+            if spec.backend == "gloo":
+                _shut_down_sockets(self.group_sockets)
+            else:
+                try:
+                    dist.group.WORLD.abort()  # type: ignore[union-attr]  # NCCL: its communicators
+                except Exception:  # noqa: BLE001 - best effort; destroying follows
+                    pass
+            dist.destroy_process_group()
+        before = _socket_inodes()
         store = dist.PrefixStore(f"notebook_launcher/reform/{generation}", self.store)
         dist.init_process_group(
             spec.backend,
@@ -169,8 +196,41 @@ class RankSession:
             world_size=spec.world_size,
             timeout=timedelta(seconds=spec.pg_timeout_s),
         )
+        self.group_sockets = _socket_inodes() - before
         self.generation = generation
-        self._send(Reformed(generation))
+
+
+def _socket_inodes() -> set[str]:
+    """The inodes of this process's open sockets."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _shut_down_sockets(inodes: set[str]) -> None:
+    """``shutdown(SHUT_RDWR)`` the sockets with these inodes: their peers see the
+    connection end. Descriptors stay open (their owner closes them)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}")[8:-1] not in inodes:
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            # Never a listener: gloo's accept loop would abort the process.
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # not connected, or already down
+            pass
+        finally:
+            sock.close()
 
 
 def serve(spec: WorkerSpec, channel: Channel, store: Any, device: str) -> int:
