@@ -181,6 +181,7 @@ class Session:
     ) -> TaskHandle:
         """Run ``fn(*args, **kwargs)`` on ``ranks`` (default: all); returns a future-like
         handle at once (``result()``, ``exception()``, ``done()``, ``cancel()``, callbacks)."""
+        __tracebackhide__ = True
         preflight.check_function(fn)
         data = dumps_checked((fn, args, kwargs), "the function and its args")
         label = getattr(fn, "__qualname__", type(fn).__name__)

@@ -272,6 +272,7 @@ class SessionCore:
 
     def submit(self, data: bytes, ranks: list[int], view: _View, label: str = "") -> TaskHandle:
         """Run cloudpickled ``(fn, args, kwargs)`` on ``ranks``; returns at once."""
+        __tracebackhide__ = True  # SessionBroken & co. end at the caller's line
         with self._lock:
             if self.group is None or self._closing:
                 raise LaunchError("this session is closed; start a new one")
