@@ -140,6 +140,16 @@ def parse_ranks(text: str | None) -> list[int] | None:
     return ranks
 
 
+def _dashboard_choice(text: str) -> bool | str:
+    """``--dashboard False`` (or ``off``, ``no``) is ``dashboard=False``; ``True`` is True."""
+    lowered = text.lower()
+    if lowered in ("false", "off", "no", "0"):
+        return False
+    if lowered in ("true", "on", "yes", "1"):
+        return True
+    return text
+
+
 def _dist_parser() -> Any:
     import argparse
 
@@ -149,7 +159,7 @@ def _dist_parser() -> Any:
     parser.add_argument("-n", "--num-processes", "--num_processes", type=int, default=None)
     parser.add_argument("--start-method", "--start_method", default=None)
     parser.add_argument("--mixed-precision", "--mixed_precision", default="no")
-    parser.add_argument("--dashboard", default="auto")
+    parser.add_argument("--dashboard", default="auto", type=_dashboard_choice)
     parser.add_argument("--ranks", default=None)
     return parser
 
