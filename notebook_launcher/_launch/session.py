@@ -8,17 +8,20 @@ prints meanwhile. Callers (the notebook's thread) submit tasks and wait on their
 
 What happens when a task goes wrong, and what the session makes of it:
 
-* a rank raises while others still run: the others are interrupted (SIGINT); a rank that
-  does not answer within :data:`REFORM_AFTER` seconds waits in a collective for a peer
-  that moved on, so every rank **re-forms** the process group (``_wire.control.Reform``):
-  the idle ranks close their connections, the stuck collective fails, and all join a new
-  group on the same store. Namespaces survive; the cell raises the root cause.
+* a rank raises while others still run: the others are interrupted (SIGINT to their main
+  thread, once they began the task); a rank that does not answer within
+  :data:`REFORM_AFTER` seconds waits in a collective for a peer that moved on (so does one
+  that answered but left a collective queued: its ``BarrierEnter`` had no exit), so every
+  rank **re-forms** the process group (``_wire.control.Reform``): the idle ranks shut
+  their connections down, the stuck collective fails, and all join a new group on the
+  same store. Namespaces survive; the cell raises the root cause.
 * a rank of the task waits in a collective that needs a rank outside the task (a cell
   run on some ranks only): the task fails at once with
   :class:`~notebook_launcher.ProcessGroupMismatch` naming the call site, and the group is
   re-formed the same way.
 * the notebook's interrupt: the task's ranks are interrupted likewise; the caller gets
-  ``KeyboardInterrupt`` and the session lives on.
+  ``KeyboardInterrupt`` (``TaskHandle.cancel()``: a cancelled handle) and the session
+  lives on.
 * a rank that still does not stop (stuck in C++ outside a collective), or a rank that
   dies: the session is **broken**; every rank is stopped, and ``restart()`` brings up
   fresh ones.

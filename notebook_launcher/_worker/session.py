@@ -5,16 +5,18 @@ The rank keeps its process group, its state (``PartialState``), and a namespace 
 ``state``, ``torch``, ``dist`` at hand). Each :class:`~notebook_launcher._wire.control.Run`
 is one call; its outcome goes back as ``Returned``/``Raised`` tagged with the task id.
 
-* **Interrupts**: SIGINT raises ``KeyboardInterrupt`` in the task that runs, and is
-  ignored between tasks (an interrupt that arrives late must not kill the rank).
+* **Interrupts**: SIGINT (sent to the main thread) raises ``KeyboardInterrupt`` in the
+  task that runs; one that comes while the task is being unpickled starts it interrupted;
+  between tasks it is ignored (an interrupt that arrives late must not kill the rank).
 * **Failures**: the rank keeps the exception of its last failed task, so that code can run
   in the failing frame afterwards (:func:`post_mortem`), and sends a summary of that
   frame's variables with the failure.
 * **Re-forming the process group** (:class:`~notebook_launcher._wire.control.Reform`):
   after a failed or interrupted task some rank may wait in a collective for a peer that
-  moved on. Gloo cannot abort a collective in flight, but a peer that closes its
-  connections makes it fail at once: every rank destroys its group and joins a new one
-  on the same store. Namespaces survive.
+  moved on. Gloo cannot abort a collective in flight, but a peer whose connections end
+  makes it fail at once: every rank shuts down its group's sockets (destroying the group
+  does not close them while torch holds it), destroys it and joins a new one on the same
+  store. Namespaces survive.
 
 The functions the kernel ships by reference (:func:`run_cell`, :func:`push`, :func:`pull`,
 :func:`post_mortem`) work on :func:`current`'s namespace.
