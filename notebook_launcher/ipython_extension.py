@@ -102,7 +102,7 @@ def nl_info(line: str = "") -> None:
 # --- sessions: %dist, %%distributed, %%rank ---------------------------------------------------
 
 DIST_USAGE = """\
-%dist start [-n N] [--start-method M] [--mixed-precision P] [--dashboard D]
+%dist start [-n N] [--start-method M] [--mixed-precision P] [--dashboard D] [--port P]
 %dist status | restart | stop
 %dist auto on|off        every following cell runs on the ranks (until off)
 %dist push NAME [NAME...] [--ranks R]    notebook variables into every rank
@@ -160,6 +160,7 @@ def _dist_parser() -> Any:
     parser.add_argument("--start-method", "--start_method", default=None)
     parser.add_argument("--mixed-precision", "--mixed_precision", default="no")
     parser.add_argument("--dashboard", default="auto", type=_dashboard_choice)
+    parser.add_argument("--use-port", "--use_port", "--port", default="auto")
     parser.add_argument("--ranks", default=None)
     return parser
 
@@ -234,6 +235,7 @@ class DistMagics:
             start_method=args.start_method,
             mixed_precision=args.mixed_precision,
             dashboard=args.dashboard,
+            use_port=args.use_port,
         )
         return self.session.status()
 

@@ -299,7 +299,7 @@ def test_dist_stop_leaves_no_rank() -> None:
     kernel = Kernel(env)
     try:
         kernel.execute("%load_ext notebook_launcher")
-        kernel.execute("%dist start -n 2 --start-method forkserver --dashboard False")
+        kernel.execute("%dist start -n 2 --start-method forkserver --dashboard False --port auto")
         pids = rank_pids(kernel)
         assert kernel.execute("%dist stop").status == "ok"
         assert wait_gone(pids)
