@@ -102,7 +102,7 @@ def nl_info(line: str = "") -> None:
 # --- sessions: %dist, %%distributed, %%rank ---------------------------------------------------
 
 DIST_USAGE = """\
-%dist start [-n N] [--start-method M] [--mixed-precision P] [--dashboard D]
+%dist start [-n N] [--start-method M] [--mixed-precision P] [--dashboard D] [--port P]
 %dist status | restart | stop
 %dist auto on|off        every following cell runs on the ranks (until off)
 %dist push NAME [NAME...] [--ranks R]    notebook variables into every rank
@@ -140,6 +140,16 @@ def parse_ranks(text: str | None) -> list[int] | None:
     return ranks
 
 
+def _dashboard_choice(text: str) -> bool | str:
+    """``--dashboard False`` (or ``off``, ``no``) is ``dashboard=False``; ``True`` is True."""
+    lowered = text.lower()
+    if lowered in ("false", "off", "no", "0"):
+        return False
+    if lowered in ("true", "on", "yes", "1"):
+        return True
+    return text
+
+
 def _dist_parser() -> Any:
     import argparse
 
@@ -149,7 +159,8 @@ def _dist_parser() -> Any:
     parser.add_argument("-n", "--num-processes", "--num_processes", type=int, default=None)
     parser.add_argument("--start-method", "--start_method", default=None)
     parser.add_argument("--mixed-precision", "--mixed_precision", default="no")
-    parser.add_argument("--dashboard", default="auto")
+    parser.add_argument("--dashboard", default="auto", type=_dashboard_choice)
+    parser.add_argument("--use-port", "--use_port", "--port", default="auto")
     parser.add_argument("--ranks", default=None)
     return parser
 
@@ -170,6 +181,7 @@ class DistMagics:
     # %dist ----------------------------------------------------------------------------------
 
     def dist(self, line: str) -> Any:
+        __tracebackhide__ = True  # a failing rank's traceback reads like the cell's own
         import shlex
 
         try:
@@ -182,8 +194,7 @@ class DistMagics:
         if command == "status":
             return self.session.status() if self.session is not None else "no session"
         if command == "restart":
-            self._need_session().restart()
-            print("restarted: fresh ranks (the old ranks' variables are gone)")
+            self._need_session().restart()  # says that the variables are lost
             return None
         if command == "stop":
             if self.session is not None:
@@ -192,7 +203,9 @@ class DistMagics:
             self.auto_mode(False)
             return None
         if command == "auto":
-            self.auto_mode((args.names or ["on"])[0] == "on")
+            if args.names not in ([], ["on"], ["off"]):
+                raise UsageError(f"%dist auto on|off, not {' '.join(args.names)!r}")
+            self.auto_mode(args.names != ["off"])
             return None
         if command == "push":
             session = self._need_session()
@@ -222,6 +235,7 @@ class DistMagics:
             start_method=args.start_method,
             mixed_precision=args.mixed_precision,
             dashboard=args.dashboard,
+            use_port=args.use_port,
         )
         return self.session.status()
 
@@ -244,6 +258,7 @@ class DistMagics:
     # %%distributed, %%rank -----------------------------------------------------------------
 
     def distributed(self, line: str, cell: str) -> Any:
+        __tracebackhide__ = True
         import argparse
         import shlex
 
@@ -257,12 +272,14 @@ class DistMagics:
         return self._cell(cell, parse_ranks(args.ranks), args.post_mortem)
 
     def rank(self, line: str, cell: str) -> Any:
+        __tracebackhide__ = True
         ranks = parse_ranks(line)
         if ranks is None:
             raise UsageError("%%rank N (or %%rank 0,2): which ranks run the cell")
         return self._cell(cell, ranks, post_mortem=False)
 
     def _cell(self, cell: str, ranks: list[int] | None, post_mortem: bool) -> Any:
+        __tracebackhide__ = True
         session = self._need_session()
         if post_mortem:
             if not ranks or len(ranks) != 1:

@@ -46,6 +46,7 @@ notebook or script per machine; ``_launch.nodes``: this node's side of each atte
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable
@@ -195,8 +196,11 @@ def notebook_launcher(
         return outcome
     launch.start()  # in this thread: the ranks die with the thread that started them
     handle = TaskHandle(launch.interrupt)
+    # In this cell's context: what the thread shows belongs to this cell (ipykernel keeps
+    # the cell of an output in context variables), not to the cell that runs meanwhile.
+    cell = contextvars.copy_context()
     threading.Thread(
-        target=launch.finish_into, args=(handle,), name="notebook-launcher", daemon=True
+        target=cell.run, args=(launch.finish_into, handle), name="notebook-launcher", daemon=True
     ).start()
     return handle
 

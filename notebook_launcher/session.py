@@ -36,7 +36,7 @@ from ._launch.session import SessionCore, TaskHandle
 from ._serialization import dumps_checked
 from ._worker import session as rank_side
 from .ui import View, view_for
-from .ui.lazy import LazyView
+from .ui.lazy import InCell, LazyView
 
 _live: weakref.WeakSet[Session] = weakref.WeakSet()
 _cells = itertools.count(1)
@@ -128,7 +128,8 @@ class Session:
         choice = self._options["dashboard"] if dashboard is None else dashboard
         if not isinstance(choice, (bool, str)):
             return view_for(choice)  # the caller's own view gets every event
-        return LazyView(lambda: view_for(choice))
+        # The pump thread serves it: what it shows belongs to the cell that asked.
+        return InCell(LazyView(lambda: view_for(choice)))
 
     @property
     def core(self) -> SessionCore:
@@ -137,11 +138,16 @@ class Session:
         return self._core
 
     def restart(self) -> None:
-        """Stop every rank and start fresh ones (their variables are lost)."""
+        """Stop every rank and start fresh ones, and say so: their variables are lost
+        (what a broken session needs; the kernel keeps running)."""
         if self._core is not None:
             self._core.close(grace=0.0)
         self._core = None
         self._start()
+        print(
+            f"restarted: {self.world_size} fresh ranks; the old ranks' variables are lost "
+            "(push or re-run what they need)"
+        )
 
     def close(self) -> None:
         """Let the ranks leave (then stop what is left). Idempotent."""
@@ -175,6 +181,7 @@ class Session:
     ) -> TaskHandle:
         """Run ``fn(*args, **kwargs)`` on ``ranks`` (default: all); returns a future-like
         handle at once (``result()``, ``exception()``, ``done()``, ``cancel()``, callbacks)."""
+        __tracebackhide__ = True
         preflight.check_function(fn)
         data = dumps_checked((fn, args, kwargs), "the function and its args")
         label = getattr(fn, "__qualname__", type(fn).__name__)
@@ -186,24 +193,29 @@ class Session:
         """Run ``fn(*args, **kwargs)`` on ``ranks`` (default: all) and return the per-rank
         list (index ``i`` is ``ranks[i]``'s value). A failing rank raises its own exception;
         the session and every rank's variables live on."""
+        __tracebackhide__ = True
         return self.submit(fn, *args, ranks=ranks, **kwargs).result()
 
     def run_cell(self, source: str, ranks: list[int] | None = None) -> list[str | None]:
         """Run a cell's source in each rank's namespace (what ``%%distributed`` does); the
         ``repr`` of each rank's last expression."""
+        __tracebackhide__ = True
         return self.submit(rank_side.run_cell, source, _cell_name(source), ranks=ranks).result()
 
     def push(self, ranks: list[int] | None = None, **values: Any) -> None:
         """Bind ``values`` in every rank's namespace (the same values everywhere)."""
+        __tracebackhide__ = True
         self.submit(rank_side.push, values, ranks=ranks).result()
 
     def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
         """The per-rank values of ``name`` from the ranks' namespaces."""
+        __tracebackhide__ = True
         return self.run(rank_side.pull, name, ranks=ranks)
 
     def post_mortem(self, rank: int, source: str) -> str | None:
         """Run ``source`` in the frame where ``rank``'s last task failed (its variables at
         hand, as pdb's ``interact`` gives them); the ``repr`` of the last expression."""
+        __tracebackhide__ = True
         (value,) = self.run(rank_side.post_mortem, source, _cell_name(source), ranks=[rank])
         return value
 
@@ -246,8 +258,10 @@ def _cell_name(source: str) -> str:
     shell = ipython.get_ipython() if ipython is not None else None
     compiler = getattr(shell, "compile", None)
     if compiler is not None and hasattr(compiler, "cache"):
+        # IPython counts the cell that runs before running it: it is In[count - 1]
+        count = max(int(getattr(shell, "execution_count", 1)) - 1, 0)
         try:  # the cell's execution count makes it "Cell In[n]" in tracebacks
-            return str(compiler.cache(source, getattr(shell, "execution_count", 0)))
+            return str(compiler.cache(source, count))
         except Exception:  # noqa: BLE001 - a nicer name is optional
             pass
     return f"<distributed-cell-{next(_cells)}>"

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+from tqdm.auto import tqdm
 
 from notebook_launcher import Accelerator, notebook_launcher
 from notebook_launcher.utils import GradientAccumulationPlugin
@@ -76,9 +77,10 @@ def train(out_dir, epochs=4, accumulation_steps=2):
     )
 
     optimizer_steps = 0
-    for _epoch in range(epochs):
+    step = 0
+    for _epoch in tqdm(range(epochs), desc="epoch"):
         model.train()
-        for x, y in train_loader:
+        for x, y in tqdm(train_loader, desc="batch", leave=False):
             # Inside accumulate(), gradients are only synchronised and applied
             # every `accumulation_steps` batches.
             with accelerator.accumulate(model):
@@ -88,6 +90,9 @@ def train(out_dir, epochs=4, accumulation_steps=2):
                 optimizer.zero_grad()
             if accelerator.sync_gradients:
                 optimizer_steps += 1
+            # Each rank's loss, for the dashboard's live plot.
+            accelerator.log({"loss": loss.item()}, step=step)
+            step += 1
 
     model.eval()
     predictions, targets = [], []
@@ -114,6 +119,10 @@ def train(out_dir, epochs=4, accumulation_steps=2):
 
 # %% [markdown]
 # ## Launch it on two ranks
+#
+# The dashboard shows each rank's `epoch` and `batch` bars and a live plot of each rank's
+# loss from `accelerator.log`; when the run ends they are replaced by a static copy and a
+# picture, so the saved notebook still shows both.
 
 # %% tags=["nbval-ignore-output"]
 out_dir = Path(tempfile.mkdtemp(prefix="training-")) / "model"

@@ -76,7 +76,7 @@ def train(output_dir: str, steps: int = 8) -> dict:
 # Launch it: the dashboard shows both ranks; rank 0's pane has the `Trainer`'s bar and its
 # `{'loss': ...}` lines.
 
-# %%
+# %% tags=["nbval-ignore-output"]
 with tempfile.TemporaryDirectory() as output_dir:
     results = notebook_launcher(train, args=(output_dir,), num_processes=2)
 print(results)

@@ -35,12 +35,14 @@ NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])
 
 
-def test_notebooks_are_the_four_of_the_course() -> None:
+def test_notebooks_are_the_six_of_the_course() -> None:
     assert NOTEBOOKS == [
         "01_quickstart.ipynb",
         "02_execution_process.ipynb",
         "03_training.ipynb",
         "04_debugging.ipynb",
+        "05_interactive_debugging.ipynb",
+        "06_transformers_trainer.ipynb",
     ]
 
 

@@ -425,6 +425,8 @@ class WorkerGroup:
     def _handle(self, proc: WorkerProcess, msg: Any) -> None:
         if isinstance(msg, WorkerStarted):
             proc.stage = "running"
+        if isinstance(msg, (Returned, Raised)):
+            self._take_output(proc)
         if isinstance(msg, (Returned, Raised, Reformed)):
             if self._on_message is not None:
                 self._on_message(proc, msg)
@@ -477,6 +479,18 @@ class WorkerGroup:
         if tail:
             proc.partial[stream] = ""
             self._on_event(Output(proc.rank, stream, tail, time.time()))
+
+    def _take_output(self, proc: WorkerProcess) -> None:
+        """Before a rank's answer: what it printed first. It flushed its streams before it
+        sent the answer, so that output waits in the pipes: pass it on now (whole, the last
+        unterminated line included), not after the caller already has the answer."""
+        for stream in list(proc.pipes):
+            for _ in range(64):  # bounded: a grandchild may keep writing to the pipe
+                if stream not in proc.pipes or not wait([proc.pipes[stream]], 0):
+                    break
+                self._read_output(proc, stream)
+            if stream in proc.pipes:
+                self._flush_partial(proc, stream)
 
     def _drain(self, proc: WorkerProcess) -> None:
         """After a rank exited: take everything still buffered in its channels."""

@@ -8,17 +8,20 @@ prints meanwhile. Callers (the notebook's thread) submit tasks and wait on their
 
 What happens when a task goes wrong, and what the session makes of it:
 
-* a rank raises while others still run: the others are interrupted (SIGINT); a rank that
-  does not answer within :data:`REFORM_AFTER` seconds waits in a collective for a peer
-  that moved on, so every rank **re-forms** the process group (``_wire.control.Reform``):
-  the idle ranks close their connections, the stuck collective fails, and all join a new
-  group on the same store. Namespaces survive; the cell raises the root cause.
+* a rank raises while others still run: the others are interrupted (SIGINT to their main
+  thread, once they began the task); a rank that does not answer within
+  :data:`REFORM_AFTER` seconds waits in a collective for a peer that moved on (so does one
+  that answered but left a collective queued: its ``BarrierEnter`` had no exit), so every
+  rank **re-forms** the process group (``_wire.control.Reform``): the idle ranks shut
+  their connections down, the stuck collective fails, and all join a new group on the
+  same store. Namespaces survive; the cell raises the root cause.
 * a rank of the task waits in a collective that needs a rank outside the task (a cell
   run on some ranks only): the task fails at once with
   :class:`~notebook_launcher.ProcessGroupMismatch` naming the call site, and the group is
   re-formed the same way.
 * the notebook's interrupt: the task's ranks are interrupted likewise; the caller gets
-  ``KeyboardInterrupt`` and the session lives on.
+  ``KeyboardInterrupt`` (``TaskHandle.cancel()``: a cancelled handle) and the session
+  lives on.
 * a rank that still does not stop (stuck in C++ outside a collective), or a rank that
   dies: the session is **broken**; every rank is stopped, and ``restart()`` brings up
   fresh ones.
@@ -32,13 +35,26 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from typing import Any, Protocol
 
-from .._events import BarrierEnter, Event, LaunchFinished, LaunchStarted, Output
+from .._events import (
+    BarrierEnter,
+    Event,
+    LaunchFinished,
+    LaunchStarted,
+    Output,
+    WorkerStarted,
+)
 from .._posix import close_quietly
 from .._wire.control import Raised, Reform, Reformed, Returned, Run, Shutdown
-from ..errors import LaunchError, ProcessGroupMismatch, RankFailure, SessionBroken
+from ..errors import (
+    LaunchError,
+    ProcessGroupMismatch,
+    RankFailure,
+    SessionBroken,
+    notebook_cell_name,
+)
 from .diagnosis import exception_for, summary_line
 from .group import WorkerGroup, WorkerProcess
 from .plan import LaunchPlan
@@ -68,39 +84,68 @@ class TaskHandle(Future[Any]):
     """A task of a session (or a non-blocking launch): a ``concurrent.futures.Future``.
 
     ``result(timeout)`` returns the per-rank list or raises what the ranks raised;
-    ``cancel()`` interrupts a running task (the ranks live on); Ctrl-C while waiting in
-    ``result()`` does the same.
+    ``cancel()`` interrupts a running task and waits for its ranks to stop (a session's
+    ranks live on); the handle then ends *cancelled*, as a ``Future`` does: ``cancelled()``
+    is True and ``result()`` raises ``concurrent.futures.CancelledError``. Ctrl-C while
+    waiting in ``result()`` (or ``session.interrupt()``) interrupts it too, and the task
+    ends with ``KeyboardInterrupt``.
+
+    The handle stays *pending* in ``Future``'s terms until it ends (``running()`` says
+    whether it runs): that is what lets ``cancel()`` end it cancelled, with the waiters of
+    ``concurrent.futures.wait`` and the done-callbacks told once, by the public API.
     """
 
     def __init__(self, interrupt: Callable[[], None]) -> None:
         super().__init__()
         self._interrupt = interrupt
-        self.set_running_or_notify_cancel()
+        self._cancelling = False
+
+    def running(self) -> bool:
+        return not self.done()
 
     def cancel(self) -> bool:
-        """Interrupt the task; True once it ended interrupted (or had already ended so)."""
+        """Interrupt the task and wait until it stopped: True when it ended interrupted
+        (it is *cancelled* then), False when it had ended otherwise first."""
         if self.done():
             return self.cancelled()
+        self._cancelling = True
         self._interrupt()
-        try:
-            self.exception()
-        except KeyboardInterrupt:
-            pass
-        return True
+        while True:
+            try:
+                self.exception()
+                break
+            except KeyboardInterrupt:  # Ctrl-C while we wait: ask harder
+                self._interrupt()
+            except CancelledError:
+                break
+        return self.cancelled()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """How the task ended with an error; an interrupt asked for by ``cancel()`` ends it
+        cancelled instead."""
+        if self._cancelling and isinstance(exception, KeyboardInterrupt):
+            super().cancel()  # pending -> cancelled: wakes result()/exception(), callbacks
+            self.set_running_or_notify_cancel()  # and the waiters of futures.wait()
+            return
+        super().set_exception(exception)
 
     def result(self, timeout: float | None = None) -> Any:
+        __tracebackhide__ = True  # the cell's traceback: the caller's frames, then the rank's
         try:
-            return super().result(timeout)
-        except KeyboardInterrupt:
-            if self.done():
-                raise
-        while True:  # Ctrl-C while waiting: interrupt the task, and wait for its end
+            exc = super().exception(timeout)  # the task's error is returned, not raised
+        except KeyboardInterrupt:  # Ctrl-C while waiting: interrupt the task, wait for its end
+            exc = self._interrupt_and_wait()
+        if exc is not None:
+            raise exc  # what the task raised (raised here: no machinery in the traceback)
+        return super().result(0)
+
+    def _interrupt_and_wait(self) -> BaseException | None:
+        while True:
             self._interrupt()  # (a second Ctrl-C: the session stops the ranks)
             try:
-                return super().result()
+                return super().exception()
             except KeyboardInterrupt:
-                if self.done():
-                    raise
+                continue
 
 
 class TaskRun:
@@ -116,6 +161,10 @@ class TaskRun:
         self.values: dict[int, Any] = {}
         self.local_vars: dict[int, tuple[str, ...]] = {}
         self.interrupted: set[int] = set()
+        #: ranks that began this task (WorkerStarted): only these can take an interrupt;
+        #: a signal to a rank still reading its Run would overtake it and be lost
+        self.started: set[int] = set()
+        self.interrupt_on_start: set[int] = set()
         self.user_interrupt = False
         self.mismatch: str | None = None
         self.t0 = time.time()
@@ -159,13 +208,13 @@ class SessionCore:
         for spec in plan.specs:
             spec.session = True
         record = RunRecord(self.world)
+        # A rank is ready once it serves (Reformed(0)), not when it has its process group
+        # (WorkerStarted): in between, an interrupt would still kill it.
         started: set[int] = set()
 
         def on_event(event: Event) -> None:
             record.on_event(event)
             view.handle(event)
-            if type(event).__name__ == "WorkerStarted":
-                started.add(event.rank)  # type: ignore[union-attr]
 
         def on_exit(proc: WorkerProcess) -> None:
             for e in record.on_exit(proc):
@@ -175,6 +224,8 @@ class SessionCore:
             if isinstance(message, Raised):
                 for e in record.raised(message.failure, message.exc_data):
                     view.handle(e)
+            elif isinstance(message, Reformed) and message.generation == 0:
+                started.add(proc.rank)
 
         group = WorkerGroup(
             plan.specs, plan.start_method, None, plan.listen, on_event, on_exit,
@@ -224,6 +275,7 @@ class SessionCore:
 
     def submit(self, data: bytes, ranks: list[int], view: _View, label: str = "") -> TaskHandle:
         """Run cloudpickled ``(fn, args, kwargs)`` on ``ranks``; returns at once."""
+        __tracebackhide__ = True  # SessionBroken & co. end at the caller's line
         with self._lock:
             if self.group is None or self._closing:
                 raise LaunchError("this session is closed; start a new one")
@@ -282,7 +334,10 @@ class SessionCore:
         task.record.stopping = True
         for rank in task.pending - task.interrupted:
             assert self.group is not None
-            self.group.proc(rank).send_signal(signal.SIGINT)
+            if rank in task.started:
+                _interrupt_rank(self.group.proc(rank))
+            else:
+                task.interrupt_on_start.add(rank)
             task.interrupted.add(rank)
         if task.reform_at is None and task.reform_generation is None:
             task.reform_at = time.monotonic() + REFORM_AFTER
@@ -307,12 +362,16 @@ class SessionCore:
                 return
             task.record.on_event(event)
             task.view.handle(event)
+            if isinstance(event, WorkerStarted):
+                task.started.add(event.rank)
+                if event.rank in task.interrupt_on_start and self.group is not None:
+                    _interrupt_rank(self.group.proc(event.rank))
             if isinstance(event, BarrierEnter) and task.mismatch is None:
                 outside = [r for r in self.world if r not in task.ranks]
                 if outside:
                     task.mismatch = (
                         f"rank {event.rank} waits "
-                        f"in {event.kind} at {event.location}, which needs every rank, but "
+                        f"in {event.kind} at {_where(event.location)}, which needs every rank, but "
                         f"this cell runs on ranks {task.ranks} only (ranks {outside} do not "
                         "run it). Run it on every rank, or make the collective use a "
                         "subgroup (dist.new_group(ranks=...))."
@@ -413,12 +472,19 @@ class SessionCore:
         if task is None:
             return
         now = time.monotonic()
-        if task.reform_at is not None and now >= task.reform_at and self.broken is None:
-            waiting = bool(task.pending or task.mismatch or task.record.barriers.stranded)
+        # Once every rank answered there is nothing to wait for: decide now.
+        due = task.reform_at is not None and (now >= task.reform_at or not task.pending)
+        if due and self.broken is None:
+            barriers = task.record.barriers
+            # A rank interrupted inside a collective (between torch enqueuing it and its
+            # wait) answers from Python, but leaves the collective queued in its group: the
+            # next collective would pair with it and hang. Its BarrierEnter without a
+            # BarrierExit says so.
+            waiting = bool(task.pending or task.mismatch or barriers.stranded or barriers.waiting)
             broken = any(f.collateral for f in task.record.failures)
             if waiting or broken:
                 self._reform(task)
-            else:  # every rank answered the interrupt from Python: the group is sound
+            else:  # every rank answered the interrupt from Python, outside any collective
                 task.reform_at = None
         if task.give_up_at is not None and now >= task.give_up_at and self.broken is None:
             stuck = sorted(task.pending or set(self.world) - task.reformed)
@@ -440,9 +506,12 @@ class SessionCore:
         interrupted = task.user_interrupt and task.mismatch is None
         if task.mismatch is not None:
             summary = task.mismatch.split(". ", 1)[0]
+        elif interrupted and self.broken is None:
+            summary = f"interrupted: ranks {task.ranks} stopped their task; the session lives on"
         else:
             summary = summary_line(verdict, n, interrupted)
-        ok = verdict.ok and not interrupted and task.mismatch is None and self.broken is None
+        missing = [r for r in task.ranks if r not in record.results]
+        ok = not (missing or interrupted or task.mismatch or self.broken or not verdict.ok)
         now = time.time()
         rank = getattr(verdict.cause, "rank", None)
         task.view.handle(
@@ -454,17 +523,21 @@ class SessionCore:
             task.handle.set_result([record.results.get(r) for r in task.ranks])
             return
         exc: BaseException
-        if task.mismatch is not None:
+        if self._closing:
+            exc = LaunchError("the session was closed while the task ran")
+        elif task.mismatch is not None:
             failure = RankFailure(task.ranks[0], "left", message=task.mismatch, time=now)
             from ..errors import LaunchFailure
 
             exc = ProcessGroupMismatch(
                 task.mismatch, LaunchFailure(failure, list(record.failures), n)
             )
+        elif interrupted and self.broken is not None:  # not a clean interrupt: say so
+            exc = SessionBroken(f"interrupted, but the session broke: {self.broken}")
         elif interrupted:
             exc = KeyboardInterrupt(f"interrupted: ranks {task.ranks} stopped their task")
         elif not verdict.ok:
-            exc = exception_for(verdict, n, record.exc_data)
+            exc = exception_for(verdict, len(self.world), record.exc_data)  # "rank 1 of 2"
             if verdict.cause is not None and task.local_vars.get(verdict.cause.rank):
                 rows = task.local_vars[verdict.cause.rank]
                 notes.insert(
@@ -472,8 +545,10 @@ class SessionCore:
                     f"Variables in rank {verdict.cause.rank}'s failing frame:\n  "
                     + "\n  ".join(rows),
                 )
-        else:
+        elif self.broken is not None:
             exc = SessionBroken(f"the session broke while the task ran: {self.broken}")
+        else:  # never a short list: say which ranks did not answer
+            exc = LaunchError(f"ranks {missing} of the task ended without a result")
         for note in notes:
             if hasattr(exc, "add_note"):
                 exc.add_note(note)
@@ -540,6 +615,36 @@ class SessionCore:
     @property
     def closed(self) -> bool:
         return self._closing
+
+
+#: ``pidfd_send_signal`` flag (Linux 6.9): to the thread the pidfd names, not the process.
+PIDFD_SIGNAL_THREAD = 1
+
+
+def _interrupt_rank(proc: WorkerProcess) -> None:
+    """SIGINT to the rank's main thread, where its task runs.
+
+    Sent to the process, the kernel may hand the signal to any of the rank's threads
+    (gloo's, OpenMP's): Python then notes it, but the main thread sleeps on in a blocking
+    call (``time.sleep``) until something else wakes it -- the interrupt is seen seconds
+    later or never. Sent to the main thread (the process's first, whose tid is its pid),
+    it interrupts that call. Older kernels lack the flag: then to the process.
+    """
+    if proc.exited:
+        return
+    try:
+        signal.pidfd_send_signal(proc.pidfd, signal.SIGINT, None, PIDFD_SIGNAL_THREAD)
+    except ProcessLookupError:
+        pass
+    except OSError:  # EINVAL: a kernel before 6.9
+        proc.send_signal(signal.SIGINT)
+
+
+def _where(location: str) -> str:
+    """``Cell In[4], line 7`` for a notebook cell's ``file:line``; other files as they are."""
+    path, sep, line = location.rpartition(":")
+    cell = notebook_cell_name(path) if sep else None
+    return f"Cell {cell}, line {line}" if cell else location
 
 
 __all__ = ["REFORM_AFTER", "SessionCore", "TaskHandle", "TaskRun"]

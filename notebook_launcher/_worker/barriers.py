@@ -34,6 +34,8 @@ from . import runtime
 #: watchdog wakes every half of it: at 20 ms those wake-ups cost a busy rank's barriers
 #: 17-30% (bench/barrier.py), at 50 ms about 3%, and no one sees a 50 ms wait anyway.
 DEFAULT_QUIET = 0.05
+#: Seconds without a barrier after which the watchdog thread sleeps until the next one.
+IDLE_AFTER = 1.0
 QUIET_ENV = "NOTEBOOK_LAUNCHER_BARRIER_QUIET_MS"
 
 
@@ -109,6 +111,9 @@ class _Watch:
 
     The rank only stores a :class:`_Pending` before the barrier and clears it after (a
     couple of microseconds); the thread reads the call site from the waiting thread's stack.
+    After :data:`IDLE_AFTER` seconds without a barrier the thread sleeps until the next one
+    (a session's rank between cells costs nothing); the barrier that wakes it pays for an
+    ``Event.set()``, the ones that follow it while the thread is awake do not.
     """
 
     _instance: _Watch | None = None
@@ -117,6 +122,9 @@ class _Watch:
         self.quiet = quiet
         self.lock = threading.Lock()
         self.pending: _Pending | None = None
+        self.last: _Pending | None = None  # the latest barrier, ended or not
+        self.idle = False  # the thread waits on `wake` (set it when storing a barrier)
+        self.wake = threading.Event()
         self.pid = os.getpid()
         thread = threading.Thread(target=self._run, name="notebook-launcher-barriers")
         thread.daemon = True
@@ -133,7 +141,17 @@ class _Watch:
 
     def _run(self) -> None:
         quiet = self.quiet
+        started = time.monotonic()
         while self.quiet == quiet and runtime.active():
+            last = self.last
+            since = last.since if last is not None else started
+            if self.pending is None and time.monotonic() - since > IDLE_AFTER:
+                self.idle = True
+                if self.pending is None:  # stored before `idle` was seen: no wait
+                    self.wake.wait(1.0)  # (and look at `quiet` and `active` now and then)
+                self.idle = False
+                self.wake.clear()
+                continue
             time.sleep(quiet / 2)
             pending = self.pending
             if pending is None or pending.location is not None:
@@ -181,7 +199,9 @@ def _reported(wait: Callable[[], T], rank: int, kind: str, quiet: float) -> T:
         return value
     watch = _Watch.get(quiet)
     pending = _Pending(rank, runtime.next_barrier_index(), kind)
-    watch.pending = pending
+    watch.pending = watch.last = pending
+    if watch.idle:
+        watch.wake.set()
     try:
         value = wait()
     except BaseException:

@@ -201,10 +201,29 @@ def install(rank: int) -> None:
         return
     _rank = rank
     base = tqdm.std.tqdm
+    _forget_the_kernels_shell()
     _forget_the_kernels_bars(tqdm.std)
     if _original_new is None:
         _original_new = base.__dict__["__new__"]
         base.__new__ = staticmethod(_patched_new)
+
+
+def _forget_the_kernels_shell() -> None:
+    """A forked worker inherits the kernel's IPython shell, so libraries that ask
+    ``get_ipython()`` think they run in a notebook and draw with ``display()``, which
+    ipykernel refuses to send from a forked process: Transformers' ``Trainer`` picked its
+    notebook progress bar and nothing of it reached the dashboard. A rank is not a kernel
+    (a spawned one has no shell either): it forgets the shell, and such libraries print
+    (and use tqdm), which the dashboard shows."""
+    interactiveshell = sys.modules.get("IPython.core.interactiveshell")
+    if interactiveshell is None:
+        return
+    shell_class = interactiveshell.InteractiveShell
+    try:
+        if shell_class.initialized():
+            shell_class.clear_instance()  # clears the subclasses' instance too
+    except Exception:  # noqa: BLE001 - best effort: a shell that will not go is harmless
+        pass
 
 
 def _forget_the_kernels_bars(std: Any) -> None:

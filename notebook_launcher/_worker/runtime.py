@@ -79,6 +79,16 @@ def emit(event: Any) -> None:
         pass
 
 
+def send(message: Any) -> None:
+    """Send a control message (a session's answers) on the same channel, under the same
+    lock as :func:`emit`; unlike ``emit`` it raises when the kernel is gone."""
+    sender = _sender
+    if sender is None:
+        raise RuntimeError("not a launched rank: no channel to the kernel")
+    with _lock:
+        sender(message)
+
+
 def next_barrier_index() -> int:
     """Sequence number of the next barrier this rank enters (0, 1, 2, ...)."""
     global _barriers_entered
@@ -110,4 +120,5 @@ __all__ = [
     "on_rank_start",
     "reset_barrier_count",
     "run_start_hooks",
+    "send",
 ]

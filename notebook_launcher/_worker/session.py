@@ -5,16 +5,18 @@ The rank keeps its process group, its state (``PartialState``), and a namespace 
 ``state``, ``torch``, ``dist`` at hand). Each :class:`~notebook_launcher._wire.control.Run`
 is one call; its outcome goes back as ``Returned``/``Raised`` tagged with the task id.
 
-* **Interrupts**: SIGINT raises ``KeyboardInterrupt`` in the task that runs, and is
-  ignored between tasks (an interrupt that arrives late must not kill the rank).
+* **Interrupts**: SIGINT (sent to the main thread) raises ``KeyboardInterrupt`` in the
+  task that runs; one that comes while the task is being unpickled starts it interrupted;
+  between tasks it is ignored (an interrupt that arrives late must not kill the rank).
 * **Failures**: the rank keeps the exception of its last failed task, so that code can run
   in the failing frame afterwards (:func:`post_mortem`), and sends a summary of that
   frame's variables with the failure.
 * **Re-forming the process group** (:class:`~notebook_launcher._wire.control.Reform`):
   after a failed or interrupted task some rank may wait in a collective for a peer that
-  moved on. Gloo cannot abort a collective in flight, but a peer that closes its
-  connections makes it fail at once: every rank destroys its group and joins a new one
-  on the same store. Namespaces survive.
+  moved on. Gloo cannot abort a collective in flight, but a peer whose connections end
+  makes it fail at once: every rank shuts down its group's sockets (destroying the group
+  does not close them while torch holds it), destroys it and joins a new one on the same
+  store. Namespaces survive.
 
 The functions the kernel ships by reference (:func:`run_cell`, :func:`push`, :func:`pull`,
 :func:`post_mortem`) work on :func:`current`'s namespace.
@@ -27,6 +29,7 @@ import builtins
 import linecache
 import os
 import signal
+import socket
 import sys
 import time
 import types
@@ -61,7 +64,12 @@ class RankSession:
         self.store = store
         self.device = device
         self.generation = 0
+        #: inodes of the sockets of the current process group (see _join)
+        self.group_sockets: set[str] = set()
         self.running = False
+        #: a Run was received and its outcome not yet sent; an interrupt then is for it
+        self.in_task = False
+        self.interrupt_pending = False
         self.last_error: BaseException | None = None
         self.namespace = self._namespace()
 
@@ -90,6 +98,8 @@ class RankSession:
         _current = self
         signal.signal(signal.SIGINT, self._on_sigint)
         collectives.install(self.spec.rank)
+        self._join(0)  # a group whose connections this rank knows (see _reform)
+        self._send(Reformed(0))  # serving, in group generation 0: the session is ready
         while True:
             try:
                 message = self.channel.recv()
@@ -107,22 +117,35 @@ class RankSession:
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self.running:
             raise KeyboardInterrupt
+        if self.in_task:  # the task has not started yet (its data is being unpickled):
+            self.interrupt_pending = True  # it starts interrupted
 
     def _run(self, message: Run) -> None:
+        self.in_task, self.interrupt_pending = True, False
+        try:
+            self._run_task(message)
+        finally:
+            self.in_task = False
+
+    def _run_task(self, message: Run) -> None:
         spec, pid = self.spec, os.getpid()
         runtime.reset_barrier_count()
         runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, self.device, time.time()))
+        fn: Any = None
         try:
             fn, args, kwargs = load_task(message.data, spec.rank)
             self.running = True
             try:
+                if self.interrupt_pending:
+                    raise KeyboardInterrupt
                 result = fn(*args, **kwargs)
             finally:
                 self.running = False
             data = _dumps_result(result, spec.rank)
         except BaseException as exc:  # noqa: BLE001 - every failure is the task's
             self.running = False
-            self.last_error = exc
+            if fn not in _INSPECTING:  # a typo while looking must not lose what we look at
+                self.last_error = exc
             _flush()
             failure = exception_to_failure(exc, spec.rank, pid, time.time(), skip_file=__file__)
             raised = Raised(failure, dump_exception(exc), message.task, summarise_locals(exc))
@@ -133,17 +156,40 @@ class RankSession:
         self._send(Returned(data, message.task))
 
     def _send(self, message: Any) -> None:
-        try:
-            self.channel.send(message)
-        except KeyboardInterrupt:  # a late interrupt: the message must still go
-            self.channel.send(message)
+        """Send an answer (never interrupted: SIGINT only raises while a task runs), under
+        the lock of :func:`runtime.emit`: the barrier watchdog thread may be sending an
+        event at the same moment, and two frames must not interleave."""
+        runtime.send(message)
 
     def _reform(self, generation: int) -> None:
+        self._join(generation)
+        self._send(Reformed(generation))
+
+    def _join(self, generation: int) -> None:
+        """Leave the current process group and join generation ``generation`` of a new one,
+        on the same store.
+
+        Leaving must free any peer stuck in a collective of the old group. Destroying the
+        group is not enough: torch keeps a gloo group alive (its connections open) once
+        anything holds it -- creating an optimizer is enough -- and gloo's ``abort`` does
+        not close them either. So the rank shuts down the old group's sockets itself: it
+        noted which sockets appeared while it joined (not the store's, never one of the
+        kernel's that a forked rank inherited), and a peer waiting on one of them fails at
+        once. The old group's objects keep their (dead) descriptors until they are freed.
+        """
         import torch.distributed as dist
 
         spec = self.spec
         if dist.is_initialized():
-            dist.destroy_process_group()  # closes our connections: stuck peers fail now
+            if spec.backend == "gloo":
+                _shut_down_sockets(self.group_sockets)
+            else:
+                try:
+                    dist.group.WORLD.abort()  # type: ignore[union-attr]  # NCCL: its communicators
+                except Exception:  # noqa: BLE001 - best effort; destroying follows
+                    pass
+            dist.destroy_process_group()
+        before = _socket_inodes()
         store = dist.PrefixStore(f"notebook_launcher/reform/{generation}", self.store)
         dist.init_process_group(
             spec.backend,
@@ -152,8 +198,41 @@ class RankSession:
             world_size=spec.world_size,
             timeout=timedelta(seconds=spec.pg_timeout_s),
         )
+        self.group_sockets = _socket_inodes() - before
         self.generation = generation
-        self._send(Reformed(generation))
+
+
+def _socket_inodes() -> set[str]:
+    """The inodes of this process's open sockets."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _shut_down_sockets(inodes: set[str]) -> None:
+    """``shutdown(SHUT_RDWR)`` the sockets with these inodes: their peers see the
+    connection end. Descriptors stay open (their owner closes them)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}")[8:-1] not in inodes:
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            # Never a listener: gloo's accept loop would abort the process.
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # not connected, or already down
+            pass
+        finally:
+            sock.close()
 
 
 def serve(spec: WorkerSpec, channel: Channel, store: Any, device: str) -> int:
@@ -305,6 +384,9 @@ def post_mortem(source: str, filename: str) -> str | None:
     assert frame is not None
     return _shown(_execute(source, filename, {**frame.f_globals, **frame.f_locals}))
 
+
+#: Tasks that look at the rank's state: their own failures keep the last one to inspect.
+_INSPECTING = (post_mortem, pull)
 
 __all__ = [
     "RankSession",

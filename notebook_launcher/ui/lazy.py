@@ -11,6 +11,7 @@ Both take plain events only (``_events``); neither imports torch.
 
 from __future__ import annotations
 
+import contextvars
 import io
 import sys
 import time
@@ -79,6 +80,28 @@ class LazyView:
         self._buffer.clear()
 
 
+class InCell:
+    """A view whose every call runs in the context of the cell that made it.
+
+    ipykernel keeps the cell an output belongs to (its parent message) in context
+    variables. A thread that serves the view -- a session's pump, a non-blocking launch --
+    would otherwise send its updates, widget messages and printed lines as if they came
+    from whichever cell runs at that moment."""
+
+    def __init__(self, inner: _View) -> None:
+        self.inner = inner
+        self._context = contextvars.copy_context()
+
+    def handle(self, event: Event) -> None:
+        self._context.run(self.inner.handle, event)
+
+    def tick(self) -> None:
+        self._context.run(self.inner.tick)
+
+    def close(self) -> None:
+        self._context.run(self.inner.close)
+
+
 class DisplayedTextView:
     """A text view (``make(stream)``) whose output lives in one display area, updated at
     most every ``interval`` seconds from whatever thread runs the launch."""
@@ -118,4 +141,4 @@ class DisplayedTextView:
         self._last = time.monotonic()
 
 
-__all__ = ["DisplayedTextView", "LazyView"]
+__all__ = ["DisplayedTextView", "InCell", "LazyView"]

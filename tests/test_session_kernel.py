@@ -1,0 +1,322 @@
+"""The session magics in a real ipykernel (issue 11), driven over jupyter_client.
+
+``%dist start``, ``%%distributed``, ``%%rank``, ``--ranks``, ``%dist auto``, ``%dist
+pull/push``, ``%dist restart``; a failing cell and the notebook's interrupt
+(``km.interrupt_kernel()``: SIGINT to the kernel's process group) keep the session; a
+killed rank, then ``%dist restart``; a kernel shut down or killed leaves no rank; and a
+non-blocking run's output stays with the cell that started it (every iopub message of
+it carries that cell's msg id).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(60)]
+
+jupyter_client = pytest.importorskip("jupyter_client")
+
+ROOT = Path(__file__).resolve().parents[1]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class Reply:
+    status: str
+    ename: str = ""
+    evalue: str = ""
+    text: str = ""  # streams and the traceback, without colours
+    results: list[str] = field(default_factory=list)  # text/plain of execute_result
+
+    @property
+    def result(self) -> str:
+        return self.results[-1] if self.results else ""
+
+
+class Kernel:
+    """A kernel and every iopub message it sent, by the msg id of the cell it names."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.km, self.kc = jupyter_client.manager.start_new_kernel(
+            kernel_name="python3", env={**env, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT)
+        )
+        self.by_parent: dict[str, list[dict]] = defaultdict(list)
+
+    def execute(self, code: str, interrupt_after: float | None = None) -> Reply:
+        msg_id = self.kc.execute(textwrap.dedent(code))
+        sent = time.monotonic()
+        interrupted = interrupt_after is None
+        while True:
+            if not interrupted and time.monotonic() - sent >= interrupt_after:
+                self.km.interrupt_kernel()
+                interrupted = True
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.05 if not interrupted else 30)
+            except Exception:  # noqa: BLE001 - queue.Empty: nothing yet
+                continue
+            self.by_parent[msg["parent_header"].get("msg_id", "")].append(msg)
+            if (
+                msg["parent_header"].get("msg_id") == msg_id
+                and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"
+            ):
+                break
+        while True:  # skip the replies of cells sent without waiting (submit)
+            reply = self.kc.get_shell_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return self.reply(msg_id, reply["content"])
+
+    def reply(self, msg_id: str, content: dict) -> Reply:
+        text, results = [], []
+        for msg in self.by_parent[msg_id]:
+            kind, c = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                text.append(c["text"])
+            elif kind == "error":
+                text.append("\n".join(c["traceback"]))
+            elif kind == "execute_result":
+                results.append(c["data"].get("text/plain", ""))
+        return Reply(
+            content["status"],
+            content.get("ename", ""),
+            content.get("evalue", ""),
+            ANSI.sub("", "".join(text)),
+            results,
+        )
+
+    def drain(self, seconds: float) -> None:
+        """Collect what arrives for ``seconds`` (a background run's late messages)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.05)
+            except Exception:  # noqa: BLE001 - queue.Empty
+                continue
+            self.by_parent[msg["parent_header"].get("msg_id", "")].append(msg)
+
+    def shutdown(self, now: bool = True) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=now)
+
+
+def rank_pids(kernel: Kernel) -> list[int]:
+    status = kernel.execute("%dist status").result
+    return [int(p) for p in re.search(r"pids \[([\d, ]+)\]", status).group(1).split(", ")]
+
+
+def gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ", 1)[1][0] != "Z":
+                    return False
+        except OSError:
+            continue
+    return True
+
+
+def wait_gone(pids: list[int], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not gone(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return gone(pids)
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    k = Kernel(env)
+    try:
+        assert k.execute("%load_ext notebook_launcher").status == "ok"
+        started = k.execute("%dist start -n 2")
+        assert started.status == "ok" and "session: ready, 2 ranks" in started.result, started
+        yield k
+    finally:
+        k.shutdown()
+
+
+def test_cells_run_on_the_ranks_and_their_variables_stay(kernel: Kernel) -> None:
+    out = kernel.execute("%%distributed\nx = rank * 10\nprint('hello from', rank)\nx")
+    assert out.status == "ok"
+    assert "[rank0] hello from 0" in out.text and "[rank1] hello from 1" in out.text
+    assert out.result == "[rank0] 0\n[rank1] 10"
+    assert kernel.execute("%%distributed\nx + world_size").result == "[rank0] 2\n[rank1] 12"
+    assert kernel.execute("%%rank 1\ny = x + 5\ny").result == "[rank1] 15"
+    assert kernel.execute("%%distributed --ranks 0\n'y' in dir()").result == "[rank0] False"
+    assert kernel.execute("%dist pull x\nx").result == "[0, 10]"  # bound here, per rank
+    assert kernel.execute("lr = 0.25\n%dist push lr").status == "ok"
+    assert kernel.execute("%%distributed\nlr * (rank + 1)").result == "[rank0] 0.25\n[rank1] 0.5"
+    assert kernel.execute("%%distributed\nz = 1").results == []  # no value: nothing shown
+
+
+def test_a_failing_cell_keeps_the_session(kernel: Kernel) -> None:
+    kernel.execute("%%distributed\nkept = rank + 1")
+    out = kernel.execute(
+        "%%distributed\ndef step(batch):\n    if rank == 1:\n        raise ValueError(f'bad {batch}')\nstep(7)"
+    )
+    assert (out.status, out.ename, out.evalue) == ("error", "ValueError", "bad 7")
+    assert re.search(r"Cell In\[\d+\], line 3, in step\(\)", out.text), out.text
+    assert "raise ValueError(f'bad {batch}')" in out.text  # the rank's own line
+    assert "Raised on rank 1 of 2" in out.text and "batch: int = 7" in out.text
+    assert "_launch/session.py" not in out.text and "concurrent/futures" not in out.text
+    assert kernel.execute("%%distributed --ranks 1 --post-mortem\nbatch * 2").result == (
+        "[rank1] 14"
+    )
+    assert kernel.execute("%%distributed\nkept").result == "[rank0] 1\n[rank1] 2"
+
+
+@pytest.mark.parametrize(
+    ("cell", "reformed"),
+    [
+        ("import time\ntime.sleep(30)", False),
+        ("import time\nif rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(30)", True),
+    ],
+    ids=["python", "one-rank-in-collective"],
+)
+def test_the_notebooks_interrupt_keeps_the_session(
+    kernel: Kernel, cell: str, reformed: bool
+) -> None:
+    kernel.execute("%%distributed\nkept = rank + 1")
+    pids = rank_pids(kernel)
+    out = kernel.execute("%%distributed\n" + cell, interrupt_after=1.0)
+    assert (out.status, out.ename) == ("error", "KeyboardInterrupt"), out
+    assert out.evalue == "interrupted: ranks [0, 1] stopped their task"
+    assert ("re-formed their process group" in out.text) is reformed
+    assert "session: ready" in kernel.execute("%dist status").result
+    assert rank_pids(kernel) == pids  # the same ranks live on
+    assert kernel.execute("%%distributed\nkept").result == "[rank0] 1\n[rank1] 2"
+    assert kernel.execute(
+        "%%distributed\nt = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nt.item()"
+    ).result == ("[rank0] 3.0\n[rank1] 3.0")
+
+
+def test_a_subset_cell_with_a_collective_fails_fast(kernel: Kernel) -> None:
+    out = kernel.execute("%%rank 0\nt = torch.ones(1)\ndist.all_reduce(t)")
+    assert (out.status, out.ename) == ("error", "ProcessGroupMismatch")
+    assert re.search(r"rank 0 waits in all_reduce at Cell In\[\d+\], line 2", out.evalue)
+    assert kernel.execute("%%distributed\nrank").result == "[rank0] 0\n[rank1] 1"
+
+
+def test_auto_mode(kernel: Kernel) -> None:
+    assert kernel.execute("%dist auto on").status == "ok"
+    try:
+        assert kernel.execute("w = rank + 100\nw").result == "[rank0] 100\n[rank1] 101"
+        assert "session: ready" in kernel.execute("%dist status").result  # magics stay here
+    finally:
+        assert kernel.execute("%dist auto off").status == "ok"
+    out = kernel.execute("w = 'local'\nw")
+    assert out.result == "'local'"
+
+
+def test_a_killed_rank_then_dist_restart(kernel: Kernel) -> None:
+    old = rank_pids(kernel)
+    out = kernel.execute(
+        "%%distributed\nimport os, signal\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "dist.barrier()"
+    )
+    assert (out.status, out.ename) == ("error", "WorkerDied")
+    assert "rank 1 of 2 died" in out.evalue and "SIGKILL" in out.evalue
+    assert "The session is broken" in out.text and "%dist restart" in out.text
+    status = kernel.execute("%dist status").result
+    assert "session: broken" in status and "rank 1 died (killed by SIGKILL)" in status
+    refused = kernel.execute("%%distributed\nrank")
+    assert (refused.status, refused.ename) == ("error", "SessionBroken")
+    restarted = kernel.execute("%dist restart")
+    assert restarted.status == "ok" and "variables are lost" in restarted.text
+    assert wait_gone(old)
+    assert kernel.execute("%%distributed\n'x' in dir()").result == "[rank0] False\n[rank1] False"
+
+
+def test_a_background_run_stays_in_its_cell(kernel: Kernel) -> None:
+    """A non-blocking launch and a session's submitted task keep updating the cell that
+    started them while later cells run; nothing of theirs is sent as a later cell's."""
+    before = set(kernel.by_parent)
+    launch = kernel.kc.execute(
+        textwrap.dedent(
+            """
+            from notebook_launcher import notebook_launcher, start
+
+            def work():
+                import time, torch.distributed as dist
+                for i in range(4):
+                    print("step", i, "rank", dist.get_rank(), flush=True)
+                    time.sleep(0.3)
+                return dist.get_rank()
+
+            handle = notebook_launcher(work, num_processes=2, block=False)
+            session = start(num_processes=2)
+            task = session.submit(work)
+            """
+        )
+    )
+    later = [kernel.execute("print('a later cell')") for _ in range(3)]
+    assert [r.text for r in later] == ["a later cell\n"] * 3
+    assert kernel.execute("handle.result(timeout=20), task.result(timeout=20)").result == (
+        "([0, 1], [0, 1])"
+    )
+    kernel.drain(0.5)
+    kernel.execute("session.close()")
+    launched = kernel.by_parent[launch]
+    assert {m["msg_type"] for m in launched} >= {"display_data", "comm_msg"}
+    later_ids = [k for k in kernel.by_parent if k not in before and k != launch]
+    assert len(later_ids) == 5
+    for msg_id in later_ids:
+        for msg in kernel.by_parent[msg_id]:
+            assert msg["msg_type"] in {"status", "execute_input", "stream", "execute_result"}, (
+                msg["msg_type"],
+                str(msg["content"])[:200],
+            )
+            if msg["msg_type"] == "stream":
+                assert "rank" not in msg["content"]["text"], msg["content"]
+
+
+@pytest.mark.parametrize("how", ["shutdown", "killed"])
+def test_the_kernels_end_leaves_no_rank(how: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    kernel = Kernel(env)
+    try:
+        kernel.execute("%load_ext notebook_launcher")
+        assert kernel.execute("%dist start -n 2").status == "ok"
+        pids = rank_pids(kernel)
+        assert not gone(pids)
+    finally:
+        kernel.shutdown(now=how == "killed")
+    assert wait_gone(pids), f"ranks {pids} outlived the kernel"
+
+
+def test_dist_stop_leaves_no_rank() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    kernel = Kernel(env)
+    try:
+        kernel.execute("%load_ext notebook_launcher")
+        kernel.execute("%dist start -n 2 --start-method forkserver --dashboard False --port auto")
+        pids = rank_pids(kernel)
+        assert kernel.execute("%dist stop").status == "ok"
+        assert wait_gone(pids)
+        assert kernel.execute("%dist status").result == "'no session'"
+        out = kernel.execute("%%distributed\nrank")
+        assert (out.status, out.ename) == ("error", "UsageError")
+    finally:
+        kernel.shutdown()
+
+
+def test_argument_errors_are_usage_errors(kernel: Kernel) -> Any:
+    out = kernel.execute("%dist frobnicate")
+    assert (out.status, out.ename) == (
+        "error",
+        "UsageError",
+    ) and "unknown %dist command" in out.evalue
+    out = kernel.execute("%%distributed --ranks 0,1 --post-mortem\nx")
+    assert out.ename == "UsageError" and "needs one rank" in out.evalue
+    assert kernel.execute("%dist start -n 2").ename == "UsageError"  # one runs already
+    assert kernel.execute("%dist auto maybe").ename == "UsageError"
