@@ -54,7 +54,13 @@ from typing import Any
 
 from ._events import Event, LaunchFinished, LaunchRestarting, RendezvousStarted
 from ._launch import preflight, rendezvous
-from ._launch.diagnosis import RestartPolicy, Verdict, exception_for, summary_line
+from ._launch.diagnosis import (
+    RestartPolicy,
+    Verdict,
+    as_child_failed,
+    exception_for,
+    summary_line,
+)
 from ._launch.group import WorkerGroup, WorkerProcess
 from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
@@ -92,6 +98,7 @@ def notebook_launcher(
     | type[BaseException]
     | tuple[type[BaseException], ...]
     | None = None,
+    raise_child_failed: bool | None = None,
 ) -> Any:
     """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
 
@@ -120,6 +127,9 @@ def notebook_launcher(
     launch, unless ``restart_on_exception`` is True (any exception, as torch elastic), an
     exception class or a tuple of them (``None``: env
     ``NOTEBOOK_LAUNCHER_RESTART_ON_EXCEPTION=1`` means True).
+    ``raise_child_failed=True`` (``None``: env ``NOTEBOOK_LAUNCHER_RAISE_CHILD_FAILED=1``)
+    raises torch elastic's ``ChildFailedError`` instead, as Accelerate's launcher does, with
+    the rank's own exception as its ``__cause__``: for code that catches ``ChildFailedError``.
     ``log_line_prefix_template`` (``"[${rank}]: "``; torch elastic's ``${rank}``,
     ``${local_rank}``, ``${role_name}``) replaces the ``[rankN]`` label of output lines.
 
@@ -157,6 +167,7 @@ def notebook_launcher(
         preflight.check_restart_on_exception(restart_on_exception),
     )
     line_prefix = preflight.check_log_line_prefix_template(log_line_prefix_template)
+    child_failed = preflight.check_raise_child_failed(raise_child_failed)
     meeting = preflight.check_rendezvous(
         rdzv_backend,
         rdzv_endpoint,
@@ -189,6 +200,8 @@ def notebook_launcher(
         plan.close()
         raise
     launch = _Launch(plan, task, view, policy, line_prefix)
+    if child_failed:
+        launch.child_failed_name = getattr(function, "__name__", "function")
     if block:
         outcome = launch.run()
         if isinstance(outcome, BaseException):
@@ -232,6 +245,8 @@ class _Launch:
         self.plan, self.task, self.view = plan, task, view
         self.policy = policy or RestartPolicy()
         self.line_prefix = line_prefix
+        #: the function's name when failures are raised as torch elastic's ChildFailedError
+        self.child_failed_name: str | None = None
         self._listen, plan.listen = plan.listen, None  # ours now
         self.job: rendezvous.NodeJob | None = None
         self.link: NodeLink | None = None  # with a job: the other nodes
@@ -484,7 +499,11 @@ class _Launch:
                 report,
             )
         if not self.verdict.ok:
-            return exception_for(self.verdict, self.world_size, self.exc_data, self.history)
+            error = exception_for(self.verdict, self.world_size, self.exc_data, self.history)
+            if self.child_failed_name is None:
+                return error
+            per_node = len(self.plan.specs)
+            return as_child_failed(error, self.verdict, self.child_failed_name, per_node)
         missing = [r for r in ranks if r not in record.results]
         if missing:  # cannot happen without a failure record; never return a short list
             return LaunchError(f"ranks {missing} ended without a result")

@@ -194,6 +194,7 @@ def noop() -> None:
         ({"rdzv_id": ""}, "rdzv_id must be a non-empty string"),
         ({"join_timeout": 0}, "join_timeout must be > 0"),
         ({"restart_on_exception": "yes"}, "restart_on_exception must be True, False"),
+        ({"raise_child_failed": "yes"}, "raise_child_failed must be True, False"),
         ({"log_line_prefix_template": 3}, "log_line_prefix_template must be a string"),
         ({"num_nodes": 2, "use_port": "auto"}, "every node needs the same rendezvous port"),
         ({"rdzv_endpoint": "host:http", "rdzv_backend": "c10d"}, "port must be a number"),
@@ -214,6 +215,35 @@ def test_preflight_errors(kwargs: dict, message: str) -> None:
     call = {"function": noop, "num_processes": 2, "dashboard": Recorder(), **kwargs}
     with pytest.raises(PreflightError, match=message.replace("(", r"\(").replace(")", r"\)")):
         notebook_launcher(**call)
+
+
+class ShardError(Exception):
+    pass
+
+
+def _odd_rank_fails() -> None:
+    import time
+
+    if int(os.environ["RANK"]) == 1:
+        raise ShardError("bad shard on rank 1")
+    time.sleep(30)  # stopped as collateral: not a failure of its own
+
+
+def test_raise_child_failed_is_elastics_error_with_the_ranks_own_as_cause() -> None:
+    """For code written against Accelerate's launcher that catches ChildFailedError."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    with pytest.raises(ChildFailedError, match="bad shard on rank 1") as info:
+        notebook_launcher(
+            _odd_rank_fails, num_processes=2, dashboard=Recorder(), raise_child_failed=True
+        )
+    assert list(info.value.failures) == [1]  # rank 0 was stopped, it did not fail
+    rank, failure = info.value.get_first_failure()
+    assert (rank, failure.exitcode, failure.local_rank) == (1, 1, 1)
+    assert type(info.value.__cause__) is ShardError  # the rank's own, the notebook's class
+    assert info.value.name == "_odd_rank_fails"
+    with pytest.raises(ShardError):  # and by default: the rank's own exception
+        notebook_launcher(_odd_rank_fails, num_processes=2, dashboard=Recorder())
 
 
 def test_fork_with_cuda_initialised_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -267,15 +267,9 @@ NOTEBOOK = [
     # apart; ours enter the function together, once their group is up: it hung 1 run in 15.
     # Two ranks restarting around an inherited queue: tests/test_multinode.py.
     Case("test_fault_tolerant", _call("test_fault_tolerant"), processes=1),
-    Case(
-        "test_monitoring",
-        _call("test_monitoring"),
-        differs=(
-            "the caller gets the failing rank's own exception (RuntimeError, with its traceback), "
-            "not torch elastic's ChildFailedError; the sleeping rank is still stopped at once"
-        ),
-        raises=r"RuntimeError: I'm an even process. I don't like to sleep.",
-    ),
+    # Catches torch elastic's ChildFailedError: ours raises the rank's own exception unless
+    # asked (raise_child_failed; the kernel here asks through the environment).
+    Case("test_monitoring", _call("test_monitoring")),
     Case("test_problematic_imports", _call("test_problematic_imports"), needs=("bitsandbytes",)),
 ]
 
@@ -354,6 +348,7 @@ def _run_in_kernel(script: str, cases: list[Case], out_dir: str) -> None:
     env = kernel_env()
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env["NOTEBOOK_LAUNCHER_RESTART_ON_EXCEPTION"] = "1"  # test_fault_tolerant: as elastic
+    env["NOTEBOOK_LAUNCHER_RAISE_CHILD_FAILED"] = "1"  # test_monitoring: as elastic
     out_file = os.path.join(out_dir, "rank0.jsonl")
     command = [sys.executable, "-m", "tests._parity_shim", str(shim.accelerate_sources()), script]
     for processes in sorted({c.processes for c in cases}):

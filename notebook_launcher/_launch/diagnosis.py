@@ -230,6 +230,43 @@ def _left_error(
     return err
 
 
+def as_child_failed(
+    error: BaseException, verdict: Verdict, name: str, procs_per_node: int
+) -> BaseException:
+    """torch elastic's ``ChildFailedError`` for a failed launch, ``error`` (the rank's own
+    exception, with its traceback) as its ``__cause__``: for code written against
+    Accelerate's launcher (torch elastic underneath) that catches ``ChildFailedError``.
+
+    Its ``failures`` hold the ranks that failed by themselves, as elastic's would (a
+    raised exception is exit code 1, with its traceback as the message); the ranks
+    stopped because of them are not failures."""
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        ProcessFailure,
+    )
+
+    failures: dict[int, ProcessFailure] = {}
+    for f in _by_time(x for x in verdict.failures if x.kind in ("raised", "died")):
+        if f.collateral and failures:
+            continue
+        exitcode = 1 if f.kind == "raised" else (f.exitcode if f.exitcode is not None else 1)
+        process = ProcessFailure(f.rank % procs_per_node, f.pid or -1, exitcode, "<N/A>")
+        if f.kind == "raised":
+            text = f"{f.exc_type}: {f.message}"
+            stack = f.traceback if f.message in f.traceback else f"{f.traceback}{text}"
+            process.message = {  # type: ignore[assignment]  # elastic's error-file form
+                "message": text,
+                "extraInfo": {"py_callstack": stack, "timestamp": str(int(f.time))},
+            }
+        process.timestamp = int(f.time) if f.time else process.timestamp
+        failures[f.rank] = process
+    if not failures:  # interrupted, stranded...: nothing elastic would call a child failure
+        return error
+    child = ChildFailedError(name, failures)
+    child.__cause__ = error
+    return child
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
     """When an attempt that failed starts again: ``max_restarts`` times at most, for a
@@ -254,4 +291,12 @@ class RestartPolicy:
         return isinstance(exc, self.on_exception)
 
 
-__all__ = ["RestartPolicy", "Stranded", "Verdict", "diagnose", "exception_for", "summary_line"]
+__all__ = [
+    "RestartPolicy",
+    "Stranded",
+    "Verdict",
+    "as_child_failed",
+    "diagnose",
+    "exception_for",
+    "summary_line",
+]

@@ -202,16 +202,27 @@ def check_max_restarts(max_restarts: Any) -> int:
     return max_restarts
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def check_raise_child_failed(value: Any) -> bool:
+    """``None``: env ``NOTEBOOK_LAUNCHER_RAISE_CHILD_FAILED`` (``1``), else False."""
+    if value is None:
+        return _env_flag("NOTEBOOK_LAUNCHER_RAISE_CHILD_FAILED")
+    if not isinstance(value, bool):
+        raise PreflightError(
+            f"raise_child_failed must be True, False or None (from the environment), got {value!r}."
+        )
+    return value
+
+
 def check_restart_on_exception(value: Any) -> bool | tuple[type[BaseException], ...]:
     """``False`` (a raised exception ends the launch), ``True`` (any restarts, as torch
     elastic does), or exception classes that restart (e.g. ``(ConnectionError,)``).
     ``None``: env ``NOTEBOOK_LAUNCHER_RESTART_ON_EXCEPTION`` (``1``: any), else False."""
     if value is None:
-        value = os.environ.get("NOTEBOOK_LAUNCHER_RESTART_ON_EXCEPTION", "").lower() in (
-            "1",
-            "true",
-            "yes",
-        )
+        value = _env_flag("NOTEBOOK_LAUNCHER_RESTART_ON_EXCEPTION")
     if isinstance(value, bool):
         return value
     if isinstance(value, type) and issubclass(value, BaseException):
