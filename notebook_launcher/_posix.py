@@ -142,6 +142,19 @@ def deferred_interrupts() -> Iterator[None]:
                 signal.raise_signal(signal.SIGINT)
 
 
+def socket_inodes() -> set[str]:
+    """The inodes of this process's open sockets (from ``/proc/self/fd``)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
 __all__ = [
     "close_quietly",
     "deferred_interrupts",
@@ -150,4 +163,5 @@ __all__ = [
     "kill_process_group",
     "lead_own_process_group",
     "quiet_fork",
+    "socket_inodes",
 ]

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from notebook_launcher._posix import socket_inodes
+
 from . import helpers
 
 #: The test tiers (registered in pyproject.toml). Every test file declares exactly one with
@@ -62,14 +64,7 @@ def _allowed_children() -> set[int]:
 
 def listening_ports() -> set[int]:
     """TCP ports this process listens on (rendezvous sockets it may have leaked)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    inodes = socket_inodes()
     ports = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:

@@ -37,6 +37,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._events import WorkerFinished, WorkerStarted
+from .._posix import socket_inodes
 from .._serialization import dump_exception, dumps, exception_to_failure, load_task
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Reform, Reformed, Returned, Run, Shutdown
@@ -189,7 +190,7 @@ class RankSession:
                 except Exception:  # noqa: BLE001 - best effort; destroying follows
                     pass
             dist.destroy_process_group()
-        before = _socket_inodes()
+        before = socket_inodes()
         store = dist.PrefixStore(f"notebook_launcher/reform/{generation}", self.store)
         dist.init_process_group(
             spec.backend,
@@ -198,21 +199,8 @@ class RankSession:
             world_size=spec.world_size,
             timeout=timedelta(seconds=spec.pg_timeout_s),
         )
-        self.group_sockets = _socket_inodes() - before
+        self.group_sockets = socket_inodes() - before
         self.generation = generation
-
-
-def _socket_inodes() -> set[str]:
-    """The inodes of this process's open sockets."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return inodes
 
 
 def _shut_down_sockets(inodes: set[str]) -> None:
