@@ -36,6 +36,7 @@ pytestmark = pytest.mark.browser
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NOTEBOOK = HERE / "notebooks_for_tests" / "dashboard.ipynb"
+SESSION_NOTEBOOK = HERE / "notebooks_for_tests" / "session.ipynb"
 PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])
 ARTIFACTS = Path(os.environ.get("NOTEBOOK_LAUNCHER_ARTIFACTS", ROOT / "artifacts")) / "browser"
 CHROMIUM = "/usr/bin/chromium"
@@ -84,7 +85,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     )
     for d in (root, workspaces, runtime):
         d.mkdir()
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)  # JupyterLab autosaves: never the committed file
+    for notebook in (NOTEBOOK, SESSION_NOTEBOOK):  # JupyterLab autosaves: never the committed file
+        shutil.copy(notebook, root / notebook.name)
     notif = settings / "@jupyterlab" / "apputils-extension"
     notif.mkdir(parents=True)
     (notif / "notification.jupyterlab-settings").write_text(
@@ -398,6 +400,85 @@ def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
             assert fills[:4] == [["100%", "rgb(67, 160, 71)"]] * 4, fills  # styles kept
             _shot(page, "saved_untrusted_failed.png", saved.nth(1))
             _shot(page, "saved_untrusted_ok.png", saved.first)
+            assert not errors, errors
+        finally:
+            browser.close()
+
+
+#: The text of every cell's outputs in the open notebook (index = cell).
+CELL_OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(
+    w => w.outputArea ? w.outputArea.node.innerText : '')"""
+
+#: Run one cell of the open notebook (the notebook's own command, as a click on ▶ does).
+RUN_CELL = """async (i) => {
+    const app = window.jupyterapp;
+    app.shell.currentWidget.content.activeCellIndex = i;
+    await app.commands.execute('notebook:run-cell');
+}"""
+
+
+def _wait_for_output(page: Any, cell: int, text: str, seconds: float = 60) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while True:
+        outputs = page.evaluate(CELL_OUTPUTS)
+        if text in outputs[cell] or time.monotonic() > deadline:
+            return outputs
+        _wait(page, 0.1)
+
+
+@pytest.mark.timeout(150)
+def test_a_session_in_jupyterlab(lab: dict[str, Any]) -> None:
+    """``tests/notebooks_for_tests/session.ipynb`` in JupyterLab: ``%dist start``, a
+    ``%%distributed`` cell long enough to show its live dashboard, then each rank's value; a
+    ``%%rank 1`` cell; a failing ``%%rank 1`` cell (Run All stops there, as on any error);
+    then, run by hand as a person would, a cell showing that every rank's variables
+    survived, and ``%dist stop``."""
+    api = _requirements()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(60_000)
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{lab['url']}/lab/tree/{SESSION_NOTEBOOK.name}?token={lab['token']}&reset")
+            page.wait_for_function("window.jupyterapp !== undefined")
+            info = page.evaluate(WAIT_NOTEBOOK_READY)
+            assert info["kernel"] == "python3" and info["status"] == "idle", info
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            live = page.locator(".jp-OutputArea-output .nl-dashboard:not(.nl-snapshot)")
+            live.first.wait_for(timeout=60_000)  # the long cell shows its dashboard
+            _wait(page, 0.4)
+            live_rows = page.evaluate(DASHBOARDS)[0]["rows"]
+            _shot(page, "session_live.png", live.first)
+            outputs = _wait_for_output(page, 4, "ValueError")
+            started, counted, secret, failed = outputs[1:5]
+            assert "session: ready, 2 ranks" in started, outputs
+            assert "[rank0] 40" in counted and "[rank1] 80" in counted, outputs
+            assert secret.strip().endswith("[rank1] 800"), outputs
+            assert "ValueError: bad batch on rank 1" in failed, outputs
+            assert "Raised on rank 1 of 2" in failed and "The session lives on" in failed
+            assert "secret: int = 800" in failed, outputs  # the failing frame's variables
+            assert "tqdm: type" not in failed and "_: int" not in failed, outputs  # its data
+            _shot(page, "session_failed_cell.png", page.locator(".jp-Cell").nth(4))
+
+            page.evaluate(RUN_CELL, 5)  # after the failure: the same ranks, the same values
+            outputs = _wait_for_output(page, 5, "[rank1]")
+            assert "[rank0] (40, 2)" in outputs[5] and "[rank1] (80, 2)" in outputs[5], outputs
+            page.evaluate(RUN_CELL, 6)
+            outputs = _wait_for_output(page, 6, "SESSION DONE")
+            assert "SESSION DONE" in outputs[6], outputs
+            page.locator(".jp-Cell").nth(2).scroll_into_view_if_needed()
+            _shot(page, "session_lab_1280x800.png")
+            final = page.evaluate(DASHBOARDS)
+            assert [v["live"] for v in final] == [False], final  # its snapshot, once done
+            assert [(r["rank"], r["status"]) for r in final[0]["rows"]] == [
+                ("0", "done"),
+                ("1", "done"),
+            ], final
+            assert [r["rank"] for r in live_rows] == ["0", "1"], live_rows
+            assert not page.evaluate(WRAPPED)
             assert not errors, errors
         finally:
             browser.close()

@@ -236,6 +236,20 @@ def test_a_failing_task_keeps_the_session_and_the_variables(
     assert shared.pull("kept") == [[0, 0, 0], [1, 1, 1]]
 
 
+def test_a_failing_cells_variables_are_its_data(shared: Session) -> None:
+    """A cell fails at the namespace's top level: its summary shows the data there, not
+    what the namespace imported or defined, nor ``_``."""
+    shared.run_cell("import math\nfrom collections import OrderedDict\ndef helper(): pass")
+    shared.run_cell("batch = torch.zeros(2, 3)\n7")  # binds _ = 7
+    with pytest.raises(ZeroDivisionError) as info:
+        shared.run_cell("ratio = 1 / (rank - 1)", ranks=[1])
+    notes = "\n".join(info.value.__notes__)
+    assert "batch: Tensor 2x3 float32 on cpu" in notes and "rank: int = 1" in notes
+    assert "device: device = cpu" in notes
+    for noise in ("math", "OrderedDict", "helper", "_:"):
+        assert f"\n  {noise}" not in notes, notes
+
+
 def test_post_mortem_runs_in_the_failing_frame(shared: Session) -> None:
     with pytest.raises(ValueError):
         shared.run(raises_alone)

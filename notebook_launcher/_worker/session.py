@@ -292,9 +292,12 @@ def describe_value(value: Any) -> str:
         return f"{kind} = {short}"
     if isinstance(value, (list, tuple, dict, set, frozenset)):
         return f"{kind} of {len(value)}"
-    if isinstance(value, (types.ModuleType, types.FunctionType, type)):
-        return kind
+    if kind == "device" and type(value).__module__ == "torch":
+        return f"device = {value}"
     return kind
+
+
+_DEFINITIONS = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 
 def summarise_locals(exc: BaseException) -> tuple[str, ...]:
@@ -302,9 +305,16 @@ def summarise_locals(exc: BaseException) -> tuple[str, ...]:
     frame = _users_frame(exc)
     if frame is None:
         return ()
-    rows = []
-    for name, value in list(frame.f_locals.items())[:MAX_LOCALS]:
+    rows: list[str] = []
+    # A cell's own code runs at the namespace's top level: there its data is what matters,
+    # not what it defined or imported, nor IPython's ``_``.
+    top_level = frame.f_locals is frame.f_globals
+    for name, value in list(frame.f_locals.items()):
+        if len(rows) == MAX_LOCALS:
+            break
         if name.startswith("__") or isinstance(value, types.ModuleType):
+            continue
+        if top_level and (name.startswith("_") or isinstance(value, _DEFINITIONS)):
             continue
         try:
             text = describe_value(value)
