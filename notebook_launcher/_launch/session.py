@@ -10,8 +10,11 @@ What happens when a task goes wrong, and what the session makes of it:
 
 * a rank raises while others still run: the others are interrupted (SIGINT to their main
   thread, once they began the task); a rank that does not answer within
-  :data:`REFORM_AFTER` seconds waits in a collective for a peer that moved on (so does one
-  that answered but left a collective queued: its ``BarrierEnter`` had no exit), so every
+  :data:`REFORM_AFTER` seconds while it is seen in a collective (its ``BarrierEnter``; or
+  within :data:`REFORM_UNSEEN_AFTER` seconds, seen nowhere: a collective torch runs for
+  it, such as DDP's, is not reported, and a loaded machine may just be slow to deliver the
+  interrupt) waits for a peer that moved on (so does one that answered but left a
+  collective queued: its ``BarrierEnter`` had no exit), so every
   rank **re-forms** the process group (``_wire.control.Reform``): the idle ranks shut
   their connections down, the stuck collective fails, and all join a new group on the
   same store. Namespaces survive; the cell raises the root cause.
@@ -60,8 +63,12 @@ from .group import WorkerGroup, WorkerProcess
 from .plan import LaunchPlan
 from .record import RunRecord
 
-#: Seconds an interrupted rank may take before its peers re-form the group to free it.
+#: Seconds an interrupted rank seen waiting in a collective may take before its peers
+#: re-form the group to free it.
 REFORM_AFTER = 0.3
+#: The same for a rank not seen in any collective: most likely in Python, and its
+#: interrupt only late (a loaded machine); perhaps in a collective nobody reported.
+REFORM_UNSEEN_AFTER = 2.0
 #: Seconds the re-forming may take before the session gives up on a rank (it is stuck).
 REFORM_TIMEOUT = 5.0
 #: Lines a rank may print between tasks that are kept for the next task's view.
@@ -169,6 +176,8 @@ class TaskRun:
         self.mismatch: str | None = None
         self.t0 = time.time()
         self.reform_at: float | None = None
+        #: the latest a re-forming waits for ranks that are seen in no collective
+        self.reform_unseen_at: float | None = None
         self.reform_generation: int | None = None
         self.reformed: set[int] = set()
         self.give_up_at: float | None = None
@@ -341,6 +350,7 @@ class SessionCore:
             task.interrupted.add(rank)
         if task.reform_at is None and task.reform_generation is None:
             task.reform_at = time.monotonic() + REFORM_AFTER
+            task.reform_unseen_at = time.monotonic() + REFORM_UNSEEN_AFTER
 
     def _reform(self, task: TaskRun) -> None:
         assert self.group is not None
@@ -480,9 +490,12 @@ class SessionCore:
             # wait) answers from Python, but leaves the collective queued in its group: the
             # next collective would pair with it and hang. Its BarrierEnter without a
             # BarrierExit says so.
-            waiting = bool(task.pending or task.mismatch or barriers.stranded or barriers.waiting)
+            seen = bool(task.mismatch or barriers.stranded or barriers.waiting)
             broken = any(f.collateral for f in task.record.failures)
-            if waiting or broken:
+            unseen_at = task.reform_unseen_at
+            if task.pending and not (seen or broken) and unseen_at is not None and now < unseen_at:
+                task.reform_at = unseen_at  # no one is seen in a collective: give it time
+            elif task.pending or seen or broken:
                 self._reform(task)
             else:  # every rank answered the interrupt from Python, outside any collective
                 task.reform_at = None
@@ -647,4 +660,4 @@ def _where(location: str) -> str:
     return f"Cell {cell}, line {line}" if cell else location
 
 
-__all__ = ["REFORM_AFTER", "SessionCore", "TaskHandle", "TaskRun"]
+__all__ = ["REFORM_AFTER", "REFORM_UNSEEN_AFTER", "SessionCore", "TaskHandle", "TaskRun"]
