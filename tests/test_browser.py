@@ -220,11 +220,13 @@ def _wait(page: Any, seconds: float) -> None:
     page.wait_for_timeout(int(seconds * 1000))
 
 
-def _check_log_follows_the_tail(page: Any) -> dict[str, Any]:
+def _check_log_follows_the_tail(page: Any, look: Any) -> dict[str, Any]:
     """While ranks print: at the bottom the newest line is in view; scrolled up, the same
-    lines stay in view as more arrive; back at the bottom it follows again."""
+    lines stay in view as more arrive; back at the bottom it follows again. ``look()``
+    runs between the steps (on a slow machine the launch may move on meanwhile)."""
     out: dict[str, Any] = {"start": page.evaluate(LOG_STATE)}
     _wait(page, 0.6)
+    look()
     following = page.evaluate(LOG_STATE)
     out["following"] = following
     page.evaluate(
@@ -234,11 +236,13 @@ def _check_log_follows_the_tail(page: Any) -> dict[str, Any]:
     out["up"] = page.evaluate(LOG_STATE)
     _wait(page, 0.9)
     out["still_up"] = page.evaluate(LOG_STATE)
+    look()
     page.evaluate(
         "() => { document.querySelector('.jp-OutputArea-output .nl-log').scrollTop = 0; }"
     )
     _wait(page, 0.7)
     out["back"] = page.evaluate(LOG_STATE)
+    look()
     return out
 
 
@@ -266,10 +270,22 @@ def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
             wrapped: list[str] = []
             picked: dict[str, Any] = {}
             shots: set[str] = set()
-            t0 = time.monotonic()
-            while done.count() == 0 and time.monotonic() - t0 < 120:
+
+            def look() -> list[Any]:
+                """Sample the dashboards; a rank shown waiting at a barrier: its shot."""
                 views = page.evaluate(DASHBOARDS)
                 samples.append(views)
+                first = views[0] if views else {}
+                if "waiting" not in shots and any(
+                    "waiting at" in row["text"] for row in first.get("rows", [])
+                ):
+                    _shot(page, "dashboard_waiting.png", dashboards.first)
+                    shots.add("waiting")
+                return views
+
+            t0 = time.monotonic()
+            while done.count() == 0 and time.monotonic() - t0 < 120:
+                views = look()
                 first = views[0] if views else {}
                 widths = [b["width"] for row in first.get("rows", []) for b in row["bars"]]
                 if (
@@ -283,13 +299,8 @@ def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
                     _shot(page, "dashboard_live.png", dashboards.first)
                     wrapped += page.evaluate(WRAPPED)
                     shots.add("live")
-                    log_check = _check_log_follows_the_tail(page)
+                    log_check = _check_log_follows_the_tail(page, look)
                     _shot(page, "dashboard_live_after_scroll.png", dashboards.first)
-                if "waiting" not in shots and any(
-                    "waiting at" in row["text"] for row in first.get("rows", [])
-                ):
-                    _shot(page, "dashboard_waiting.png", dashboards.first)
-                    shots.add("waiting")
                 if "many" not in shots and len(views) == 3 and views[2]["live"]:
                     many = dashboards.nth(2)
                     _wait(page, 0.8)  # the replay runs about 2 s

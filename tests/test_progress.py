@@ -190,7 +190,7 @@ def _train(steps: int) -> int:
             pass
     for _ in tqdm.tqdm(range(3), desc="main only", disable=not state.is_local_main_process):
         pass
-    # barriers are reported when they take noticeable time (> 20 ms): make them wait
+    # barriers are reported when they take noticeable time (> 50 ms): make them wait
     with state.main_process_first():
         if state.is_main_process:
             time.sleep(0.3)  # rank 1 waits for this
