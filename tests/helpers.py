@@ -1,10 +1,12 @@
 """Shared test helpers: a recording view, a free port, a clean environment for kernels
-and subprocesses, a real ipykernel."""
+and subprocesses, a real ipykernel and a cell run in it."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +48,28 @@ def started_kernel(**env: str) -> Iterator[Any]:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def run_cell(kc: Any, code: str, timeout: float = 120) -> tuple[str, dict, list[str]]:
+    """Execute ``code`` (dedented) in a kernel: (its stream text, the execute_reply
+    content, the error's traceback lines without colours)."""
+    msg_id = kc.execute(textwrap.dedent(code))
+    text, error = [], []
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            text.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            error = ANSI.sub("", "\n".join(msg["content"]["traceback"])).splitlines()
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=timeout)
+    return "".join(text), reply["content"], error
 
 
 class Recorder:

@@ -12,6 +12,7 @@ Missing pieces FAIL the test; set ``NOTEBOOK_LAUNCHER_SKIP_BROWSER=1`` to skip i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -246,8 +247,10 @@ def _check_log_follows_the_tail(page: Any, look: Any) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.timeout(180)
-def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
+@contextlib.contextmanager
+def _notebook_page(lab: dict[str, Any], notebook: Path) -> Iterator[tuple[Any, list[str], Any]]:
+    """Chromium at 1280x800 with ``notebook`` open in the lab, its kernel idle: the page,
+    the page's JavaScript errors (a list that fills as they come) and the kernel's info."""
     api = _requirements()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with api.sync_playwright() as p:
@@ -257,163 +260,162 @@ def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
             page.set_default_timeout(60_000)
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{lab['url']}/lab/tree/{NOTEBOOK.name}?token={lab['token']}&reset")
+            page.goto(f"{lab['url']}/lab/tree/{notebook.name}?token={lab['token']}&reset")
             page.wait_for_function("window.jupyterapp !== undefined")
-            info = page.evaluate(WAIT_NOTEBOOK_READY)
-            assert info == {"kernel": "python3", "status": "idle", "sidebar": True}, info
-            # do not await: the command's promise resolves only when every cell ran
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            done = page.locator(".jp-OutputArea-output", has_text="ALL DONE")
-            dashboards = page.locator(".jp-OutputArea-output .nl-dashboard")
-            samples: list[Any] = []
-            log_check: dict[str, Any] = {}
-            wrapped: list[str] = []
-            picked: dict[str, Any] = {}
-            shots: set[str] = set()
-
-            def look() -> list[Any]:
-                """Sample the dashboards; a rank shown waiting at a barrier: its shot."""
-                views = page.evaluate(DASHBOARDS)
-                samples.append(views)
-                first = views[0] if views else {}
-                if "waiting" not in shots and any(
-                    "waiting at" in row["text"] for row in first.get("rows", [])
-                ):
-                    _shot(page, "dashboard_waiting.png", dashboards.first)
-                    shots.add("waiting")
-                return views
-
-            t0 = time.monotonic()
-            while done.count() == 0 and time.monotonic() - t0 < 120:
-                views = look()
-                first = views[0] if views else {}
-                widths = [b["width"] for row in first.get("rows", []) for b in row["bars"]]
-                if (
-                    "live" not in shots
-                    and first.get("live")
-                    and any(w not in ("0%", "100%") for w in widths)
-                    and len(first.get("seen", [])) > 10
-                ):
-                    dashboards.first.scroll_into_view_if_needed()
-                    _shot(page, "lab_live_1280x800_sidebar.png")
-                    _shot(page, "dashboard_live.png", dashboards.first)
-                    wrapped += page.evaluate(WRAPPED)
-                    shots.add("live")
-                    log_check = _check_log_follows_the_tail(page, look)
-                    _shot(page, "dashboard_live_after_scroll.png", dashboards.first)
-                if "many" not in shots and len(views) == 3 and views[2]["live"]:
-                    many = dashboards.nth(2)
-                    _wait(page, 0.8)  # the replay runs about 2 s
-                    _shot(page, "dashboard_many_live.png", many)
-                    # any rank one click away: its cell picks its output and its row
-                    many.locator(".nl-cell-13").click()
-                    _wait(page, 0.3)
-                    picked = page.evaluate(
-                        """() => { const d = document.querySelectorAll(
-                                '.jp-OutputArea-output .nl-dashboard')[2];
-                            return {rows: Array.from(d.querySelectorAll('.nl-row'))
-                                        .filter(r => r.offsetParent).map(r => r.dataset.rank),
-                                    lines: Array.from(d.querySelectorAll('.nl-l'))
-                                        .filter(l => l.offsetParent).map(l => l.innerText)}; }"""
-                    )
-                    _shot(page, "dashboard_many_rank13_picked.png", many)
-                    shots.add("many")
-                _wait(page, 0.05)
-            assert done.count() == 1, f"the notebook did not finish; server log: {lab['log']}"
-            assert shots == {"live", "waiting", "many"}, shots
-
-            # -- while it ran --------------------------------------------------------
-            start, following = log_check["start"], log_check["following"]
-            assert following["count"] > start["count"], log_check  # lines kept coming
-            assert following["top"] == 0 and following["last"] == following["newest"], log_check
-            up, still_up, back = log_check["up"], log_check["still_up"], log_check["back"]
-            assert up["top"] < 0 and still_up["count"] > up["count"], log_check
-            assert still_up["first"] == up["first"], log_check  # the reader's place is kept
-            assert back["top"] == 0 and back["last"] == back["newest"], log_check
-            assert back["newest"] != up["newest"], log_check
-            step_widths = {
-                b["width"]
-                for views in samples
-                for row in (views[0]["rows"] if views else [])
-                for b in row["bars"]
-                if b["desc"] == "step"
-            }
-            assert len(step_widths - {"0%", "100%"}) >= 2, sorted(step_widths)  # bars moved
-            infos = {
-                row["text"] for views in samples for row in (views[0]["rows"] if views else [])
-            }
-            assert any(i.startswith("● waiting at In[1]:") for i in infos), sorted(infos)
-            assert "13" in picked["rows"], picked
-            assert picked["lines"] and all(t.startswith("rank 13 ") for t in picked["lines"]), (
-                picked
-            )
-
-            # -- the end: every dashboard became its static snapshot ------------------
-            views = page.evaluate(DASHBOARDS)
-            assert [v["live"] for v in views] == [False, False, False], views
-            ok, failed, many_end = views
-            assert [(r["rank"], r["status"]) for r in ok["rows"]] == [("0", "done"), ("1", "done")]
-            for row in ok["rows"]:
-                assert [(b["desc"], b["width"], b["style"]) for b in row["bars"]] == [
-                    ("epoch", "100%", "success"),
-                    ("step", "100%", "success"),
-                ]
-            assert [
-                [(b["desc"], b["width"], b["style"]) for b in row["bars"]] for row in failed["rows"]
-            ] == [[("work", "100%", "success")], [("work", "50%", "danger")]]
-            assert failed["rows"][1]["text"] == "● raised ValueError: rank 1 broke"
-            plot = page.locator(".jp-OutputArea-output img").first  # the loss curve (PNG)
-            assert plot.bounding_box()["width"] > 300
-            snaps = page.locator(".nl-snapshot")
-            pane = snaps.nth(1).locator(".nl-pane-1")
-            assert pane.is_visible() and "ValueError: rank 1 broke" in pane.inner_text()
-            assert "1 failed" in snaps.nth(2).locator(".nl-spread").inner_text()
-            for i, name in enumerate(("ok", "failed", "many")):
-                _shot(page, f"dashboard_{name}.png", snaps.nth(i))
-            wrapped += page.evaluate(WRAPPED)
-            snaps.first.scroll_into_view_if_needed()
-            _shot(page, "lab_1280x800_sidebar.png")
-            page.evaluate(
-                "() => window.jupyterapp.commands.execute('application:toggle-left-area')"
-            )
-            page.set_viewport_size({"width": 1920, "height": 1080})
-            snaps.first.scroll_into_view_if_needed()
-            _shot(page, "lab_1920_full_width.png")
-            page.set_viewport_size({"width": 400, "height": 900})
-            _shot(page, "dashboard_ok_narrow.png", snaps.first)
-            _shot(page, "dashboard_failed_narrow.png", snaps.nth(1))
-            wrapped += page.evaluate(WRAPPED)
-            assert not wrapped, wrapped  # cut with an ellipsis, never wrapped
-
-            # -- the saved notebook, opened untrusted (as GitHub/nbviewer would show it) -
-            page.set_viewport_size({"width": 1280, "height": 800})
-            page.evaluate(
-                "async () => { await window.jupyterapp.commands.execute('docmanager:save'); }"
-            )
-            nb = nbformat.read(lab["root"] / NOTEBOOK.name, as_version=4)
-            nb.metadata["saved_copy"] = True  # another content: not in the trust database
-            nbformat.write(nb, lab["root"] / "saved.ipynb")
-            page.evaluate(
-                "async () => { await window.jupyterapp.commands.execute("
-                "'docmanager:open', {path: 'saved.ipynb'}); }"
-            )
-            saved = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .nl-snapshot")
-            saved.first.wait_for()
-            assert saved.count() == 3
-            assert page.evaluate(
-                "() => !window.jupyterapp.shell.currentWidget.content.model.cells.get(2).trusted"
-            )
-            fills = page.evaluate(
-                """() => Array.from(document.querySelectorAll(
-                    '.jp-NotebookPanel:not(.lm-mod-hidden) .nl-snapshot .nl-fill'))
-                    .map(e => [e.style.width, getComputedStyle(e).backgroundColor])"""
-            )
-            assert fills[:4] == [["100%", "rgb(67, 160, 71)"]] * 4, fills  # styles kept
-            _shot(page, "saved_untrusted_failed.png", saved.nth(1))
-            _shot(page, "saved_untrusted_ok.png", saved.first)
-            assert not errors, errors
+            yield page, errors, page.evaluate(WAIT_NOTEBOOK_READY)
         finally:
             browser.close()
+
+
+@pytest.mark.timeout(180)
+def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
+    with _notebook_page(lab, NOTEBOOK) as (page, errors, info):
+        assert info == {"kernel": "python3", "status": "idle", "sidebar": True}, info
+        # do not await: the command's promise resolves only when every cell ran
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        done = page.locator(".jp-OutputArea-output", has_text="ALL DONE")
+        dashboards = page.locator(".jp-OutputArea-output .nl-dashboard")
+        samples: list[Any] = []
+        log_check: dict[str, Any] = {}
+        wrapped: list[str] = []
+        picked: dict[str, Any] = {}
+        shots: set[str] = set()
+
+        def look() -> list[Any]:
+            """Sample the dashboards; a rank shown waiting at a barrier: its shot."""
+            views = page.evaluate(DASHBOARDS)
+            samples.append(views)
+            first = views[0] if views else {}
+            if "waiting" not in shots and any(
+                "waiting at" in row["text"] for row in first.get("rows", [])
+            ):
+                _shot(page, "dashboard_waiting.png", dashboards.first)
+                shots.add("waiting")
+            return views
+
+        t0 = time.monotonic()
+        while done.count() == 0 and time.monotonic() - t0 < 120:
+            views = look()
+            first = views[0] if views else {}
+            widths = [b["width"] for row in first.get("rows", []) for b in row["bars"]]
+            if (
+                "live" not in shots
+                and first.get("live")
+                and any(w not in ("0%", "100%") for w in widths)
+                and len(first.get("seen", [])) > 10
+            ):
+                dashboards.first.scroll_into_view_if_needed()
+                _shot(page, "lab_live_1280x800_sidebar.png")
+                _shot(page, "dashboard_live.png", dashboards.first)
+                wrapped += page.evaluate(WRAPPED)
+                shots.add("live")
+                log_check = _check_log_follows_the_tail(page, look)
+                _shot(page, "dashboard_live_after_scroll.png", dashboards.first)
+            if "many" not in shots and len(views) == 3 and views[2]["live"]:
+                many = dashboards.nth(2)
+                _wait(page, 0.8)  # the replay runs about 2 s
+                _shot(page, "dashboard_many_live.png", many)
+                # any rank one click away: its cell picks its output and its row
+                many.locator(".nl-cell-13").click()
+                _wait(page, 0.3)
+                picked = page.evaluate(
+                    """() => { const d = document.querySelectorAll(
+                            '.jp-OutputArea-output .nl-dashboard')[2];
+                        return {rows: Array.from(d.querySelectorAll('.nl-row'))
+                                    .filter(r => r.offsetParent).map(r => r.dataset.rank),
+                                lines: Array.from(d.querySelectorAll('.nl-l'))
+                                    .filter(l => l.offsetParent).map(l => l.innerText)}; }"""
+                )
+                _shot(page, "dashboard_many_rank13_picked.png", many)
+                shots.add("many")
+            _wait(page, 0.05)
+        assert done.count() == 1, f"the notebook did not finish; server log: {lab['log']}"
+        assert shots == {"live", "waiting", "many"}, shots
+
+        # -- while it ran --------------------------------------------------------
+        start, following = log_check["start"], log_check["following"]
+        assert following["count"] > start["count"], log_check  # lines kept coming
+        assert following["top"] == 0 and following["last"] == following["newest"], log_check
+        up, still_up, back = log_check["up"], log_check["still_up"], log_check["back"]
+        assert up["top"] < 0 and still_up["count"] > up["count"], log_check
+        assert still_up["first"] == up["first"], log_check  # the reader's place is kept
+        assert back["top"] == 0 and back["last"] == back["newest"], log_check
+        assert back["newest"] != up["newest"], log_check
+        step_widths = {
+            b["width"]
+            for views in samples
+            for row in (views[0]["rows"] if views else [])
+            for b in row["bars"]
+            if b["desc"] == "step"
+        }
+        assert len(step_widths - {"0%", "100%"}) >= 2, sorted(step_widths)  # bars moved
+        infos = {row["text"] for views in samples for row in (views[0]["rows"] if views else [])}
+        assert any(i.startswith("● waiting at In[1]:") for i in infos), sorted(infos)
+        assert "13" in picked["rows"], picked
+        assert picked["lines"] and all(t.startswith("rank 13 ") for t in picked["lines"]), picked
+
+        # -- the end: every dashboard became its static snapshot ------------------
+        views = page.evaluate(DASHBOARDS)
+        assert [v["live"] for v in views] == [False, False, False], views
+        ok, failed, many_end = views
+        assert [(r["rank"], r["status"]) for r in ok["rows"]] == [("0", "done"), ("1", "done")]
+        for row in ok["rows"]:
+            assert [(b["desc"], b["width"], b["style"]) for b in row["bars"]] == [
+                ("epoch", "100%", "success"),
+                ("step", "100%", "success"),
+            ]
+        assert [
+            [(b["desc"], b["width"], b["style"]) for b in row["bars"]] for row in failed["rows"]
+        ] == [[("work", "100%", "success")], [("work", "50%", "danger")]]
+        assert failed["rows"][1]["text"] == "● raised ValueError: rank 1 broke"
+        plot = page.locator(".jp-OutputArea-output img").first  # the loss curve (PNG)
+        assert plot.bounding_box()["width"] > 300
+        snaps = page.locator(".nl-snapshot")
+        pane = snaps.nth(1).locator(".nl-pane-1")
+        assert pane.is_visible() and "ValueError: rank 1 broke" in pane.inner_text()
+        assert "1 failed" in snaps.nth(2).locator(".nl-spread").inner_text()
+        for i, name in enumerate(("ok", "failed", "many")):
+            _shot(page, f"dashboard_{name}.png", snaps.nth(i))
+        wrapped += page.evaluate(WRAPPED)
+        snaps.first.scroll_into_view_if_needed()
+        _shot(page, "lab_1280x800_sidebar.png")
+        page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+        page.set_viewport_size({"width": 1920, "height": 1080})
+        snaps.first.scroll_into_view_if_needed()
+        _shot(page, "lab_1920_full_width.png")
+        page.set_viewport_size({"width": 400, "height": 900})
+        _shot(page, "dashboard_ok_narrow.png", snaps.first)
+        _shot(page, "dashboard_failed_narrow.png", snaps.nth(1))
+        wrapped += page.evaluate(WRAPPED)
+        assert not wrapped, wrapped  # cut with an ellipsis, never wrapped
+
+        # -- the saved notebook, opened untrusted (as GitHub/nbviewer would show it) -
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.evaluate(
+            "async () => { await window.jupyterapp.commands.execute('docmanager:save'); }"
+        )
+        nb = nbformat.read(lab["root"] / NOTEBOOK.name, as_version=4)
+        nb.metadata["saved_copy"] = True  # another content: not in the trust database
+        nbformat.write(nb, lab["root"] / "saved.ipynb")
+        page.evaluate(
+            "async () => { await window.jupyterapp.commands.execute("
+            "'docmanager:open', {path: 'saved.ipynb'}); }"
+        )
+        saved = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .nl-snapshot")
+        saved.first.wait_for()
+        assert saved.count() == 3
+        assert page.evaluate(
+            "() => !window.jupyterapp.shell.currentWidget.content.model.cells.get(2).trusted"
+        )
+        fills = page.evaluate(
+            """() => Array.from(document.querySelectorAll(
+                '.jp-NotebookPanel:not(.lm-mod-hidden) .nl-snapshot .nl-fill'))
+                .map(e => [e.style.width, getComputedStyle(e).backgroundColor])"""
+        )
+        assert fills[:4] == [["100%", "rgb(67, 160, 71)"]] * 4, fills  # styles kept
+        _shot(page, "saved_untrusted_failed.png", saved.nth(1))
+        _shot(page, "saved_untrusted_ok.png", saved.first)
+        assert not errors, errors
 
 
 #: The text of every cell's outputs in the open notebook (index = cell).
@@ -444,52 +446,39 @@ def test_a_session_in_jupyterlab(lab: dict[str, Any]) -> None:
     ``%%rank 1`` cell; a failing ``%%rank 1`` cell (Run All stops there, as on any error);
     then, run by hand as a person would, a cell showing that every rank's variables
     survived, and ``%dist stop``."""
-    api = _requirements()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.set_default_timeout(60_000)
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{lab['url']}/lab/tree/{SESSION_NOTEBOOK.name}?token={lab['token']}&reset")
-            page.wait_for_function("window.jupyterapp !== undefined")
-            info = page.evaluate(WAIT_NOTEBOOK_READY)
-            assert info["kernel"] == "python3" and info["status"] == "idle", info
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-            live = page.locator(".jp-OutputArea-output .nl-dashboard:not(.nl-snapshot)")
-            live.first.wait_for(timeout=60_000)  # the long cell shows its dashboard
-            _wait(page, 0.4)
-            live_rows = page.evaluate(DASHBOARDS)[0]["rows"]
-            _shot(page, "session_live.png", live.first)
-            outputs = _wait_for_output(page, 4, "ValueError")
-            started, counted, secret, failed = outputs[1:5]
-            assert "session: ready, 2 ranks" in started, outputs
-            assert "[rank0] 40" in counted and "[rank1] 80" in counted, outputs
-            assert secret.strip().endswith("[rank1] 800"), outputs
-            assert "ValueError: bad batch on rank 1" in failed, outputs
-            assert "Raised on rank 1 of 2" in failed and "The session lives on" in failed
-            assert "secret: int = 800" in failed, outputs  # the failing frame's variables
-            assert "tqdm: type" not in failed and "_: int" not in failed, outputs  # its data
-            _shot(page, "session_failed_cell.png", page.locator(".jp-Cell").nth(4))
+    with _notebook_page(lab, SESSION_NOTEBOOK) as (page, errors, info):
+        assert info["kernel"] == "python3" and info["status"] == "idle", info
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        live = page.locator(".jp-OutputArea-output .nl-dashboard:not(.nl-snapshot)")
+        live.first.wait_for(timeout=60_000)  # the long cell shows its dashboard
+        _wait(page, 0.4)
+        live_rows = page.evaluate(DASHBOARDS)[0]["rows"]
+        _shot(page, "session_live.png", live.first)
+        outputs = _wait_for_output(page, 4, "ValueError")
+        started, counted, secret, failed = outputs[1:5]
+        assert "session: ready, 2 ranks" in started, outputs
+        assert "[rank0] 40" in counted and "[rank1] 80" in counted, outputs
+        assert secret.strip().endswith("[rank1] 800"), outputs
+        assert "ValueError: bad batch on rank 1" in failed, outputs
+        assert "Raised on rank 1 of 2" in failed and "The session lives on" in failed
+        assert "secret: int = 800" in failed, outputs  # the failing frame's variables
+        assert "tqdm: type" not in failed and "_: int" not in failed, outputs  # its data
+        _shot(page, "session_failed_cell.png", page.locator(".jp-Cell").nth(4))
 
-            page.evaluate(RUN_CELL, 5)  # after the failure: the same ranks, the same values
-            outputs = _wait_for_output(page, 5, "[rank1]")
-            assert "[rank0] (40, 2)" in outputs[5] and "[rank1] (80, 2)" in outputs[5], outputs
-            page.evaluate(RUN_CELL, 6)
-            outputs = _wait_for_output(page, 6, "SESSION DONE")
-            assert "SESSION DONE" in outputs[6], outputs
-            page.locator(".jp-Cell").nth(2).scroll_into_view_if_needed()
-            _shot(page, "session_lab_1280x800.png")
-            final = page.evaluate(DASHBOARDS)
-            assert [v["live"] for v in final] == [False], final  # its snapshot, once done
-            assert [(r["rank"], r["status"]) for r in final[0]["rows"]] == [
-                ("0", "done"),
-                ("1", "done"),
-            ], final
-            assert [r["rank"] for r in live_rows] == ["0", "1"], live_rows
-            assert not page.evaluate(WRAPPED)
-            assert not errors, errors
-        finally:
-            browser.close()
+        page.evaluate(RUN_CELL, 5)  # after the failure: the same ranks, the same values
+        outputs = _wait_for_output(page, 5, "[rank1]")
+        assert "[rank0] (40, 2)" in outputs[5] and "[rank1] (80, 2)" in outputs[5], outputs
+        page.evaluate(RUN_CELL, 6)
+        outputs = _wait_for_output(page, 6, "SESSION DONE")
+        assert "SESSION DONE" in outputs[6], outputs
+        page.locator(".jp-Cell").nth(2).scroll_into_view_if_needed()
+        _shot(page, "session_lab_1280x800.png")
+        final = page.evaluate(DASHBOARDS)
+        assert [v["live"] for v in final] == [False], final  # its snapshot, once done
+        assert [(r["rank"], r["status"]) for r in final[0]["rows"]] == [
+            ("0", "done"),
+            ("1", "done"),
+        ], final
+        assert [r["rank"] for r in live_rows] == ["0", "1"], live_rows
+        assert not page.evaluate(WRAPPED)
+        assert not errors, errors

@@ -158,22 +158,25 @@ def test_failure_on_one_node_is_the_root_cause_on_both(backend: str, tmp_path: P
     assert len({f.rank for f in failure.failures}) == 4  # every rank's record, on both nodes
 
 
-def _two_sleeping_nodes(tmp_path: Path) -> tuple[OtherNode, Recorder, Any]:
-    """Node 1 in another process, node 0 here as a non-blocking launch; returns once both
-    ranks here started (the group of four works)."""
+def _two_nodes(
+    tmp_path: Path, mode: str = "sleep", until: type = WorkerStarted
+) -> tuple[OtherNode, Recorder, Any]:
+    """Node 1 in another process, node 0 here as a non-blocking launch, both running
+    ``work(mode)``; returns once both ranks here sent ``until`` (WorkerStarted: the group
+    of four works)."""
     port = _free_port()
-    other = OtherNode(tmp_path, {"mode": "sleep", **_options("static", port, 1)})
+    other = OtherNode(tmp_path, {"mode": mode, **_options("static", port, 1)})
     view = Recorder()
     handle = notebook_launcher(
         work,
-        ("sleep",),
+        (mode,),
         num_processes=2,
         dashboard=view,
         block=False,
         **_options("static", port, 0),
     )
     deadline = time.monotonic() + 30
-    while len(view.of(WorkerStarted)) < 2 and time.monotonic() < deadline:
+    while len(view.of(until)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     return other, view, handle
 
@@ -182,7 +185,7 @@ def _two_sleeping_nodes(tmp_path: Path) -> tuple[OtherNode, Recorder, Any]:
 def test_ctrl_c_on_one_node_stops_both(tmp_path: Path) -> None:
     """Ctrl-C on the other node: it stops its ranks, and this node (a non-blocking launch)
     stops its own and says where the launch was interrupted."""
-    other, view, handle = _two_sleeping_nodes(tmp_path)
+    other, view, handle = _two_nodes(tmp_path)
     other.proc.send_signal(signal.SIGINT)
     with pytest.raises(RankFailedError, match="interrupted on node 1 .*every rank of the job"):
         handle.result(timeout=30)
@@ -198,7 +201,7 @@ def test_ctrl_c_on_one_node_stops_both(tmp_path: Path) -> None:
 def test_cancel_on_one_node_stops_both(tmp_path: Path) -> None:
     """``cancel()`` of a non-blocking launch here: the other node stops its ranks and says
     the launch was interrupted on this node."""
-    other, view, handle = _two_sleeping_nodes(tmp_path)
+    other, view, handle = _two_nodes(tmp_path)
     assert handle.cancel()
     theirs = other.result()
     assert theirs["error"]["type"] == "RankFailedError"
@@ -215,20 +218,8 @@ def test_a_node_whose_kernel_dies_is_noticed(
     from notebook_launcher._launch import rendezvous
 
     monkeypatch.setattr(rendezvous, "LOST_AFTER", 1.5)
-    port = _free_port()
-    other = OtherNode(tmp_path, {"mode": "linger", **_options("static", port, 1)})
-    view = Recorder()
-    handle = notebook_launcher(
-        work,
-        ("linger",),
-        num_processes=2,
-        dashboard=view,
-        block=False,
-        **_options("static", port, 0),
-    )
-    deadline = time.monotonic() + 30
-    while len(view.of(WorkerFinished)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)  # both ranks here returned: the other node's still sleep
+    # both ranks here returned; the other node's still sleep
+    other, view, handle = _two_nodes(tmp_path, "linger", until=WorkerFinished)
     other.proc.kill()
     other.proc.communicate(timeout=10)
     t0 = time.monotonic()

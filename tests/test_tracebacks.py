@@ -21,38 +21,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from .helpers import started_kernel
+from .helpers import run_cell, started_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
 
 jupyter_client = pytest.importorskip("jupyter_client")
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[object]:
     with started_kernel() as kc:
         yield kc
-
-
-def run_cell(kc: object, code: str, timeout: float = 120) -> tuple[str, dict, list[str]]:
-    """Execute ``code``: (stream text, execute_reply content, the error's traceback lines
-    without colours)."""
-    msg_id = kc.execute(textwrap.dedent(code))  # type: ignore[attr-defined]
-    text, error = [], []
-    while True:
-        msg = kc.get_iopub_msg(timeout=timeout)  # type: ignore[attr-defined]
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "stream":
-            text.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            error = ANSI.sub("", "\n".join(msg["content"]["traceback"])).splitlines()
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    reply = kc.get_shell_msg(timeout=timeout)  # type: ignore[attr-defined]
-    return "".join(text), reply["content"], error
 
 
 DEFINITIONS = """

@@ -240,7 +240,7 @@ def _serve(
         fn, args, kwargs = task
         result = fn(*args, **kwargs)
     except SystemExit as exc:  # sys.exit(n) in a rank: it ends, like a script would
-        _flush()
+        runtime.flush_output()
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
         print(exc.code, file=sys.stderr)
@@ -261,7 +261,7 @@ def _serve(
         )
         _report_failure(channel, err, spec.rank, pid)
         return 1
-    _flush()
+    runtime.flush_output()
     runtime.emit(WorkerFinished(spec.rank, time.time(), runtime.barriers_entered()))
     channel.send(Returned(data))
     _teardown()
@@ -269,20 +269,12 @@ def _serve(
 
 
 def _report_failure(channel: Channel, exc: BaseException, rank: int, pid: int) -> None:
-    _flush()
+    runtime.flush_output()
     failure = exception_to_failure(exc, rank, pid, time.time(), skip_file=__file__)
     try:
         channel.send(Raised(failure, dump_exception(exc, skip_file=__file__)))
     except (OSError, EOFError):
         pass
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def _teardown() -> None:

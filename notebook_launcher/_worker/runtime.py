@@ -17,6 +17,7 @@ Example (what barrier telemetry does)::
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -110,11 +111,22 @@ def barriers_entered() -> int:
     return _barriers_entered
 
 
+def flush_output() -> None:
+    """Flush the rank's stdout and stderr (before it answers, or exits): what it printed
+    reaches the kernel ahead of the answer. A closed or broken stream is no error here."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 __all__ = [
     "LAUNCHER_ENV",
     "active",
     "barriers_entered",
     "emit",
+    "flush_output",
     "install",
     "next_barrier_index",
     "on_rank_start",

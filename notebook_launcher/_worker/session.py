@@ -30,7 +30,6 @@ import linecache
 import os
 import signal
 import socket
-import sys
 import time
 import types
 from datetime import timedelta
@@ -147,12 +146,12 @@ class RankSession:
             self.running = False
             if fn not in _INSPECTING:  # a typo while looking must not lose what we look at
                 self.last_error = exc
-            _flush()
+            runtime.flush_output()
             failure = exception_to_failure(exc, spec.rank, pid, time.time(), skip_file=__file__)
             raised = Raised(failure, dump_exception(exc), message.task, summarise_locals(exc))
             self._send(raised)
             return
-        _flush()
+        runtime.flush_output()
         runtime.emit(WorkerFinished(spec.rank, time.time(), runtime.barriers_entered()))
         self._send(Returned(data, message.task))
 
@@ -240,14 +239,6 @@ def _dumps_result(result: Any, rank: int) -> bytes:
             "Keep it in the rank (assign it to a variable in a %%distributed cell) and pull "
             "what can travel."
         ) from exc
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
 
 
 # --- what a failure leaves to look at --------------------------------------------------------
