@@ -199,9 +199,8 @@ def notebook_launcher(
     except BaseException:
         plan.close()
         raise
-    launch = _Launch(plan, task, view, policy, line_prefix)
-    if child_failed:
-        launch.child_failed_name = getattr(function, "__name__", "function")
+    elastic_name = getattr(function, "__name__", "function") if child_failed else None
+    launch = _Launch(plan, task, view, policy, line_prefix, elastic_name)
     if block:
         outcome = launch.run()
         if isinstance(outcome, BaseException):
@@ -241,12 +240,13 @@ class _Launch:
         view: View,
         policy: RestartPolicy | None = None,
         line_prefix: str | None = None,
+        child_failed_name: str | None = None,
     ) -> None:
         self.plan, self.task, self.view = plan, task, view
         self.policy = policy or RestartPolicy()
         self.line_prefix = line_prefix
         #: the function's name when failures are raised as torch elastic's ChildFailedError
-        self.child_failed_name: str | None = None
+        self.child_failed_name = child_failed_name
         self._listen, plan.listen = plan.listen, None  # ours now
         self.job: rendezvous.NodeJob | None = None
         self.link: NodeLink | None = None  # with a job: the other nodes
