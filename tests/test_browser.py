@@ -481,4 +481,9 @@ def test_a_session_in_jupyterlab(lab: dict[str, Any]) -> None:
         ], final
         assert [r["rank"] for r in live_rows] == ["0", "1"], live_rows
         assert not page.evaluate(WRAPPED)
+        page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+        page.set_viewport_size({"width": 1920, "height": 1080})
+        page.locator(".jp-Cell").nth(2).scroll_into_view_if_needed()
+        _shot(page, "session_lab_1920_full_width.png")
+        assert not page.evaluate(WRAPPED)
         assert not errors, errors
