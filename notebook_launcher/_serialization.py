@@ -37,6 +37,7 @@ import pickle
 import sys
 import traceback
 import types
+from collections import ChainMap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,9 @@ LARGE_PAYLOAD_BYTES = 100 * 1024 * 1024
 
 
 def dumps(obj: Any) -> bytes:
-    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 def loads(data: bytes) -> Any:
@@ -58,9 +61,41 @@ def loads(data: bytes) -> Any:
     return _Unpickler(io.BytesIO(data)).load()
 
 
-# --- class identity ------------------------------------------------------------------------
+# --- code objects keep their names --------------------------------------------------------
 
 _cp = cloudpickle.cloudpickle
+
+
+def _rebuild_code(make: Callable[..., types.CodeType], args: tuple[Any, ...], filename: str) -> Any:
+    """The code object cloudpickle rebuilds, under its own file name again."""
+    code = make(*args)
+    return code if code.co_filename == filename else code.replace(co_filename=filename)
+
+
+def _reduce_code(code: types.CodeType) -> tuple[Any, ...]:
+    """cloudpickle's reduction of a code object, with its ``co_filename`` kept.
+
+    cloudpickle 3.1.3 names every code object it rebuilds ``<dynamic-code>`` (for
+    deterministic payloads). The file name is what tracebacks, ``linecache`` and call
+    sites use to say ``Cell In[2], line 7`` and show the line, so a function shipped to a
+    rank (forkserver, spawn, sessions) must keep it. Nested code objects (inner functions,
+    comprehensions) are reduced here too, each keeping its own name.
+    """
+    make, args = _CLOUDPICKLE_REDUCE_CODE(code)
+    return _rebuild_code, (make, args, code.co_filename)
+
+
+_CLOUDPICKLE_REDUCE_CODE = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, with code objects that keep their file names."""
+
+    dispatch_table = ChainMap({types.CodeType: _reduce_code}, cloudpickle.Pickler.dispatch_table)
+
+
+# --- class identity ------------------------------------------------------------------------
+
 #: cloudpickle's private class tracker (present since cloudpickle 1.1; checked, not assumed)
 _TRACKER_BY_ID: Any = getattr(_cp, "_DYNAMIC_CLASS_TRACKER_BY_ID", None)
 _tracker_id: Callable[[type], str] | None = getattr(_cp, "_get_or_create_tracker_id", None)
@@ -174,7 +209,7 @@ def _find_unpicklable(obj: Any, path: str, depth: int = 0) -> str:
                 continue
     for child_path, child in children:
         try:
-            cloudpickle.dumps(child)
+            dumps(child)
         except Exception:  # noqa: BLE001 - we are looking for the culprit
             return _find_unpicklable(child, child_path, depth + 1)
     return path

@@ -332,3 +332,22 @@ def test_share_class_identities_tracks_the_notebook_classes_a_function_reaches()
 def test_safe_str() -> None:
     assert safe_str(ValueError("x")) == "x"
     assert "BadStr" in safe_str(BadStr())
+
+
+def test_shipped_code_keeps_its_file_name_and_lines() -> None:
+    """cloudpickle 3.1.3 renames every code object it rebuilds ``<dynamic-code>``: a
+    function shipped by value must keep the cell's name (``Cell In[n]``, its source lines
+    from ``linecache``), down to its inner functions and comprehensions."""
+    cell = "/tmp/ipykernel_1/2840163514.py"  # how IPython names a cell's code
+    source = "def train(n):\n    square = lambda x: x * x\n    return [square(i) for i in range(n)]\n"
+    space: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(source, cell, "exec"), space)  # a notebook-defined function: shipped by value
+    shipped = loads(dumps(space["train"]))
+    assert shipped is not space["train"] and shipped(3) == [0, 1, 4]
+    codes = [shipped.__code__]
+    while codes:
+        code = codes.pop()
+        assert code.co_filename == cell, code
+        codes.extend(c for c in code.co_consts if hasattr(c, "co_filename"))
+    assert shipped.__code__.co_firstlineno == 1
+    assert cloudpickle.__version__  # the newest release the range allows (CI installs fresh)

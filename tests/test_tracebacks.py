@@ -130,11 +130,19 @@ TRAIN_LINE = (
 )
 
 
-def test_an_uncaught_failure_reads_like_a_local_ipython_traceback(kernel: object) -> None:
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_an_uncaught_failure_reads_like_a_local_ipython_traceback(
+    kernel: object, method: str
+) -> None:
+    """Under every start method: forkserver and spawn ship the function with cloudpickle,
+    whose newer releases rename the code objects they rebuild (``<dynamic-code>``)."""
     out, reply, error = run_cell(kernel, TRAIN)
     assert reply["status"] == "ok", error
     train_cell = reply["execution_count"]
-    out, reply, tb = run_cell(kernel, "notebook_launcher(train, num_processes=2, dashboard=False)")
+    out, reply, tb = run_cell(
+        kernel,
+        f"notebook_launcher(train, num_processes=2, dashboard=False, start_method={method!r})",
+    )
     launch_cell = reply["execution_count"]
     text = "\n".join(tb)
     assert reply["status"] == "error" and reply["ename"] == "RuntimeError", text
@@ -145,7 +153,7 @@ def test_an_uncaught_failure_reads_like_a_local_ipython_traceback(kernel: object
     assert f"Cell In[{launch_cell}], line 1" in text
     rank_frame = f"Cell In[{train_cell}], line {TRAIN_LINE}, in train()"
     assert rank_frame in text, text
-    assert "/tmp/ipykernel_" not in text
+    assert "/tmp/ipykernel_" not in text and "<dynamic-code>" not in text
     user_line = next(i for i, line in enumerate(tb) if line.startswith(f"----> {TRAIN_LINE}"))
     assert "model(batch)" in tb[user_line]
     # none of the launcher's frames, none of its machinery
