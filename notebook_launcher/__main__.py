@@ -20,6 +20,13 @@ Commands:
     would under ``torchrun``. Exit status: 0, 1 when a rank failed, 2 for a bad argument,
     130 when interrupted.
 
+``agent --connect HOST:PORT --job ID [--secret-file F] [--node I]``
+    Serve a kernel on another machine as one node of its job: the kernel (``SlurmCluster``,
+    or ``AgentCluster`` for any other scheduler) listens at HOST:PORT and runs this node's
+    ranks through the agent. The job's secret comes from F (readable by this user only) or
+    from ``NOTEBOOK_LAUNCHER_AGENT_SECRET``; never from the command line. ``--node I``: this
+    node's index in the job (default: Slurm's ``SLURM_NODEID``, else the next free one).
+
 Example::
 
     python -m notebook_launcher install-kernel --sys-prefix
@@ -145,6 +152,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent(args: argparse.Namespace) -> int:
+    from ._agent.serve import run
+
+    host, sep, port = args.connect.rpartition(":")
+    if not sep or not port.isdigit():
+        print(
+            f"notebook_launcher agent: --connect wants HOST:PORT, got {args.connect!r}",
+            file=sys.stderr,
+        )
+        return 2
+    return run(host.strip("[]"), int(port), args.secret_file, args.job, args.node)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ._kernelspec import KERNEL_NAME
 
@@ -217,6 +237,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("target", metavar="TARGET")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
     run.set_defaults(func=_run)
+
+    agent = commands.add_parser(
+        "agent",
+        help="serve a kernel on another machine as one node of its job (Slurm starts it)",
+        description="Connect to a kernel's hub at HOST:PORT, prove the job's secret and run "
+        "this node's ranks for it until the kernel lets it go or goes away.",
+    )
+    agent.add_argument("--connect", required=True, metavar="HOST:PORT")
+    agent.add_argument("--job", required=True, metavar="ID", help="the job's id (not secret)")
+    agent.add_argument(
+        "--secret-file",
+        metavar="F",
+        help="the job's secret (default: env NOTEBOOK_LAUNCHER_AGENT_SECRET)",
+    )
+    agent.add_argument("--node", type=int, default=None, metavar="I")
+    agent.set_defaults(func=_agent)
     return parser
 
 

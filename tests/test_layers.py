@@ -5,6 +5,8 @@ Module paths say where code runs:
 * bottom -- ``errors``, ``_events``, ``_spec``, ``_posix``, ``_serialization``, ``_wire/``:
   plain data and codecs both sides share; they import only each other;
 * ``_launch/`` -- the kernel side (preflight, worker group, forkserver client, diagnosis);
+* ``_agent/`` -- the node side: a node's agent, run for a kernel on another machine, starts
+  its ranks with the kernel side's machinery (``_launch``), which never imports it back;
 * ``_worker/`` -- the rank side (entry, runtime event sink, tqdm patch, barrier telemetry);
 * the worker-side API -- ``state``, ``accelerator``, ``optimizer``, ``scheduler``,
   ``data_loader``, ``checkpointing``, ``utils/`` -- runs in ranks: never the kernel side
@@ -60,6 +62,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "worker_api": (*BOTTOM, *WORKER_API, "_worker.runtime", "_worker.barriers", "_worker.progress"),
     # fork runs the rank entry in the child: the kernel side's one crossing
     "_launch": (*BOTTOM, "_launch", "_worker.entry"),
+    "_agent": (*BOTTOM, "_agent", "_launch"),
 }
 #: module -> what it may import beyond its layer, and why
 EXCEPTIONS: dict[str, tuple[str, ...]] = {
@@ -71,7 +74,7 @@ EXCEPTIONS: dict[str, tuple[str, ...]] = {
 #: third-party modules a layer must not import anywhere (module level or in a function)
 FORBIDDEN_ANYWHERE = {"ui": ("torch", "cloudpickle")}
 #: ... nor at module level (kernel-side modules stay cheap to import)
-FORBIDDEN_AT_TOP = {"bottom": ("torch",), "_launch": ("torch",)}
+FORBIDDEN_AT_TOP = {"bottom": ("torch",), "_launch": ("torch",), "_agent": ("torch",)}
 
 
 def layer_of(module: str) -> str | None:
@@ -79,7 +82,7 @@ def layer_of(module: str) -> str | None:
     first = module.split(".")[0]
     if first in BOTTOM:
         return "bottom"
-    if first in ("ui", "_worker", "_launch"):
+    if first in ("ui", "_worker", "_launch", "_agent"):
         return first
     if first == "tracking":
         return "tracking"
@@ -185,6 +188,7 @@ def test_the_rule_catches_what_it_should() -> None:
     assert not _allowed("_worker.entry", ALLOWED["ui"])
     assert _allowed("_worker.entry", ALLOWED["_launch"])
     assert not _allowed("_worker.progress", ALLOWED["_launch"])
+    assert not _allowed("_agent.serve", ALLOWED["_launch"]) and layer_of("_agent") == "_agent"
     assert layer_of("tracking") == "tracking" and _allowed("tracking", ALLOWED["worker_api"])
     assert not _allowed("state", ALLOWED["tracking"]) and not _allowed("tracking", ALLOWED["ui"])
 

@@ -151,7 +151,7 @@ def run(
     listen_fd: int | None,
     expected_parent: int,
     spec: WorkerSpec | None = None,
-    task: TaskTuple | None = None,
+    task: TaskTuple | bytes | None = None,
 ) -> NoReturn:
     """Entry of every rank. Never returns.
 
@@ -212,7 +212,7 @@ def _finish_multiprocessing() -> None:
 
 
 def _serve(
-    spec: WorkerSpec, channel: Channel, listen_fd: int | None, task: TaskTuple | None
+    spec: WorkerSpec, channel: Channel, listen_fd: int | None, task: TaskTuple | bytes | None
 ) -> int:
     runtime.install(channel.send)
     _set_environment(spec)
@@ -223,6 +223,8 @@ def _serve(
             message = channel.recv()
             assert isinstance(message, Task), message
             task = load_task(message.data, spec.rank)
+        elif isinstance(task, bytes):  # forked by a node's agent: the task as it came
+            task = load_task(task, spec.rank)
         device, store = _init_process_group(spec, listen_fd)
         if listen_fd is not None:
             os.close(listen_fd)
@@ -236,7 +238,7 @@ def _serve(
             code = session.serve(spec, channel, store, device)
             _teardown()
             return code
-        assert task is not None
+        assert task is not None and not isinstance(task, bytes)
         fn, args, kwargs = task
         result = fn(*args, **kwargs)
     except SystemExit as exc:  # sys.exit(n) in a rank: it ends, like a script would

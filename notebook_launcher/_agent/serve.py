@@ -1,0 +1,310 @@
+"""The agent's life: connect, serve the kernel's requests, relay what the ranks say, leave.
+
+One loop, one thread (the link's writer aside): it waits on the kernel's connection and,
+while ranks run, on everything they send (``WorkerGroup.pump`` with the connection as its
+wake fd). What the ranks said in one turn goes up as one :class:`~notebook_launcher._wire.
+agent.Batch`.
+
+The agent forks its ranks itself: it is a fresh interpreter that imported torch and the
+rank modules before connecting and never runs a torch op or starts CUDA, so ``fork`` is safe
+and fast here (the kernel's own fork checks are about the kernel). The task arrives as
+bytes and is unpickled in the rank, never in the agent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from .._launch.group import WorkerGroup, WorkerProcess
+from .._launch.plan import FORK_PRELOAD, threads_per_rank
+from .._wire import agent as wire
+
+#: Seconds a turn of the loop waits when nothing happens (a pending SIGTERM is seen then).
+TURN = 0.5
+
+#: The exit status of an agent that could not join (bad secret, unreachable kernel).
+EXIT_CANNOT_JOIN = 2
+
+
+class Agent:
+    """One node's agent, after it joined the kernel's hub."""
+
+    def __init__(self, link: wire.Link) -> None:
+        self.link = link
+        self.group: WorkerGroup | None = None
+        self.batch: list[Any] = []
+        #: why Slurm (or someone) asked the agent to end: its SIGTERM
+        self.ending: str | None = None
+        self._announced = False
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def serve(self, first: bytes) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the kernel's
+        # A forked rank must not hold the kernel's connection (the kernel would not see it
+        # end when the agent goes) -- nor its writer's lock, which it never touches.
+        link_fd = self.link.fileno()
+        os.register_at_fork(after_in_child=lambda: _close(link_fd))
+        pending = self.link.receive(first) if first else []
+        selector = selectors.DefaultSelector()
+        selector.register(link_fd, selectors.EVENT_READ)
+        try:
+            while True:
+                for message in pending:
+                    if self._handle(message) is False:
+                        return 0
+                pending = []
+                if self.ending is not None:
+                    return self._end()
+                if self.group is not None and not self.group._closed:
+                    self.group.pump(TURN, wake=link_fd)
+                    self._flush()
+                    ready = _readable(selector)
+                else:
+                    ready = bool(selector.select(TURN))
+                if ready:
+                    messages = self.link.read()
+                    if messages is None:  # the kernel is gone: so are we
+                        self._close_ranks()
+                        return 0
+                    pending = messages
+        finally:
+            selector.close()
+            self._close_ranks()
+            self.link.close()
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.ending = (
+            "its agent got SIGTERM: Slurm is ending the job (the time limit, a scancel, or a "
+            "node failure)"
+            if os.environ.get("SLURM_JOB_ID")
+            else "its agent got SIGTERM"
+        )
+
+    def _end(self) -> int:
+        """Say why we end, stop the ranks, report their exits, leave."""
+        self._flush()
+        if self.group is not None:
+            self.group.terminate()
+            deadline = time.monotonic() + self.group.grace + 1.0
+            while not self.group.finished and time.monotonic() < deadline:
+                self.group.pump(0.05)
+        self._close_ranks()
+        return 128 + signal.SIGTERM
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _handle(self, message: Any) -> bool:
+        if isinstance(message, wire.Start):
+            self._start(message)
+        elif isinstance(message, wire.ToRank):
+            if self.group is not None:
+                self.group.send(self.group.proc(message.rank), message.message)
+        elif isinstance(message, wire.Signal):
+            self._signal(message)
+        elif isinstance(message, wire.Terminate):
+            if self.group is not None:
+                self.group.terminate()
+        elif isinstance(message, wire.CloseRanks):
+            self._close_ranks()
+            self.link.send(wire.RanksClosed())
+        elif isinstance(message, wire.Leave):
+            self._close_ranks()
+            return False
+        return True
+
+    def _start(self, message: wire.Start) -> None:
+        self._close_ranks()  # a new attempt: nothing of the last one is left
+        setup = message.setup
+        specs = [_on_this_node(s, len(setup.specs)) for s in setup.specs]
+        group = WorkerGroup(
+            specs,
+            "fork",
+            message.task,
+            None,
+            self._event,
+            self._exited,
+            setup.grace_period,
+            self._message,
+        )
+        self.group = group
+        try:
+            group.start()
+        except BaseException as exc:  # noqa: BLE001 - the kernel must hear why
+            self.link.send(wire.AgentEnding(f"its ranks could not start: {exc!r}"))
+        for proc in group.procs:
+            self.batch.append(wire.RankStarted(proc.rank, proc.pid))
+        self._flush()
+
+    def _signal(self, message: wire.Signal) -> None:
+        if self.group is None:
+            return
+        try:
+            proc = self.group.proc(message.rank)
+        except KeyError:
+            return
+        if message.main_thread:
+            interrupt_main_thread(proc)
+        else:
+            proc.send_signal(message.signum)
+
+    def _event(self, event: Any) -> None:
+        self.batch.append(event)
+
+    def _exited(self, proc: WorkerProcess) -> None:
+        self.batch.append(
+            wire.RankExited(proc.rank, proc.pid, proc.returncode or 0, proc.stage, proc.note)
+        )
+
+    def _message(self, proc: WorkerProcess, message: Any) -> None:
+        self.batch.append(wire.FromRank(proc.rank, message))
+
+    def _flush(self) -> None:
+        if self.ending is not None and not self._announced:  # before the exits it explains
+            self._announced = True
+            self.link.send(wire.AgentEnding(self.ending))
+        if self.batch:
+            items, self.batch = self.batch, []
+            self.link.send(wire.Batch(items))
+
+    def _close_ranks(self) -> None:
+        if self.group is not None:
+            self.group.close()  # reports every exit through _exited
+            self.group = None
+            self._flush()
+
+
+def _on_this_node(spec: Any, local_count: int) -> Any:
+    """The kernel's spec, completed with what only this node knows."""
+    cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else os.getcwd()
+    return dataclasses.replace(
+        spec, cwd=cwd, num_threads=threads_per_rank(local_count), replace_environ=False
+    )
+
+
+#: ``pidfd_send_signal`` flag (Linux 6.9): to the thread the pidfd names, not the process.
+_PIDFD_SIGNAL_THREAD = 1
+
+
+def interrupt_main_thread(proc: WorkerProcess) -> None:
+    """SIGINT to the rank's main thread (see ``_launch.session._interrupt_rank``)."""
+    if proc.exited:
+        return
+    try:
+        signal.pidfd_send_signal(proc.pidfd, signal.SIGINT, None, _PIDFD_SIGNAL_THREAD)
+    except ProcessLookupError:
+        pass
+    except OSError:
+        proc.send_signal(signal.SIGINT)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _readable(selector: selectors.BaseSelector) -> bool:
+    return bool(selector.select(0))
+
+
+# --- joining ----------------------------------------------------------------------------------
+
+
+def read_secret(path: str | None) -> bytes:
+    """The job's secret, from ``path`` or the environment (then removed from it, so that
+    the ranks do not inherit it)."""
+    if path:
+        with open(path, "rb") as f:
+            text = f.read().strip()
+    else:
+        value = os.environ.pop(wire.SECRET_ENV, "")
+        if not value:
+            raise SystemExit(
+                f"notebook_launcher agent: no secret: pass --secret-file F or set {wire.SECRET_ENV}"
+            )
+        text = value.encode()
+    try:
+        return bytes.fromhex(text.decode())
+    except ValueError:
+        raise SystemExit(
+            "notebook_launcher agent: the secret is not the kernel's (not hex)"
+        ) from None
+
+
+def claim(job: str, node: int | None) -> dict[str, Any]:
+    """Who this agent says it is: the job it serves and its node (Slurm's node id of the
+    step when Slurm started it; -1: any node still free)."""
+    if node is None:
+        node = int(os.environ.get("SLURM_NODEID", "-1"))
+    return {
+        "job": job,
+        "node": node,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "slurm_node": os.environ.get("SLURMD_NODENAME", ""),
+        "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
+    }
+
+
+def hello(claimed: dict[str, Any]) -> wire.NodeHello:
+    import torch
+
+    from .. import __version__
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return wire.NodeHello(
+        host=claimed["host"],
+        pid=os.getpid(),
+        gpus=gpus,
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        package=__version__,
+        cwd=os.getcwd(),
+        slurm_node=claimed["slurm_node"],
+        slurm_job=claimed["slurm_job"],
+    )
+
+
+def preload() -> None:
+    """What every rank needs, imported once here so that forked ranks start at once."""
+    import torch.distributed  # noqa: F401
+
+    for name in (*FORK_PRELOAD, "notebook_launcher._worker.entry"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+def run(host: str, port: int, secret_file: str | None, job: str, node: int | None) -> int:
+    """``python -m notebook_launcher agent``: join, serve, leave. The exit status says how
+    it ended (0: the kernel let it go, or went away)."""
+    secret = read_secret(secret_file)
+    preload()
+    claimed = claim(job, node)
+    try:
+        link, first = wire.connect(host, port, secret, claimed)
+    except (OSError, wire.AuthError) as exc:
+        print(
+            f"notebook_launcher agent on {claimed['host']}: cannot join the kernel at "
+            f"{host}:{port}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_CANNOT_JOIN
+    link.send(hello(claimed))
+    return Agent(link).serve(first)
+
+
+__all__ = ["Agent", "claim", "hello", "read_secret", "run"]

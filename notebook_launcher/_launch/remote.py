@@ -1,0 +1,615 @@
+"""The kernel's end of the nodes: agents that connect, and the ranks they run for us.
+
+One kernel drives every node of a job (a single controller). On each node an agent
+(:mod:`notebook_launcher._agent`, started by Slurm or by hand) connects to the
+:class:`AgentHub`, proves it holds the job's secret (:mod:`notebook_launcher._wire.agent`),
+and from then on starts and stops that node's ranks when told, relaying everything they
+say. :class:`RemoteGroup` is a :class:`~notebook_launcher._launch.group.WorkerGroup` whose
+ranks live on those nodes: the same ``start / pump / terminate / send / close`` and the same
+callbacks, so whatever drives a local group (a launch, a session) drives a remote one::
+
+    kernel                                   node i (agent)                 rank r
+      AgentHub.wait_for(n) <-- connect, handshake, NodeHello
+      RemoteGroup.start() --- Start(specs, task) --> WorkerGroup.start() --> fork
+        pump() <=========== Batch(events, Output, FromRank, ===== pump() <== control, pipes
+                            RankStarted, RankExited)
+        send(proc, msg) --- ToRank(r, msg) -------> group.send(r, msg) ----> control
+        terminate() ------- Terminate -------------> SIGTERM, SIGKILL after grace
+        close() ----------- CloseRanks ------------> kill, reap --> RanksClosed
+      AgentHub.close() ---- Leave ------------------> exits (the Slurm step ends)
+
+The ranks join one process group on a TCPStore the kernel holds (``master_addr`` is the
+address the nodes reach the kernel on). An agent whose connection ends takes its ranks
+with it (they die with their parent): they are reported as died, naming the node and why.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import selectors
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._events import Event, WorkerStarted
+from .._spec import WorkerSpec
+from .._wire import agent as wire
+from .._wire.control import Raised, Reformed, Returned
+from ..errors import LaunchError, RankFailure
+
+log = logging.getLogger("notebook_launcher.cluster")
+
+#: Seconds an agent has to finish its handshake once connected.
+HANDSHAKE_TIMEOUT = 5.0
+#: Seconds the nodes' agents have to report their ranks' exits after CloseRanks.
+CLOSE_TIMEOUT = 10.0
+
+
+class ClusterError(LaunchError):
+    """A node's agent could not join, went away, or the job around it ended."""
+
+
+@dataclass
+class RemoteNode:
+    """One node's agent, as the kernel knows it."""
+
+    index: int
+    link: wire.Link
+    hello: wire.NodeHello
+    #: why the agent is gone (its connection ended, it said so), once it is
+    gone: str | None = None
+    #: what the agent said about ending, before its connection ended
+    ending: str = ""
+
+    @property
+    def label(self) -> str:
+        name = self.hello.slurm_node or self.hello.host
+        return f"node {self.index} ({name})" if name else f"node {self.index}"
+
+    @property
+    def host(self) -> str:
+        return self.hello.slurm_node or self.hello.host
+
+
+@dataclass
+class _Pending:
+    """A connection that has not proven the secret yet."""
+
+    sock: socket.socket
+    peer: str
+    nonce: bytes
+    deadline: float
+    reader: wire.PlainReader = field(default_factory=wire.PlainReader)
+
+
+class AgentHub:
+    """The kernel's listener for one job's agents, and the agents that joined.
+
+    A fresh secret per hub; :meth:`write_secret` puts it in a file only the user can read,
+    :meth:`secret_env` gives it for a child's environment. Never printed, never in a repr.
+    ``refused`` lists (and the ``notebook_launcher.cluster`` logger warns about) every
+    connection that was turned away, with why.
+    """
+
+    def __init__(self, host: str, port: int = 0, job: str | None = None) -> None:
+        self.job = job or uuid.uuid4().hex[:12]
+        self._secret = secrets.token_bytes(32)
+        self.nodes: dict[int, RemoteNode] = {}
+        self.refused: list[str] = []
+        self._pending: dict[int, _Pending] = {}
+        self._selector = selectors.DefaultSelector()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listen: socket.socket | None = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listen.bind((host, port))
+            self._listen.listen(64)
+            self._listen.setblocking(False)
+        except OSError as exc:
+            self._listen.close()
+            raise ClusterError(
+                f"cannot listen for the nodes' agents on {host}:{port} ({exc}). Pass the "
+                "address of an interface the nodes reach (host=...), and a free port (or 0)."
+            ) from None
+        self._selector.register(self._listen, selectors.EVENT_READ, None)
+        self.host = host
+        self.port = self._listen.getsockname()[1]
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<AgentHub {self.host}:{self.port} job={self.job} nodes={sorted(self.nodes)}>"
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    # -- the secret, out of band -------------------------------------------------------------
+
+    def write_secret(self, path: str) -> str:
+        """Write the secret to ``path``, readable by this user only (0600, created so: never
+        readable by anyone else, even for a moment)."""
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, self._secret.hex().encode())
+        finally:
+            os.close(fd)
+        return path
+
+    def secret_env(self) -> dict[str, str]:
+        """The secret for the environment of a child that starts agents (an srun step)."""
+        return {wire.SECRET_ENV: self._secret.hex()}
+
+    # -- agents joining ------------------------------------------------------------------------
+
+    def wait_for(
+        self,
+        count: int,
+        timeout: float,
+        check: Callable[[], None] | None = None,
+        tick: Callable[[], None] | None = None,
+    ) -> list[RemoteNode]:
+        """Accept agents until nodes ``0 .. count-1`` have all joined; then stop listening.
+
+        ``check()`` runs every half second and may raise (the job that should start them
+        ended); ``tick()`` keeps a view alive. Raises :class:`ClusterError` naming the
+        missing nodes after ``timeout`` seconds. Ctrl-C works while waiting.
+        """
+        deadline = time.monotonic() + timeout
+        while len([i for i in self.nodes if i < count]) < count:
+            now = time.monotonic()
+            if now >= deadline:
+                missing = [i for i in range(count) if i not in self.nodes]
+                raise ClusterError(
+                    f"node(s) {missing} did not join within {timeout:g} s: their agents never "
+                    f"connected to {self.address}"
+                    + (f" (refused: {'; '.join(self.refused[-3:])})" if self.refused else "")
+                )
+            self.serve(min(0.5, deadline - now), count)
+            if check is not None:
+                check()
+            if tick is not None:
+                tick()
+        self.stop_listening()
+        return [self.nodes[i] for i in range(count)]
+
+    def serve(self, timeout: float, count: int) -> None:
+        """Accept, and advance every pending handshake, for up to ``timeout`` seconds."""
+        next_deadline = min((p.deadline for p in self._pending.values()), default=None)
+        if next_deadline is not None:
+            timeout = max(0.0, min(timeout, next_deadline - time.monotonic()))
+        for key, _ in self._selector.select(timeout):
+            if key.data is None:
+                self._accept()
+            else:
+                self._advance(key.data, count)
+        now = time.monotonic()
+        for pending in list(self._pending.values()):
+            if now >= pending.deadline:
+                self._refuse(pending, f"no handshake within {HANDSHAKE_TIMEOUT:g} s")
+
+    def _accept(self) -> None:
+        assert self._listen is not None
+        while True:
+            try:
+                sock, addr = self._listen.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return
+                raise
+            sock.setblocking(False)
+            hello, nonce = wire.challenge()
+            try:
+                sock.send(hello)
+            except OSError:
+                sock.close()
+                continue
+            peer = f"{addr[0]}:{addr[1]}"
+            pending = _Pending(sock, peer, nonce, time.monotonic() + HANDSHAKE_TIMEOUT)
+            self._pending[sock.fileno()] = pending
+            self._selector.register(sock, selectors.EVENT_READ, pending)
+
+    def _advance(self, pending: _Pending, count: int) -> None:
+        try:
+            data = pending.sock.recv(wire.MAX_PLAIN_FRAME)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._refuse(pending, f"connection failed ({exc})", answer=False)
+            return
+        if not data:
+            self._refuse(pending, "closed the connection during the handshake", answer=False)
+            return
+        try:
+            payload = pending.reader.feed(data)
+            if payload is None:
+                return
+            claim, nonce_a, text = wire.check_answer(self._secret, pending.nonce, payload)
+        except wire.AuthError as exc:
+            self._refuse(pending, str(exc))
+            return
+        why = self._claim_problem(claim, count)
+        if why is not None:
+            self._refuse(pending, why)
+            return
+        self._join(pending, claim, nonce_a, text)
+
+    def _claim_problem(self, claim: dict[str, Any], count: int) -> str | None:
+        if claim.get("job") != self.job:
+            return f"an agent of another job ({claim.get('job')!r}, this is {self.job!r})"
+        node = claim.get("node")
+        if not isinstance(node, int) or not -1 <= node < count:
+            return f"an agent claiming node {node!r} (this job has nodes 0..{count - 1})"
+        if node in self.nodes:
+            taken = self.nodes[node]
+            return f"a second agent claiming node {node}, which {taken.hello.host} (pid {taken.hello.pid}) holds"
+        if node == -1 and len(self.nodes) >= count:
+            return f"an extra agent: all {count} nodes have joined"
+        return None
+
+    def _join(self, pending: _Pending, claim: dict[str, Any], nonce_a: bytes, text: bytes) -> None:
+        sock = pending.sock
+        self._forget(pending)
+        sock.setblocking(True)
+        try:
+            sock.sendall(wire.accepted(self._secret, pending.nonce, nonce_a, text))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            wire.keepalive(sock)
+        except OSError as exc:
+            sock.close()
+            self._note_refused(pending.peer, f"connection failed after the handshake ({exc})")
+            return
+        key = wire.session_key(self._secret, pending.nonce, nonce_a)
+        link = wire.kernel_link(sock, key)
+        try:
+            hello = self._first_message(link, pending.reader.rest())
+        except (wire.AuthError, ClusterError) as exc:
+            link.close()
+            self._note_refused(pending.peer, str(exc))
+            return
+        node = (
+            claim["node"]
+            if claim["node"] >= 0
+            else min(set(range(len(self.nodes) + 1)) - set(self.nodes))
+        )
+        self.nodes[node] = RemoteNode(node, link, hello)
+        log.info("%s joined from %s (pid %s)", self.nodes[node].label, pending.peer, hello.pid)
+
+    def _first_message(self, link: wire.Link, rest: bytes) -> wire.NodeHello:
+        messages = link.receive(rest) if rest else []
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+        while not messages:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ClusterError("the agent sent nothing after its handshake")
+            link.sock.settimeout(remaining)
+            try:
+                data = link.sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            finally:
+                link.sock.settimeout(None)
+            if not data:
+                raise ClusterError("the agent closed the connection after its handshake")
+            messages = link.receive(data)
+        hello = messages[0]
+        if not isinstance(hello, wire.NodeHello):
+            raise ClusterError(f"the agent's first message was a {type(hello).__name__}")
+        return hello
+
+    def _refuse(self, pending: _Pending, why: str, answer: bool = True) -> None:
+        self._forget(pending)
+        if answer:
+            try:
+                pending.sock.send(wire.refused(why))
+            except OSError:
+                pass
+        pending.sock.close()
+        self._note_refused(pending.peer, why)
+
+    def _note_refused(self, peer: str, why: str) -> None:
+        self.refused.append(f"{peer}: {why}")
+        log.warning("refused a connection from %s: %s", peer, why)
+
+    def _forget(self, pending: _Pending) -> None:
+        self._pending.pop(pending.sock.fileno(), None)
+        try:
+            self._selector.unregister(pending.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def stop_listening(self) -> None:
+        """Every node joined: nothing else may connect."""
+        for pending in list(self._pending.values()):
+            self._refuse(pending, "the job's nodes have all joined")
+        if self._listen is not None:
+            self._selector.unregister(self._listen)
+            self._listen.close()
+            self._listen = None
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Tell every agent to leave, and close every connection. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stop_listening()
+        for node in self.nodes.values():
+            if node.gone is None:
+                node.link.send(wire.Leave())
+            node.link.close()
+        self._selector.close()
+
+
+# --- ranks on the nodes -------------------------------------------------------------------------
+
+
+@dataclass
+class RemoteRank:
+    """A rank on another node: what :class:`~notebook_launcher._launch.group.WorkerProcess`
+    says of a local one, as the node's agent reports it."""
+
+    rank: int
+    node: RemoteNode
+    pid: int = 0
+    returncode: int | None = None
+    result: bytes | None = None
+    failure: RankFailure | None = None
+    exc_data: bytes | None = None
+    stage: str = "starting"
+    note: str = ""
+
+    @property
+    def exited(self) -> bool:
+        return self.returncode is not None
+
+    @property
+    def conn_open(self) -> bool:
+        return self.node.gone is None and not self.exited
+
+    def send_signal(self, sig: int) -> None:
+        if not self.exited and self.node.gone is None:
+            self.node.link.send(wire.Signal(self.rank, int(sig)))
+
+    def interrupt(self) -> None:
+        """SIGINT to the rank's main thread (where a session's task runs)."""
+        if not self.exited and self.node.gone is None:
+            self.node.link.send(wire.Signal(self.rank, int(signal.SIGINT), main_thread=True))
+
+
+class RemoteGroup:
+    """Ranks on the nodes of an :class:`AgentHub`: a ``WorkerGroup`` across machines.
+
+    ``specs`` are every rank's, each on node ``spec.node_rank``. Callbacks as
+    ``WorkerGroup``'s: ``on_event(event)`` for events and output lines,
+    ``on_exit(rank)`` once per rank that ended, and ``on_message(rank, message)`` for the
+    control messages that are not events (else a rank's Returned/Raised is kept on it).
+    """
+
+    def __init__(
+        self,
+        nodes: list[RemoteNode],
+        specs: list[WorkerSpec],
+        task: bytes | None,
+        on_event: Callable[[Event], None],
+        on_exit: Callable[[Any], None],
+        grace: float = 1.0,
+        on_message: Callable[[Any, Any], None] | None = None,
+        attempt: int = 0,
+    ) -> None:
+        self.nodes = nodes
+        self.specs = specs
+        self.start_method = "agent"
+        self._task = task
+        self._on_event, self._on_exit, self._on_message = on_event, on_exit, on_message
+        self.grace = grace
+        self.attempt = attempt
+        by_index = {n.index: n for n in nodes}
+        self.procs = [RemoteRank(s.rank, by_index[s.node_rank]) for s in specs]
+        self._by_rank = {p.rank: p for p in self.procs}
+        self._selector = selectors.DefaultSelector()
+        self._wake: int | None = None
+        self._closed_nodes: set[int] = set()
+        self._closed = False
+
+    # -- start -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for node in self.nodes:
+            if node.gone is not None:
+                self._node_gone(node, node.gone)
+                continue
+            self._drain_stale(node)
+            specs = tuple(s for s in self.specs if s.node_rank == node.index)
+            node.link.send(wire.Start(wire.NodeSetup(specs, self.attempt, self.grace), self._task))
+            self._selector.register(node.link.fileno(), selectors.EVENT_READ, node)
+
+    def _drain_stale(self, node: RemoteNode) -> None:
+        """What the agent said while no group listened (it may be ending)."""
+        while node.gone is None and _readable(node.link.fileno()):
+            messages = node.link.read()
+            if messages is None:
+                self._node_gone(node, "its connection ended")
+                return
+            for message in messages:
+                if isinstance(message, wire.AgentEnding):
+                    node.ending = message.why
+
+    def send(self, proc: RemoteRank, message: Any) -> bool:
+        if not proc.conn_open:
+            return False
+        proc.node.link.send(wire.ToRank(proc.rank, message))
+        return True
+
+    # -- pump ----------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> list[RemoteRank]:
+        return [p for p in self.procs if not p.exited]
+
+    @property
+    def finished(self) -> bool:
+        return all(p.exited for p in self.procs)
+
+    def proc(self, rank: int) -> RemoteRank:
+        return self._by_rank[rank]
+
+    def route(
+        self,
+        on_event: Callable[[Event], None],
+        on_exit: Callable[[Any], None],
+        on_message: Callable[[Any, Any], None] | None,
+    ) -> None:
+        self._on_event, self._on_exit, self._on_message = on_event, on_exit, on_message
+
+    def pump(self, timeout: float | None, wake: int | None = None) -> None:
+        """Wait up to ``timeout`` for any node to speak; handle all that is there."""
+        if wake is not None and wake != self._wake:
+            if self._wake is not None:
+                self._selector.unregister(self._wake)
+            self._selector.register(wake, selectors.EVENT_READ, "wake")
+            self._wake = wake
+        if not self._selector.get_map():
+            return
+        for key, _ in self._selector.select(timeout):
+            if key.data == "wake":
+                continue
+            node: RemoteNode = key.data
+            messages = node.link.read() if node.gone is None else None
+            try:
+                if messages is None:
+                    self._node_gone(node, node.ending or "its connection ended")
+                    continue
+                for message in messages:
+                    self._handle(node, message)
+            except wire.AuthError as exc:
+                node.link.close()
+                self._node_gone(node, f"its connection broke the protocol ({exc})")
+
+    def _handle(self, node: RemoteNode, message: Any) -> None:
+        if isinstance(message, wire.Batch):
+            for item in message.items:
+                self._item(item)
+        elif isinstance(message, wire.RanksClosed):
+            self._closed_nodes.add(node.index)
+        elif isinstance(message, wire.AgentEnding):
+            node.ending = message.why
+
+    def _item(self, item: Any) -> None:
+        if isinstance(item, wire.RankStarted):
+            self.proc(item.rank).pid = item.pid
+        elif isinstance(item, wire.FromRank):
+            proc = self.proc(item.rank)
+            message = item.message
+            if self._on_message is not None:
+                self._on_message(proc, message)
+            elif isinstance(message, Returned):
+                proc.result = message.data
+            elif isinstance(message, Raised):
+                proc.failure, proc.exc_data = message.failure, message.exc_data
+            elif isinstance(message, Reformed):
+                pass
+        elif isinstance(item, wire.RankExited):
+            proc = self.proc(item.rank)
+            if proc.exited:
+                return
+            proc.pid = proc.pid or item.pid
+            proc.returncode, proc.stage, proc.note = item.returncode, item.stage, item.note
+            if item.returncode < 0 and proc.node.ending and not proc.note:
+                proc.note = f"{proc.node.label}: {proc.node.ending}"
+            self._on_exit(proc)
+        else:  # an event or an output line
+            if isinstance(item, WorkerStarted):
+                self.proc(item.rank).stage = "running"
+            self._on_event(item)
+
+    def _node_gone(self, node: RemoteNode, why: str) -> None:
+        """The agent's connection ended: its ranks died with it."""
+        if node.gone is None:
+            node.gone = why
+            node.link.close()
+        try:
+            self._selector.unregister(node.link.fileno())
+        except (KeyError, ValueError, OSError):
+            pass
+        for proc in self.procs:
+            if proc.node is node and not proc.exited:
+                proc.returncode = -int(signal.SIGKILL)
+                proc.note = f"{node.label}'s agent is gone: {node.gone}"
+                self._on_exit(proc)
+
+    # -- stop ------------------------------------------------------------------------------------
+
+    def terminate(self) -> None:
+        for node in self._live_nodes():
+            node.link.send(wire.Terminate())
+
+    def kill(self) -> None:
+        for proc in self.running:
+            proc.send_signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        try:
+            self.terminate()
+            deadline = time.monotonic() + self.grace + 5.0
+            while not self.finished and time.monotonic() < deadline:
+                self.pump(0.05)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Kill what is left on every node and wait (bounded) for their exits. The agents
+        stay for the next group. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        waiting = [n for n in self._live_nodes() if n.index not in self._closed_nodes]
+        for node in waiting:
+            node.link.send(wire.CloseRanks())
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        while any(n.index not in self._closed_nodes and n.gone is None for n in waiting):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.pump(min(remaining, 0.5))
+        for node in waiting:
+            if node.index not in self._closed_nodes and node.gone is None:
+                self._node_gone(node, f"no answer to close within {CLOSE_TIMEOUT:g} s")
+        for proc in self.running:  # never left unreported
+            proc.returncode = -int(signal.SIGKILL)
+            proc.note = proc.note or f"{proc.node.label} did not report its end"
+            self._on_exit(proc)
+        self._selector.close()
+
+    def _live_nodes(self) -> list[RemoteNode]:
+        return [n for n in self.nodes if n.gone is None]
+
+
+def _readable(fd: int) -> bool:
+    sel = selectors.DefaultSelector()
+    try:
+        sel.register(fd, selectors.EVENT_READ)
+        return bool(sel.select(0))
+    finally:
+        sel.close()
+
+
+__all__ = [
+    "CLOSE_TIMEOUT",
+    "HANDSHAKE_TIMEOUT",
+    "AgentHub",
+    "ClusterError",
+    "RemoteGroup",
+    "RemoteNode",
+    "RemoteRank",
+]
