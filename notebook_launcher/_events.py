@@ -32,6 +32,20 @@ class RendezvousStarted:
 
 
 @dataclass(frozen=True)
+class NodesWaiting:
+    """The kernel waits for the nodes of a cluster (``where``: "Slurm job 12, 2 node(s)"):
+    ``state`` is what the scheduler says of the job ("PENDING (Resources)", "RUNNING"), or
+    what the user must do; ``joined`` of ``nodes`` agents have joined so far. Sent again
+    whenever either changes."""
+
+    where: str
+    state: str
+    joined: int
+    nodes: int
+    time: float
+
+
+@dataclass(frozen=True)
 class LaunchStarted:
     """The launcher is about to start ``world_size`` ranks (this node's share of them).
 
@@ -207,6 +221,7 @@ class LaunchFinished:
 
 Event = (
     RendezvousStarted
+    | NodesWaiting
     | LaunchStarted
     | LaunchRestarting
     | WorkerStarted
@@ -230,6 +245,7 @@ __all__ = [
     "LaunchRestarting",
     "LaunchStarted",
     "MetricsLogged",
+    "NodesWaiting",
     "Output",
     "ProgressUpdate",
     "RendezvousStarted",

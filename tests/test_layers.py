@@ -198,6 +198,7 @@ def test_every_module_has_a_layer_or_is_an_orchestrator() -> None:
         "",
         "launcher",
         "session",
+        "cluster",
         "ipython_extension",
         "__main__",
         "_demo",

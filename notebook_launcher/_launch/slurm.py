@@ -1,0 +1,231 @@
+"""Slurm's commands, as the kernel uses them: submit, look, cancel. No scheduling of ours.
+
+Slurm allocates the nodes and starts one agent per node (an ``srun`` step, one task per
+node); everything else is :mod:`.remote`'s. These are thin wrappers around ``sbatch``,
+``srun``, ``scontrol`` and ``scancel`` that turn their failures into errors that say what
+to do. Every child runs in its own session: the notebook's interrupt (SIGINT to the
+kernel's process group) is the kernel's to handle, and ``srun`` would take a Ctrl-C as an
+order to cancel its step.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import LaunchError
+
+#: States in which a job will never run (again).
+ENDED = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
+
+#: What a state means, for the messages.
+MEANING = {
+    "TIMEOUT": "it reached its time limit",
+    "CANCELLED": "it was cancelled (scancel)",
+    "NODE_FAIL": "one of its nodes failed",
+    "PREEMPTED": "it was preempted by a job of higher priority",
+    "OUT_OF_MEMORY": "it ran out of memory",
+    "BOOT_FAIL": "its nodes failed to boot",
+    "DEADLINE": "it reached its deadline",
+    "FAILED": "its batch script failed",
+    "COMPLETED": "its batch script ended",
+}
+
+
+class SlurmError(LaunchError):
+    """A Slurm command failed, or Slurm is not there."""
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What ``scontrol show job`` says of a job (``state`` is ``"GONE"`` once Slurm forgot
+    it)."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+    nodes: str = ""
+    time_limit: str = ""
+    exit_code: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED or self.state == "GONE"
+
+    def describe(self) -> str:
+        """``Slurm job 12: PENDING (Resources)``; an ended job with what that means."""
+        text = f"Slurm job {self.job_id}: {self.state}"
+        if self.reason and self.reason not in ("None", "(null)"):
+            text += f" ({self.reason})"
+        meaning = MEANING.get(self.state)
+        if meaning:
+            text += f": {meaning}"
+            if self.state == "TIMEOUT" and self.time_limit:
+                text += f" ({self.time_limit})"
+        return text
+
+
+def command(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SlurmError(
+            f"`{name}` is not on PATH: this kernel cannot talk to Slurm. Run it on a machine "
+            "of the cluster (a login node, or inside an allocation), or set PATH/SLURM_CONF."
+        )
+    return path
+
+
+def run(args: Sequence[str], timeout: float = 60.0, env: Mapping[str, str] | None = None) -> str:
+    """Run a Slurm command; its stdout, or :class:`SlurmError` with what it said."""
+    argv = [command(args[0]), *args[1:]]
+    try:
+        done = subprocess.run(
+            argv,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{shlex.join(args)}` did not answer within {timeout:g} s") from None
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()
+        raise SlurmError(f"`{shlex.join(args)}` failed (exit {done.returncode}): {said}")
+    return done.stdout
+
+
+def submit(script: str) -> str:
+    """``sbatch`` the script at ``script``; the job id."""
+    out = run(["sbatch", "--parsable", script]).strip()
+    return out.split(";", 1)[0]
+
+
+def state(job_id: str) -> JobState:
+    try:
+        out = run(["scontrol", "show", "job", "--oneliner", job_id], timeout=30.0)
+    except SlurmError as exc:
+        if "Invalid job id" in str(exc):
+            return JobState(job_id, "GONE")
+        raise
+    fields = dict(
+        item.split("=", 1) for item in shlex.split(out.strip().splitlines()[0]) if "=" in item
+    )
+    return JobState(
+        job_id,
+        fields.get("JobState", "UNKNOWN"),
+        fields.get("Reason", ""),
+        fields.get("NodeList", ""),
+        fields.get("TimeLimit", ""),
+        fields.get("ExitCode", ""),
+    )
+
+
+def cancel(job_id: str) -> None:
+    try:
+        run(["scancel", job_id], timeout=30.0)
+    except SlurmError:
+        pass  # gone already, or Slurm unreachable: nothing more we can do here
+
+
+def allocation() -> tuple[str, int] | None:
+    """``(job id, node count)`` of the allocation this kernel runs in (started by
+    ``salloc``/``sbatch``), or None."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    nodes = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or "1"
+    try:
+        return job, int(nodes)
+    except ValueError:
+        return job, 1
+
+
+def controller_host() -> str | None:
+    """The address of ``slurmctld`` (the first ``SlurmctldHost``), from ``scontrol``."""
+    try:
+        out = run(["scontrol", "show", "config"], timeout=30.0)
+    except SlurmError:
+        return None
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip().startswith("SlurmctldHost"):
+            value = value.strip()  # "host(addr)" or "host"
+            if "(" in value:
+                return value[value.index("(") + 1 : value.index(")")]
+            return value or None
+    return None
+
+
+def reachable_address(towards: str | None) -> str:
+    """This machine's address on the network that reaches ``towards`` (the controller:
+    the nodes are on its network); the host name's address without it."""
+    if towards:
+        try:
+            family = socket.AF_INET6 if ":" in towards else socket.AF_INET
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect((towards, 6817))  # no packet is sent: routing only
+                address: str = probe.getsockname()[0]
+                return address
+        except OSError:
+            pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def batch_script(
+    options: Sequence[str], setup: Sequence[str], agent: Sequence[str], output: str
+) -> str:
+    """The batch script: the ``#SBATCH`` options, the user's set-up lines, then one agent
+    per node as one ``srun`` step."""
+    lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in options), f"#SBATCH --output={output}"]
+    lines += ["# notebook_launcher: one agent per node; the kernel drives the ranks", *setup]
+    lines.append("exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 " + shlex.join(agent))
+    return "\n".join(lines) + "\n"
+
+
+def tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).rstrip()
+    except OSError:
+        return ""
+
+
+__all__ = [
+    "ENDED",
+    "JobState",
+    "SlurmError",
+    "allocation",
+    "batch_script",
+    "cancel",
+    "controller_host",
+    "reachable_address",
+    "run",
+    "state",
+    "submit",
+    "tail",
+]
