@@ -50,6 +50,36 @@ def started_kernel(**env: str) -> Iterator[Any]:
         km.shutdown_kernel(now=True)
 
 
+def wait_until(condition: Any, timeout: float, what: str) -> None:
+    """Poll ``condition()`` every 50 ms until it is true; fail naming ``what`` after
+    ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting until {what}")
+        time.sleep(0.05)
+
+
+def agent_processes(job: str | None = None) -> list[int]:
+    """Pids of live agent processes (of ``job``), and of the ranks they forked (a forked
+    rank keeps its agent's command line)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        ours = b"notebook_launcher" in argv and b"agent" in argv
+        if ours and (job is None or job.encode() in argv):
+            found.append(int(entry))
+    return found
+
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

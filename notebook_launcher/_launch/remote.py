@@ -98,8 +98,15 @@ class AgentHub:
     connection that was turned away, with why.
     """
 
-    def __init__(self, host: str, port: int = 0, job: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int = 0,
+        job: str | None = None,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    ) -> None:
         self.job = job or uuid.uuid4().hex[:12]
+        self.handshake_timeout = handshake_timeout
         self._secret = secrets.token_bytes(32)
         self.nodes: dict[int, RemoteNode] = {}
         self.refused: list[str] = []
@@ -193,7 +200,7 @@ class AgentHub:
         now = time.monotonic()
         for pending in list(self._pending.values()):
             if now >= pending.deadline:
-                self._refuse(pending, f"no handshake within {HANDSHAKE_TIMEOUT:g} s")
+                self._refuse(pending, f"no handshake within {self.handshake_timeout:g} s")
 
     def _accept(self) -> None:
         assert self._listen is not None
@@ -214,7 +221,7 @@ class AgentHub:
                 sock.close()
                 continue
             peer = f"{addr[0]}:{addr[1]}"
-            pending = _Pending(sock, peer, nonce, time.monotonic() + HANDSHAKE_TIMEOUT)
+            pending = _Pending(sock, peer, nonce, time.monotonic() + self.handshake_timeout)
             self._pending[sock.fileno()] = pending
             self._selector.register(sock, selectors.EVENT_READ, pending)
 
@@ -286,7 +293,7 @@ class AgentHub:
 
     def _first_message(self, link: wire.Link, rest: bytes) -> wire.NodeHello:
         messages = link.receive(rest) if rest else []
-        deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+        deadline = time.monotonic() + self.handshake_timeout
         while not messages:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

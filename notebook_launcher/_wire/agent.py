@@ -314,9 +314,7 @@ class Link:
         #: why writing failed (the peer went away), once it did
         self.broken: str | None = None
         self.closed = False
-        self._writer = threading.Thread(target=self._write, name="notebook-launcher-link")
-        self._writer.daemon = True
-        self._writer.start()
+        self._writer: threading.Thread | None = None  # started by the first send
 
     def __repr__(self) -> str:  # never the key
         return f"<Link fd={self.fileno()} sent={self._sent} received={self._received}>"
@@ -338,6 +336,10 @@ class Link:
         if len(payload) + TAG_BYTES > MAX_FRAME:
             raise ValueError(f"a {len(payload)}-byte message is larger than a frame can carry")
         with self._lock:  # the sequence number and the queue order agree
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write, name="notebook-launcher-link")
+                self._writer.daemon = True
+                self._writer.start()
             tag = self._tag(self._out, self._sent, payload)
             self._sent += 1
             self._queue.put(_LEN.pack(len(payload) + TAG_BYTES) + tag + payload)
@@ -394,8 +396,9 @@ class Link:
             return
         self.closed = True
         self._queue.put(None)
-        if self._writer is not threading.current_thread():
-            self._writer.join(5.0)
+        writer = self._writer
+        if writer is not None and writer is not threading.current_thread():
+            writer.join(5.0)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
