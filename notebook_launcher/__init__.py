@@ -15,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    ClusterError,
     DistributedOperationException,
     LaunchError,
     PreflightError,
@@ -27,6 +28,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
+    from .cluster import AgentCluster, SlurmCluster
     from .data_loader import skip_first_batches
     from .errors import SessionBroken
     from .launcher import notebook_launcher
@@ -47,6 +49,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Accelerator": "notebook_launcher.accelerator",
+    "AgentCluster": "notebook_launcher.cluster",
+    "SlurmCluster": "notebook_launcher.cluster",
     "AcceleratorState": "notebook_launcher.state",
     "DistributedType": "notebook_launcher.state",
     "GradientState": "notebook_launcher.state",
@@ -91,7 +95,9 @@ def __dir__() -> list[str]:
 __all__ = [
     "Accelerator",
     "AcceleratorState",
+    "AgentCluster",
     "AutocastKwargs",
+    "ClusterError",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
@@ -109,6 +115,7 @@ __all__ = [
     "SerializationError",
     "Session",
     "SessionBroken",
+    "SlurmCluster",
     "WorkerDied",
     "__version__",
     "log",

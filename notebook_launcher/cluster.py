@@ -42,7 +42,8 @@ from typing import Any
 
 from ._events import Event, NodesWaiting
 from ._launch import slurm
-from ._launch.remote import AgentHub, ClusterError, RemoteNode
+from ._launch.remote import AgentHub, RemoteNode
+from .errors import ClusterError
 
 #: Seconds the agents have to join once the scheduler started them.
 DEFAULT_JOIN_TIMEOUT = 120.0

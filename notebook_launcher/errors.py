@@ -218,6 +218,12 @@ class SessionBroken(LaunchError):
     stop when asked). ``session.restart()`` (``%dist restart``) brings up fresh ranks."""
 
 
+class ClusterError(LaunchError):
+    """The nodes of a cluster (``SlurmCluster``, ``AgentCluster``) could not be had, or
+    were lost: an agent could not join or went away, or the job around them ended. The
+    message says which node and why (with what the scheduler says of the job)."""
+
+
 # --- a rank's traceback as text ------------------------------------------------------------
 
 

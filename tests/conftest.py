@@ -158,6 +158,18 @@ def _forkserver_shut_down_at_end() -> Iterator[None]:
     assert not _wait_for_no_children(set()), "worker or forkserver processes outlived the suite"
 
 
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.SlurmTestCluster]:
+    """A real Slurm cluster of 3 nodes on this machine (``tests/slurm/start-cluster.sh``),
+    started once for the session and stopped even when tests fail. ``SLURM_CONF`` points
+    at it for the session (Slurm's commands and the kernel's ``SlurmCluster`` read it)."""
+    cluster = helpers.SlurmTestCluster.start(tmp_path_factory.mktemp("slurm"), nodes=3)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture
 def kernel_env() -> dict[str, str]:
     """Environment for kernels started by a test (see ``helpers.KERNEL_ENV_DROP``)."""

@@ -80,6 +80,91 @@ def agent_processes(job: str | None = None) -> list[int]:
     return found
 
 
+class SlurmTestCluster:
+    """A real Slurm cluster on loopback for the tests (see ``tests/slurm/``)."""
+
+    SCRIPTS = ROOT / "tests" / "slurm"
+
+    def __init__(self, directory: Path, nodes: int) -> None:
+        self.dir = directory
+        self.nodes = nodes
+        self.conf = str(directory / "slurm.conf")
+        self._old_conf: str | None = None
+
+    @classmethod
+    def start(cls, directory: Path, nodes: int = 3) -> SlurmTestCluster:
+        import shutil
+        import subprocess
+
+        import pytest
+
+        if os.geteuid() != 0 or not (shutil.which("apt-get") or shutil.which("slurmctld")):
+            pytest.skip("needs root and Slurm (apt-get install slurm-wlm munge) for a test cluster")
+        cluster = cls(directory, nodes)
+        ctld = free_port()
+        base = _free_port_run(nodes)
+        env = {**kernel_env(), "SLURMCTLD_PORT": str(ctld), "SLURMD_PORT_BASE": str(base)}
+        done = subprocess.run(
+            ["bash", str(cls.SCRIPTS / "start-cluster.sh"), str(directory), str(nodes), "2"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if done.returncode != 0:
+            cluster.stop()
+            raise RuntimeError(f"the test Slurm cluster did not start:\n{done.stdout}{done.stderr}")
+        cluster._old_conf = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = cluster.conf
+        return cluster
+
+    def stop(self) -> None:
+        import subprocess
+
+        subprocess.run(
+            ["bash", str(self.SCRIPTS / "stop-cluster.sh"), str(self.dir)],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        if self._old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = self._old_conf
+
+    def jobs(self) -> list[str]:
+        """The ids of the jobs Slurm still holds (pending, running or completing)."""
+        import subprocess
+
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+        return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+    def log(self, name: str = "slurmctld") -> str:
+        return (self.dir / "log" / f"{name}.log").read_text(errors="replace")
+
+
+def _free_port_run(count: int) -> int:
+    """A base port such that base+1 .. base+count are free now."""
+    import random
+
+    for _ in range(100):
+        base = random.randrange(20000, 60000 - count)
+        ok = True
+        for port in range(base + 1, base + count + 1):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no run of {count} free ports")
+
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -14,7 +14,9 @@ pytestmark = pytest.mark.unit
 EXPECTED = {
     "Accelerator",
     "AcceleratorState",
+    "AgentCluster",
     "AutocastKwargs",
+    "ClusterError",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
@@ -32,6 +34,7 @@ EXPECTED = {
     "SerializationError",
     "Session",
     "SessionBroken",
+    "SlurmCluster",
     "WorkerDied",
     "__version__",
     "log",

@@ -42,7 +42,7 @@ from .._events import Event, WorkerStarted
 from .._spec import WorkerSpec
 from .._wire import agent as wire
 from .._wire.control import Raised, Reformed, Returned
-from ..errors import LaunchError, RankFailure
+from ..errors import ClusterError, RankFailure
 
 log = logging.getLogger("notebook_launcher.cluster")
 
@@ -50,10 +50,6 @@ log = logging.getLogger("notebook_launcher.cluster")
 HANDSHAKE_TIMEOUT = 5.0
 #: Seconds the nodes' agents have to report their ranks' exits after CloseRanks.
 CLOSE_TIMEOUT = 10.0
-
-
-class ClusterError(LaunchError):
-    """A node's agent could not join, went away, or the job around it ended."""
 
 
 @dataclass
