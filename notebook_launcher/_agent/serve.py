@@ -186,9 +186,11 @@ class Agent:
 def _on_this_node(spec: Any, local_count: int) -> Any:
     """The kernel's spec, completed with what only this node knows."""
     cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else os.getcwd()
-    return dataclasses.replace(
-        spec, cwd=cwd, num_threads=threads_per_rank(local_count), replace_environ=False
-    )
+    threads = threads_per_rank(local_count)  # None: this node's OMP_NUM_THREADS decides
+    env = dict(spec.env)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return dataclasses.replace(spec, cwd=cwd, env=env, num_threads=threads, replace_environ=False)
 
 
 #: ``pidfd_send_signal`` flag (Linux 6.9): to the thread the pidfd names, not the process.

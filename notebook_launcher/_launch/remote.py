@@ -32,12 +32,15 @@ import secrets
 import selectors
 import signal
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _settings
+from .._accelerate_env import accelerate_env
 from .._events import Event, WorkerStarted
 from .._spec import WorkerSpec
 from .._wire import agent as wire
@@ -598,6 +601,46 @@ class RemoteGroup:
         return [n for n in self.nodes if n.gone is None]
 
 
+def remote_specs(
+    nodes: list[RemoteNode],
+    per_node: int,
+    store: tuple[str, int],
+    prefix: str,
+    backend: str,
+    mixed_precision: str,
+    max_restarts: int = 0,
+) -> list[WorkerSpec]:
+    """Every rank's spec for a job of ``per_node`` ranks on each node: global rank
+    ``node * per_node + local``, the group on the kernel's ``store`` under ``prefix``.
+
+    What only a node knows (its environment, which the ranks inherit; a working directory
+    that exists there; its cores' share per rank) the agent completes."""
+    env = accelerate_env(mixed_precision, backend, None, os.environ)
+    settings = _settings.capture()
+    world = per_node * len(nodes)
+    return [
+        WorkerSpec(
+            rank=node.index * per_node + local,
+            local_rank=local,
+            world_size=world,
+            local_world_size=per_node,
+            node_rank=node.index,
+            master_addr=store[0],
+            master_port=store[1],
+            backend=backend,
+            env=dict(env),
+            cwd=os.getcwd(),
+            sys_path=list(sys.path),
+            settings=settings,
+            store_prefix=prefix,
+            num_nodes=len(nodes),
+            max_restarts=max_restarts,
+        )
+        for node in nodes
+        for local in range(per_node)
+    ]
+
+
 def _readable(fd: int) -> bool:
     sel = selectors.DefaultSelector()
     try:
@@ -615,4 +658,5 @@ __all__ = [
     "RemoteGroup",
     "RemoteNode",
     "RemoteRank",
+    "remote_specs",
 ]
