@@ -51,7 +51,8 @@ class LaunchStarted:
 
     ``node_rank`` is this node's rank in the job (with the c10d rendezvous, the one torch
     assigned); ``rendezvous`` says how the nodes met (empty for one node without one);
-    ``log_line_prefix_template`` (torch elastic's ``${rank}``, ``${local_rank}``,
+    A launch on a cluster's nodes (one kernel drives them all) has ``node_rank`` -1 and
+    ``hosts``. ``log_line_prefix_template`` (torch elastic's ``${rank}``, ``${local_rank}``,
     ``${role_name}``) replaces the views' ``[rankN]`` label of output lines."""
 
     world_size: int
@@ -68,6 +69,8 @@ class LaunchStarted:
     max_restarts: int = 0
     rendezvous: str = ""
     log_line_prefix_template: str | None = None
+    #: a cluster's launch: the host of each of ``ranks`` (the views name it in the row)
+    hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._events import Event, LaunchFinished, LaunchRestarting, RendezvousStarted
 from ._launch import preflight, rendezvous
@@ -65,10 +65,14 @@ from ._launch.group import WorkerGroup, WorkerProcess
 from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
+from ._launch.remote import plan_cluster
 from ._launch.session import TaskHandle
-from .errors import LaunchError, LaunchFailure, RankFailedError
+from .errors import LaunchError, LaunchFailure, PreflightError, RankFailedError
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 
 def notebook_launcher(
@@ -99,6 +103,7 @@ def notebook_launcher(
     | tuple[type[BaseException], ...]
     | None = None,
     raise_child_failed: bool | None = None,
+    cluster: Cluster | None = None,
 ) -> Any:
     """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
 
@@ -133,6 +138,11 @@ def notebook_launcher(
     ``log_line_prefix_template`` (``"[${rank}]: "``; torch elastic's ``${rank}``,
     ``${local_rank}``, ``${role_name}``) replaces the ``[rankN]`` label of output lines.
 
+    ``cluster``: run on the nodes of a :class:`~notebook_launcher.SlurmCluster` (or an
+    :class:`~notebook_launcher.AgentCluster`), driven from this kernel: ``num_processes``
+    is then the job's total, split evenly over its nodes (None: one per GPU of every
+    node). The cluster starts with the first launch that needs it and stays for the next.
+
     Extras beyond Accelerate: ``kwargs`` for the function, ``start_method``
     (``None`` chooses: fork unless CUDA is initialised here, then a forkserver),
     ``dashboard`` (``"auto"``, ``True``, ``False``, or any object with the
@@ -157,6 +167,15 @@ def notebook_launcher(
                           master_addr="10.0.0.1", use_port=29500)
     """
     __tracebackhide__ = True  # IPython and pytest show the caller's frames, then the rank's
+    if cluster is not None:
+        return _on_cluster(
+            cluster, function, args, kwargs, num_processes, mixed_precision, max_restarts,
+            log_line_prefix_template, dashboard, grace_period, block, restart_on_exception,
+            raise_child_failed,
+            others=dict(num_nodes=(num_nodes, 1), node_rank=(node_rank, 0),
+                        rdzv_backend=(rdzv_backend, "static"), rdzv_endpoint=(rdzv_endpoint, ""),
+                        start_method=(start_method, None)),
+        )  # fmt: skip
     preflight.check_args(args, kwargs)
     preflight.check_dashboard(dashboard)
     del monitor_interval  # we wait on sentinels instead of polling
@@ -201,6 +220,12 @@ def notebook_launcher(
         raise
     elastic_name = getattr(function, "__name__", "function") if child_failed else None
     launch = _Launch(plan, task, view, policy, line_prefix, elastic_name)
+    return _run(launch, block)
+
+
+def _run(launch: _Launch, block: bool) -> Any:
+    """Run ``launch`` here (``block``), or in a thread of its own behind a handle."""
+    __tracebackhide__ = True
     if block:
         outcome = launch.run()
         if isinstance(outcome, BaseException):
@@ -215,6 +240,70 @@ def notebook_launcher(
         target=cell.run, args=(launch.finish_into, handle), name="notebook-launcher", daemon=True
     ).start()
     return handle
+
+
+def _on_cluster(
+    cluster: Cluster,
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    num_processes: int | None,
+    mixed_precision: str,
+    max_restarts: int,
+    log_line_prefix_template: str | None,
+    dashboard: bool | str | View,
+    grace_period: float,
+    block: bool,
+    restart_on_exception: Any,
+    raise_child_failed: bool | None,
+    others: dict[str, tuple[Any, Any]],
+) -> Any:
+    """A launch on a cluster's nodes: one controller, every rank of the job planned here."""
+    __tracebackhide__ = True
+    for name, (value, default) in others.items():
+        if value != default:
+            raise PreflightError(
+                f"{name}={value!r} with cluster=...: the cluster's nodes are the job's nodes "
+                "and this kernel drives them all (leave num_nodes, node_rank, the rendezvous "
+                "and start_method as they are)."
+            )
+    preflight.check_not_in_a_rank()
+    preflight.check_function(function)
+    preflight.check_args(args, kwargs)
+    preflight.check_dashboard(dashboard)
+    policy = RestartPolicy(
+        preflight.check_max_restarts(max_restarts),
+        preflight.check_restart_on_exception(restart_on_exception),
+    )
+    line_prefix = preflight.check_log_line_prefix_template(log_line_prefix_template)
+    child_failed = preflight.check_raise_child_failed(raise_child_failed)
+    task = prepare_task(function, tuple(args), dict(kwargs or {}), "agent")
+    view = _view(dashboard, block)
+    try:
+        nodes = cluster.nodes_for_launch(view.handle)
+        plan = plan_cluster(
+            nodes,
+            cluster.store_address,
+            cluster.job_key,
+            cluster.launches,
+            num_processes,
+            cluster.gpus_per_node,
+            mixed_precision=mixed_precision,
+            grace_period=grace_period,
+            max_restarts=policy.max_restarts,
+        )
+    except BaseException as exc:
+        now = time.time()
+        summary = (
+            "interrupted while starting"
+            if isinstance(exc, KeyboardInterrupt)
+            else f"{type(exc).__name__}: {exc}"
+        )
+        view.handle(LaunchFinished(False, summary.splitlines()[0], None, 0.0, now))
+        view.close()
+        raise
+    elastic_name = getattr(function, "__name__", "function") if child_failed else None
+    return _run(_Launch(plan, task, view, policy, line_prefix, elastic_name), block)
 
 
 def _view(dashboard: bool | str | View, block: bool) -> View:
@@ -320,14 +409,8 @@ class _Launch:
                 view.handle(event)
 
         self._announced = False
-        self.group = WorkerGroup(
-            specs,
-            self.plan.start_method,
-            self.task,
-            self._listen,
-            on_event,
-            on_exit,
-            self.plan.grace_period,
+        self.group = self.plan.group(
+            specs, self.task, self._listen, on_event, on_exit, attempt=self.attempt
         )
         self._listen = None  # the group owns it now
         self.group.start()

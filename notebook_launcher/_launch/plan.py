@@ -113,6 +113,24 @@ class LaunchPlan:
             for spec in self.specs
         ]
 
+    def group(
+        self,
+        specs: list[WorkerSpec],
+        task: Any,
+        listen: socket.socket | None,
+        on_event: Callable[..., None],
+        on_exit: Callable[..., None],
+        on_message: Callable[..., None] | None = None,
+        attempt: int = 0,
+    ) -> Any:
+        """The group that runs ``specs``: this machine's ranks (a cluster's plan answers
+        with its nodes' ranks instead, :class:`.remote.ClusterPlan`)."""
+        from .group import WorkerGroup
+
+        return WorkerGroup(
+            specs, self.start_method, task, listen, on_event, on_exit, self.grace_period, on_message
+        )
+
     def close(self) -> None:
         """Release the listening socket if nobody took it (a launch that never started)."""
         if self.listen is not None:

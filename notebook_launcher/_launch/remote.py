@@ -25,6 +25,7 @@ with it (they die with their parent): they are reported as died, naming the node
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -41,11 +42,13 @@ from typing import Any
 
 from .. import _settings
 from .._accelerate_env import accelerate_env
-from .._events import Event, WorkerStarted
+from .._events import Event, LaunchStarted, WorkerStarted
 from .._spec import WorkerSpec
 from .._wire import agent as wire
 from .._wire.control import Raised, Reformed, Returned
-from ..errors import ClusterError, RankFailure
+from ..errors import ClusterError, PreflightError, RankFailure
+from . import preflight
+from .plan import LaunchPlan
 
 log = logging.getLogger("notebook_launcher.cluster")
 
@@ -601,6 +604,102 @@ class RemoteGroup:
         return [n for n in self.nodes if n.gone is None]
 
 
+@dataclass
+class ClusterPlan(LaunchPlan):
+    """A launch on the nodes of a cluster: every rank of the job is planned here (one
+    controller), each attempt on the kernel's store under a prefix of its own."""
+
+    nodes: list[RemoteNode] = field(default_factory=list)
+    job_key: str = ""
+    launch_no: int = 0
+
+    def for_attempt(self, job: Any, attempt: int) -> list[WorkerSpec]:
+        prefix = f"{self.job_key}/l{self.launch_no}/a{attempt}/pg"
+        return [
+            dataclasses.replace(spec, store_prefix=prefix, restart_count=attempt)
+            for spec in self.specs
+        ]
+
+    def started_event(self, job: Any = None, line_prefix: str | None = None) -> LaunchStarted:
+        event = super().started_event(None, line_prefix)
+        by_index = {n.index: n.host for n in self.nodes}
+        hosts = tuple(by_index[s.node_rank] for s in self.specs)
+        return dataclasses.replace(event, hosts=hosts, node_rank=-1)
+
+    def group(
+        self,
+        specs: list[WorkerSpec],
+        task: Any,
+        listen: socket.socket | None,
+        on_event: Callable[..., None],
+        on_exit: Callable[..., None],
+        on_message: Callable[..., None] | None = None,
+        attempt: int = 0,
+    ) -> RemoteGroup:
+        return RemoteGroup(
+            self.nodes, specs, task, on_event, on_exit, self.grace_period, on_message, attempt
+        )
+
+
+def plan_cluster(
+    nodes: list[RemoteNode],
+    store: tuple[str, int],
+    job_key: str,
+    launch_no: int,
+    num_processes: int | None,
+    gpus_per_node: int,
+    *,
+    mixed_precision: str = "no",
+    grace_period: Any = 1.0,
+    max_restarts: int = 0,
+    session: bool = False,
+) -> ClusterPlan:
+    """Check a launch on a cluster's ``nodes`` and plan every rank of it."""
+    grace = preflight.check_grace_period(grace_period)
+    count = len(nodes)
+    if num_processes is None:
+        if not gpus_per_node:
+            raise PreflightError(
+                "num_processes=None means one rank per GPU, and the cluster has no GPUs "
+                f"(gpus_per_node=0). Say how many ranks in all, a multiple of its {count} "
+                f"node(s): e.g. num_processes={2 * count}."
+            )
+        num_processes = gpus_per_node * count
+    total = preflight.resolve_num_processes(num_processes, 0)
+    if total % count:
+        raise PreflightError(
+            f"num_processes={total} does not split evenly over the cluster's {count} nodes: "
+            f"ask for a multiple of {count} (e.g. {count * max(1, round(total / count))})."
+        )
+    per_node = total // count
+    if gpus_per_node and per_node > gpus_per_node:
+        raise PreflightError(
+            f"num_processes={total} is {per_node} ranks per node, but the nodes have "
+            f"gpus_per_node={gpus_per_node}: one rank per GPU, so at most "
+            f"{gpus_per_node * count} in all."
+        )
+    precision = preflight.check_mixed_precision(mixed_precision, gpus_per_node)
+    backend = "nccl" if gpus_per_node else "gloo"
+    specs = remote_specs(nodes, per_node, store, "", backend, precision, max_restarts)
+    for spec in specs:
+        spec.session = session
+    hosts = ", ".join(n.host for n in nodes)
+    return ClusterPlan(
+        specs,
+        "agent",
+        f"{count} nodes ({hosts}), {per_node} ranks each",
+        None,
+        count,
+        0,
+        grace,
+        None,
+        max_restarts,
+        nodes=nodes,
+        job_key=job_key,
+        launch_no=launch_no,
+    )
+
+
 def remote_specs(
     nodes: list[RemoteNode],
     per_node: int,
@@ -657,6 +756,8 @@ __all__ = [
     "ClusterError",
     "RemoteGroup",
     "RemoteNode",
+    "ClusterPlan",
     "RemoteRank",
+    "plan_cluster",
     "remote_specs",
 ]
