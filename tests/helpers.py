@@ -64,7 +64,7 @@ def wait_until(condition: Any, timeout: float, what: str) -> None:
 
 def agent_processes(job: str | None = None) -> list[int]:
     """Pids of live agent processes (of ``job``), and of the ranks they forked (a forked
-    rank keeps its agent's command line)."""
+    rank keeps its agent's command line); not the ``srun`` that started them."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -74,7 +74,8 @@ def agent_processes(job: str | None = None) -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        ours = b"notebook_launcher" in argv and b"agent" in argv
+        command = b" ".join(argv[1:4])
+        ours = b"python" in os.path.basename(argv[0]) and command == b"-m notebook_launcher agent"
         if ours and (job is None or job.encode() in argv):
             found.append(int(entry))
     return found

@@ -8,16 +8,26 @@ afterwards that no job, agent or rank is left (``cluster_clean``).
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from notebook_launcher import ClusterError, SlurmCluster
-from notebook_launcher._events import NodesWaiting
+from notebook_launcher import ClusterError, SlurmCluster, WorkerDied, notebook_launcher
+from notebook_launcher._events import (
+    LaunchFinished,
+    LaunchRestarting,
+    LaunchStarted,
+    NodesWaiting,
+    Output,
+    WorkerStopped,
+)
 
-from .helpers import SlurmTestCluster, agent_processes, wait_until
+from .helpers import Recorder, SlurmTestCluster, agent_processes, wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
@@ -93,3 +103,144 @@ def test_agents_that_cannot_start_are_explained(
     assert "No module named notebook_launcher" in text, text
     assert "Install notebook_launcher in the same environment on every node" in text, text
     assert not cluster.running
+
+
+# --- launches on a cluster that the module shares ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared(slurm: SlurmTestCluster) -> Iterator[SlurmCluster]:
+    """One job of two nodes for the launches that leave it usable (started before the tests'
+    leak guard looks, so its store's port is not taken for a leak)."""
+    cluster = SlurmCluster(nodes=2)
+    cluster.start()
+    yield cluster
+    cluster.close()
+
+
+def where(x: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from notebook_launcher import PartialState
+
+    state = PartialState()
+    total = torch.ones(1) * state.process_index
+    dist.all_reduce(total)
+    print(f"on {os.environ['SLURMD_NODENAME']}", flush=True)
+    return {
+        "rank": state.process_index,
+        "local": state.local_process_index,
+        "world": state.num_processes,
+        "node": os.environ["SLURMD_NODENAME"],
+        "sum": int(total.item()),
+        "x": x,
+        "restart": os.environ["TORCHELASTIC_RESTART_COUNT"],
+        "local_main": state.is_local_main_process,
+    }
+
+
+def test_one_cell_runs_a_job_on_two_nodes(shared: SlurmCluster) -> None:
+    rec = Recorder()
+    results = notebook_launcher(where, (7,), num_processes=4, cluster=shared, dashboard=rec)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert [r["node"] for r in results] == ["n1", "n1", "n2", "n2"]
+    assert [r["local"] for r in results] == [0, 1, 0, 1]
+    assert [r["local_main"] for r in results] == [True, False, True, False]
+    assert {r["world"] for r in results} == {4} and {r["sum"] for r in results} == {6}
+    started = rec.of(LaunchStarted)[0]
+    assert started.hosts == ("n1", "n1", "n2", "n2") and started.num_nodes == 2
+    lines = {(o.rank, o.text.strip()) for o in rec.of(Output)}
+    assert lines == {(0, "on n1"), (1, "on n1"), (2, "on n2"), (3, "on n2")}
+    job = shared.job_id
+    again = notebook_launcher(where, (8,), num_processes=2, cluster=shared, dashboard=False)
+    assert [(r["node"], r["x"]) for r in again] == [("n1", 8), ("n2", 8)]  # 1 rank per node
+    assert shared.job_id == job  # the same allocation, reused
+
+
+def raise_on_rank_3() -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 3:
+        raise KeyError("rank 3's own failure")
+    dist.barrier()
+
+
+def killed_on_rank_2() -> None:
+    import signal
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # what the kernel's OOM killer does
+    dist.barrier()
+
+
+def test_a_failure_on_another_node_is_the_root_cause_in_the_cell(shared: SlurmCluster) -> None:
+    with pytest.raises(KeyError, match="rank 3's own failure") as info:
+        notebook_launcher(raise_on_rank_3, num_processes=4, cluster=shared, dashboard=False)
+    report = info.value.launch_failure  # type: ignore[attr-defined]
+    assert report.root_cause.rank == 3
+    others = [f for f in report.failures if f.rank != 3]
+    assert {f.rank for f in others} == {0, 1, 2}  # stopped, or collateral of rank 3's end
+    assert all(f.kind == "stopped" or f.collateral for f in others), others
+    with pytest.raises(WorkerDied) as died:
+        notebook_launcher(killed_on_rank_2, num_processes=4, cluster=shared, dashboard=False)
+    text = str(died.value)
+    assert "rank 2 of 4 died" in text and "SIGKILL" in text and "out of memory" in text, text
+    # the nodes are still there for the next cell
+    assert (
+        len(notebook_launcher(where, (1,), num_processes=4, cluster=shared, dashboard=False)) == 4
+    )
+
+
+def dies_once() -> str:
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "3":
+        os._exit(3)
+    import torch.distributed as dist
+
+    dist.barrier()
+    return os.environ["TORCHELASTIC_RESTART_COUNT"]
+
+
+def test_max_restarts_starts_every_node_again(shared: SlurmCluster) -> None:
+    rec = Recorder()
+    out = notebook_launcher(
+        dies_once, num_processes=4, cluster=shared, max_restarts=1, dashboard=rec
+    )
+    assert out == ["1", "1", "1", "1"]
+    assert len(rec.of(LaunchRestarting)) == 1
+
+
+def sleeps() -> None:
+    time.sleep(600)
+
+
+def test_ctrl_c_stops_every_rank_on_every_node(shared: SlurmCluster) -> None:
+    rec = Recorder()
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            notebook_launcher(sleeps, num_processes=4, cluster=shared, dashboard=rec)
+    finally:
+        timer.cancel()
+    finished = rec.of(LaunchFinished)[-1]
+    assert "interrupted" in finished.summary, finished
+    assert {e.rank for e in rec.of(WorkerStopped)} == {0, 1, 2, 3}
+    agents = {n.hello.pid for n in shared.nodes_for_launch()}
+    wait_until(
+        lambda: set(agent_processes(shared.job_key)) == agents, 10, "only the agents are left"
+    )
+
+
+def test_a_non_blocking_launch_on_the_cluster(shared: SlurmCluster) -> None:
+    handle = notebook_launcher(
+        where, (3,), num_processes=4, cluster=shared, dashboard=False, block=False
+    )
+    assert [r["x"] for r in handle.result(timeout=60)] == [3, 3, 3, 3]
+    handle = notebook_launcher(
+        sleeps, num_processes=4, cluster=shared, dashboard=False, block=False
+    )
+    time.sleep(2.0)
+    assert handle.cancel() and handle.cancelled()
