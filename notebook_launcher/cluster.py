@@ -49,6 +49,8 @@ from .errors import ClusterError
 DEFAULT_JOIN_TIMEOUT = 120.0
 #: Seconds between two looks at the job while the kernel waits for it.
 POLL = 1.0
+#: Seconds an ending job (COMPLETING) is given to say how it ended (CANCELLED, TIMEOUT...).
+COMPLETING_WAIT = 8.0
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
@@ -113,15 +115,13 @@ class Cluster:
 
     @property
     def running(self) -> bool:
-        return self._hub is not None and self.ended is None
+        return self._hub is not None
 
     def start(self, report: Callable[[Event], None] | None = None) -> None:
         """Start the agents and wait until every node's agent joined (idempotent). Ctrl-C
         while waiting cancels what was started (a queued Slurm job is cancelled)."""
         if self.running:
             return
-        if self._hub is not None:  # ended: forget the old job before a new one
-            self.close()
         tell = report or (lambda event: None)
         hub = AgentHub(self.host or self._default_host(), self.port)
         self._hub, self.ended = hub, None
@@ -228,10 +228,12 @@ class Cluster:
         if gone:
             why = "; ".join(f"{n.label}: {n.ending or n.gone}" for n in gone)
             state = self.job_state()
-            self.ended = f"{why}" + (f" ({state})" if state else "")
+            ended = why if not state or state in why else f"{why} ({state})"
+            self.close()  # what is left of the job ends too
+            self.ended = ended
             raise ClusterError(
-                f"the cluster lost {len(gone)} node(s): {self.ended}. Start it again "
-                "(cluster.start(), or the next launch does) to get fresh nodes."
+                f"the cluster lost {len(gone)} node(s): {ended}. The next launch (or "
+                "cluster.start()) starts the cluster again, on fresh nodes."
             )
         self.launches += 1
         return list(self._nodes)
@@ -608,12 +610,19 @@ class SlurmCluster(Cluster):
         return NodesWaiting(self.describe(), what, joined, self.num_nodes, time.time())
 
     def job_state(self) -> str:
+        """``Slurm job 12: CANCELLED: it was cancelled (scancel)``. A job that is ending
+        (COMPLETING) is given a few seconds to say how it ended."""
         if self.job_id is None or self._step is not None:
             return ""
+        deadline = time.monotonic() + COMPLETING_WAIT
         try:
-            return slurm.state(self.job_id).describe()
+            state = slurm.state(self.job_id)
+            while state.state == "COMPLETING" and time.monotonic() < deadline:
+                time.sleep(0.2)
+                state = slurm.state(self.job_id)
         except slurm.SlurmError:
             return ""
+        return state.describe()
 
     def _forget_secret(self) -> None:
         if self._dir is not None:

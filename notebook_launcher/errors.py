@@ -106,10 +106,13 @@ class RankFailure:
     #: what the launcher knows of a death that the exit code does not say (e.g. "it died
     #: while receiving its task"; "its forkserver process died")
     context: str = ""
+    #: the host the rank ran on, for a launch across a cluster's nodes ("" on one machine)
+    host: str = ""
 
     def describe(self) -> str:
+        on = f" on {self.host}" if self.host else ""
         if self.kind == "raised":
-            return f"rank {self.rank} raised {self.exc_type}: {shorten(self.message)}"
+            return f"rank {self.rank}{on} raised {self.exc_type}: {shorten(self.message)}"
         if self.kind == "died":
             if self.signal_name:
                 how = f"killed by {self.signal_name}({self.exitcode})"
@@ -118,7 +121,7 @@ class RankFailure:
             else:  # no process of ours to tell: e.g. a node whose kernel went away
                 how = self.context or "no exit status"
             pid = f" (pid {self.pid})" if self.pid is not None else ""
-            return f"rank {self.rank}{pid} died: {how}"
+            return f"rank {self.rank}{pid}{on} died: {how}"
         if self.kind == "left":
             waiting = shorten(self.message) or "other ranks still waited for it"
             return f"rank {self.rank} returned while {waiting}"

@@ -291,6 +291,7 @@ def _on_cluster(
             mixed_precision=mixed_precision,
             grace_period=grace_period,
             max_restarts=policy.max_restarts,
+            explain=cluster.job_state,
         )
     except BaseException as exc:
         now = time.time()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from notebook_launcher._events import (
     WorkerStopped,
 )
 
-from .helpers import Recorder, SlurmTestCluster, agent_processes, wait_until
+from .helpers import Recorder, SlurmTestCluster, agent_processes, kernel_env, wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
@@ -244,3 +246,125 @@ def test_a_non_blocking_launch_on_the_cluster(shared: SlurmCluster) -> None:
     )
     time.sleep(2.0)
     assert handle.cancel() and handle.cancelled()
+
+
+# --- faults: each names the node and why, and leaves nothing ------------------------------
+
+
+def test_a_killed_agent_is_named_and_the_next_launch_gets_fresh_nodes(
+    cluster_clean: SlurmTestCluster,
+) -> None:
+    cluster = SlurmCluster(nodes=2)
+    try:
+        handle = notebook_launcher(
+            sleeps, num_processes=4, cluster=cluster, dashboard=False, block=False
+        )
+        wait_until(lambda: len(agent_processes(cluster.job_key)) == 2 + 4, 60, "4 ranks run")
+        first_job = cluster.job_id
+        victim = cluster.nodes_for_launch()[1].hello.pid
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(WorkerDied) as info:
+            handle.result(timeout=60)
+        text = str(info.value)
+        assert "(n2)'s agent is gone: its connection ended" in text, text
+        assert "rank 2 (pid" in text and "on n2 died" in text, text
+        assert "out of memory" not in text, text
+        with pytest.raises(ClusterError, match=r"lost 1 node\(s\): node 1 \(n2\)"):
+            notebook_launcher(where, (1,), num_processes=4, cluster=cluster, dashboard=False)
+        wait_until(lambda: first_job not in cluster_clean.jobs(), 30, "the old job ends")
+        out = notebook_launcher(where, (1,), num_processes=4, cluster=cluster, dashboard=False)
+        assert [r["node"] for r in out] == ["n1", "n1", "n2", "n2"]
+        assert cluster.job_id != first_job
+    finally:
+        cluster.close()
+
+
+def test_scancel_ends_the_launch_saying_so(cluster_clean: SlurmTestCluster) -> None:
+    cluster = SlurmCluster(nodes=2)
+    try:
+        handle = notebook_launcher(
+            sleeps, num_processes=4, cluster=cluster, dashboard=False, block=False
+        )
+        wait_until(lambda: len(agent_processes(cluster.job_key)) == 2 + 4, 60, "4 ranks run")
+        assert cluster.job_id is not None
+        subprocess.run(["scancel", cluster.job_id], check=True, timeout=30)
+        with pytest.raises(WorkerDied) as info:
+            handle.result(timeout=60)
+        text = str(info.value)
+        assert "Slurm is ending the job" in text, text
+        assert f"Slurm job {cluster.job_id}: CANCELLED" in text, text
+    finally:
+        cluster.close()
+
+
+KERNEL = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from notebook_launcher import SlurmCluster, notebook_launcher
+from tests.test_cluster import sleeps
+cluster = SlurmCluster(nodes=2)
+handle = notebook_launcher(sleeps, num_processes=4, cluster=cluster, dashboard=False, block=False)
+print("JOB", cluster.job_id, cluster.job_key, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_kernel_ends_its_agents_ranks_and_job(cluster_clean: SlurmTestCluster) -> None:
+    root = str(Path(__file__).resolve().parents[1])
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL.format(root=root)],
+        env=kernel_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert kernel.stdout is not None
+        words = kernel.stdout.readline().split()
+        assert words[:1] == ["JOB"], words
+        job, key = words[1], words[2]
+        wait_until(lambda: len(agent_processes(key)) == 2 + 4, 60, "4 ranks run")
+        kernel.kill()
+        kernel.wait(10)
+        wait_until(lambda: agent_processes(key) == [], 15, "the agents and ranks end")
+        wait_until(lambda: job not in cluster_clean.jobs(), 30, "the job ends")
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+            kernel.wait()
+        if kernel.stdout is not None:
+            kernel.stdout.close()
+
+
+ALLOCATED = """
+import os, subprocess, sys
+sys.path.insert(0, {root!r})
+from notebook_launcher import SlurmCluster, notebook_launcher
+from tests.test_cluster import where
+cluster = SlurmCluster(nodes=2)
+out = notebook_launcher(where, (5,), num_processes=4, cluster=cluster, dashboard=False)
+jobs = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+print("NODES", " ".join(r["node"] for r in out), flush=True)
+print("JOBS", os.environ["SLURM_JOB_ID"], cluster.job_id, " ".join(jobs), flush=True)
+cluster.close()
+print("CLOSED", flush=True)
+"""
+
+
+def test_inside_an_allocation_the_agents_are_a_step_and_nothing_is_submitted(
+    cluster_clean: SlurmTestCluster,
+) -> None:
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        ["salloc", "-N2", "--job-name=jupyter", sys.executable, "-c", ALLOCATED.format(root=root)],
+        env=kernel_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines() if line.strip()}
+    assert lines["NODES"] == ["n1", "n1", "n2", "n2"], done.stdout
+    allocation, used, *jobs = lines["JOBS"]
+    assert used == allocation and jobs == [allocation], done.stdout  # no job of its own
+    assert "CLOSED" in lines, done.stdout

@@ -188,7 +188,9 @@ def _died_error(failure: RankFailure, world_size: int, report: LaunchFailure) ->
     told = failure.exitcode is None and not failure.signal_name  # describe() says it
     hint = f" {failure.context[0].upper()}{failure.context[1:]}." if failure.context else ""
     hint = "" if told else hint
-    if failure.signal_name == "SIGKILL" and "forkserver" not in failure.context:
+    if failure.signal_name == "SIGKILL" and not any(
+        who in failure.context for who in ("forkserver", "agent")
+    ):
         hint += " It was killed from outside (out of memory is a common reason: check `dmesg`)."
     how = failure.describe().split(": ", 1)[1]
     return WorkerDied(

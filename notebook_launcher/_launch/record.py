@@ -160,6 +160,7 @@ class RunRecord:
                 message=last_words(self.stderr_tail[proc.rank]),
                 time=now,
                 context=context,
+                host=getattr(proc, "host", ""),
             ),
             None,
         )

@@ -383,6 +383,10 @@ class RemoteRank:
         return self.returncode is not None
 
     @property
+    def host(self) -> str:
+        return self.node.host
+
+    @property
     def conn_open(self) -> bool:
         return self.node.gone is None and not self.exited
 
@@ -415,8 +419,12 @@ class RemoteGroup:
         grace: float = 1.0,
         on_message: Callable[[Any, Any], None] | None = None,
         attempt: int = 0,
+        explain: Callable[[], str] | None = None,
     ) -> None:
+        """``explain()``: what the scheduler says of the job, asked when an agent ends or
+        goes (e.g. "Slurm job 12: CANCELLED: it was cancelled (scancel)")."""
         self.nodes = nodes
+        self._explain = explain
         self.specs = specs
         self.start_method = "agent"
         self._task = task
@@ -512,7 +520,11 @@ class RemoteGroup:
         elif isinstance(message, wire.RanksClosed):
             self._closed_nodes.add(node.index)
         elif isinstance(message, wire.AgentEnding):
-            node.ending = message.why
+            node.ending = self._with_reason(message.why)
+
+    def _with_reason(self, why: str) -> str:
+        said = self._explain() if self._explain is not None else ""
+        return f"{why}; {said}" if said else why
 
     def _item(self, item: Any) -> None:
         if isinstance(item, wire.RankStarted):
@@ -520,6 +532,9 @@ class RemoteGroup:
         elif isinstance(item, wire.FromRank):
             proc = self.proc(item.rank)
             message = item.message
+            if isinstance(message, Raised):  # the record names the rank's host
+                failure = dataclasses.replace(message.failure, host=proc.host)
+                message = dataclasses.replace(message, failure=failure)
             if self._on_message is not None:
                 self._on_message(proc, message)
             elif isinstance(message, Returned):
@@ -545,7 +560,7 @@ class RemoteGroup:
     def _node_gone(self, node: RemoteNode, why: str) -> None:
         """The agent's connection ended: its ranks died with it."""
         if node.gone is None:
-            node.gone = why
+            node.gone = why if node.ending else self._with_reason(why)
             node.link.close()
         try:
             self._selector.unregister(node.link.fileno())
@@ -612,6 +627,8 @@ class ClusterPlan(LaunchPlan):
     nodes: list[RemoteNode] = field(default_factory=list)
     job_key: str = ""
     launch_no: int = 0
+    #: what the scheduler says of the job (see RemoteGroup)
+    explain: Callable[[], str] | None = None
 
     def for_attempt(self, job: Any, attempt: int) -> list[WorkerSpec]:
         prefix = f"{self.job_key}/l{self.launch_no}/a{attempt}/pg"
@@ -637,7 +654,15 @@ class ClusterPlan(LaunchPlan):
         attempt: int = 0,
     ) -> RemoteGroup:
         return RemoteGroup(
-            self.nodes, specs, task, on_event, on_exit, self.grace_period, on_message, attempt
+            self.nodes,
+            specs,
+            task,
+            on_event,
+            on_exit,
+            self.grace_period,
+            on_message,
+            attempt,
+            self.explain,
         )
 
 
@@ -653,6 +678,7 @@ def plan_cluster(
     grace_period: Any = 1.0,
     max_restarts: int = 0,
     session: bool = False,
+    explain: Callable[[], str] | None = None,
 ) -> ClusterPlan:
     """Check a launch on a cluster's ``nodes`` and plan every rank of it."""
     grace = preflight.check_grace_period(grace_period)
@@ -697,6 +723,7 @@ def plan_cluster(
         nodes=nodes,
         job_key=job_key,
         launch_no=launch_no,
+        explain=explain,
     )
 
 
