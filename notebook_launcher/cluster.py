@@ -406,7 +406,14 @@ class SlurmCluster(Cluster):
         job_dir: str | None = None,
     ) -> None:
         super().__init__(nodes, gpus_per_node, host=host, port=port, join_timeout=join_timeout)
-        options = [f"--job-name={job_name}", f"--nodes={nodes}", "--ntasks-per-node=1"]
+        # --no-requeue: a job Slurm requeued (after a node failure) would start agents for a
+        # kernel that has moved on; the launch says what happened instead
+        options = [
+            f"--job-name={job_name}",
+            f"--nodes={nodes}",
+            "--ntasks-per-node=1",
+            "--no-requeue",
+        ]
         for flag, value in (
             ("--partition", partition),
             ("--time", time),
@@ -622,7 +629,12 @@ class SlurmCluster(Cluster):
                 state = slurm.state(self.job_id)
         except slurm.SlurmError:
             return ""
-        return state.describe()
+        text = state.describe()
+        if state.state == "NODE_FAIL" or state.reason in ("NodeDown", "NodeFail"):
+            bad = slurm.unhealthy(state.nodes)
+            if bad:
+                text += f"; Slurm holds these nodes down: {bad}"
+        return text
 
     def _forget_secret(self) -> None:
         if self._dir is not None:

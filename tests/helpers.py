@@ -143,6 +143,24 @@ class SlurmTestCluster:
         ).stdout
         return [line.split()[0] for line in out.splitlines() if line.strip()]
 
+    def restart_node(self, name: str) -> None:
+        """Start node ``name``'s slurmd again (after a test killed it), and wait until Slurm
+        takes the node back (idle)."""
+        import subprocess
+        import time
+
+        subprocess.run(["slurmd", "-f", self.conf, "-N", name], check=True, timeout=60)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                ["sinfo", "-h", "-N", "-n", name, "-o", "%T"],
+                capture_output=True, text=True, timeout=30, check=False,
+            ).stdout  # fmt: skip
+            if out.strip() in ("idle", "mixed", "allocated"):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"node {name} did not come back")
+
     def log(self, name: str = "slurmctld") -> str:
         return (self.dir / "log" / f"{name}.log").read_text(errors="replace")
 

@@ -34,13 +34,41 @@ from .helpers import Recorder, SlurmTestCluster, agent_processes, kernel_env, wa
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def time_limited(slurm: SlurmTestCluster) -> Iterator[tuple[SlurmCluster, Any]]:
+    """A one-node job with a time limit of one minute, running a launch that would sleep
+    for ten, for the whole module: Slurm enforces time limits on a 30-second timer, so this
+    case runs beside the others and the module's last test reads how it ended."""
+    cluster = SlurmCluster(nodes=1, time="1", job_name="time-limited")
+    cluster.start()
+    _module_clusters.append(cluster)
+    handle = notebook_launcher(
+        sleeps, num_processes=1, cluster=cluster, dashboard=False, block=False
+    )
+    yield cluster, handle
+    cluster.close()
+
+
+#: clusters that live for the whole module (their job and agents are not leftovers)
+_module_clusters: list[SlurmCluster] = []
+
+
 @pytest.fixture
 def cluster_clean(slurm: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
     """After the test: no job in Slurm, no agent or rank process (waits a little: a job
-    ends a moment after its agents)."""
+    ends a moment after its agents) -- but those of the module's own clusters."""
     yield slurm
-    wait_until(lambda: slurm.jobs() == [], 30, f"Slurm holds no job (it has {slurm.jobs()})")
-    wait_until(lambda: agent_processes() == [], 30, "no agent or rank process is left")
+
+    def jobs() -> list[str]:
+        kept = {c.job_id for c in _module_clusters if c.running}
+        return [j for j in slurm.jobs() if j not in kept]
+
+    def processes() -> list[int]:
+        kept = {p for c in _module_clusters if c.running for p in agent_processes(c.job_key)}
+        return [p for p in agent_processes() if p not in kept]
+
+    wait_until(lambda: jobs() == [], 30, f"Slurm holds no job (it has {jobs()})")
+    wait_until(lambda: processes() == [], 30, "no agent or rank process is left")
 
 
 def test_a_slurm_cluster_starts_one_agent_per_node_and_its_job_ends_with_it(
@@ -53,7 +81,8 @@ def test_a_slurm_cluster_starts_one_agent_per_node_and_its_job_ends_with_it(
         cluster.start(report=seen.append)
         assert cluster.running and cluster.job_id in cluster_clean.jobs()
         nodes = cluster.nodes_for_launch()
-        assert sorted(n.host for n in nodes) == ["n1", "n2"]
+        hosts = [n.host for n in nodes]
+        assert len(set(hosts)) == 2 and set(hosts) <= {"n1", "n2", "n3"}, hosts
         waiting = [e for e in seen if isinstance(e, NodesWaiting)]
         assert waiting[0].joined == 0 and waiting[-1].joined == 2, waiting
         assert all(f"Slurm job {cluster.job_id}" in e.where for e in waiting)
@@ -116,6 +145,7 @@ def shared(slurm: SlurmTestCluster) -> Iterator[SlurmCluster]:
     leak guard looks, so its store's port is not taken for a leak)."""
     cluster = SlurmCluster(nodes=2)
     cluster.start()
+    _module_clusters.append(cluster)
     yield cluster
     cluster.close()
 
@@ -146,17 +176,18 @@ def test_one_cell_runs_a_job_on_two_nodes(shared: SlurmCluster) -> None:
     rec = Recorder()
     results = notebook_launcher(where, (7,), num_processes=4, cluster=shared, dashboard=rec)
     assert [r["rank"] for r in results] == [0, 1, 2, 3]
-    assert [r["node"] for r in results] == ["n1", "n1", "n2", "n2"]
+    a, b = (n.host for n in shared.nodes_for_launch())
+    assert [r["node"] for r in results] == [a, a, b, b]
     assert [r["local"] for r in results] == [0, 1, 0, 1]
     assert [r["local_main"] for r in results] == [True, False, True, False]
     assert {r["world"] for r in results} == {4} and {r["sum"] for r in results} == {6}
     started = rec.of(LaunchStarted)[0]
-    assert started.hosts == ("n1", "n1", "n2", "n2") and started.num_nodes == 2
+    assert started.hosts == (a, a, b, b) and started.num_nodes == 2
     lines = {(o.rank, o.text.strip()) for o in rec.of(Output)}
-    assert lines == {(0, "on n1"), (1, "on n1"), (2, "on n2"), (3, "on n2")}
+    assert lines == {(0, f"on {a}"), (1, f"on {a}"), (2, f"on {b}"), (3, f"on {b}")}
     job = shared.job_id
     again = notebook_launcher(where, (8,), num_processes=2, cluster=shared, dashboard=False)
-    assert [(r["node"], r["x"]) for r in again] == [("n1", 8), ("n2", 8)]  # 1 rank per node
+    assert [(r["node"], r["x"]) for r in again] == [(a, 8), (b, 8)]  # 1 rank per node
     assert shared.job_id == job  # the same allocation, reused
 
 
@@ -261,19 +292,20 @@ def test_a_killed_agent_is_named_and_the_next_launch_gets_fresh_nodes(
         )
         wait_until(lambda: len(agent_processes(cluster.job_key)) == 2 + 4, 60, "4 ranks run")
         first_job = cluster.job_id
-        victim = cluster.nodes_for_launch()[1].hello.pid
-        os.kill(victim, signal.SIGKILL)
+        victim = cluster.nodes_for_launch()[1]
+        os.kill(victim.hello.pid, signal.SIGKILL)
         with pytest.raises(WorkerDied) as info:
             handle.result(timeout=60)
         text = str(info.value)
-        assert "(n2)'s agent is gone: its connection ended" in text, text
-        assert "rank 2 (pid" in text and "on n2 died" in text, text
+        assert f"({victim.host})'s agent is gone: its connection ended" in text, text
+        assert "rank 2 (pid" in text and f"on {victim.host} died" in text, text
         assert "out of memory" not in text, text
-        with pytest.raises(ClusterError, match=r"lost 1 node\(s\): node 1 \(n2\)"):
+        with pytest.raises(ClusterError, match=rf"lost 1 node\(s\): node 1 \({victim.host}\)"):
             notebook_launcher(where, (1,), num_processes=4, cluster=cluster, dashboard=False)
         wait_until(lambda: first_job not in cluster_clean.jobs(), 30, "the old job ends")
         out = notebook_launcher(where, (1,), num_processes=4, cluster=cluster, dashboard=False)
-        assert [r["node"] for r in out] == ["n1", "n1", "n2", "n2"]
+        a, b = (n.host for n in cluster.nodes_for_launch())
+        assert [r["node"] for r in out] == [a, a, b, b] and a != b
         assert cluster.job_id != first_job
     finally:
         cluster.close()
@@ -364,7 +396,45 @@ def test_inside_an_allocation_the_agents_are_a_step_and_nothing_is_submitted(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines() if line.strip()}
-    assert lines["NODES"] == ["n1", "n1", "n2", "n2"], done.stdout
+    a, _, b, _ = lines["NODES"]
+    assert lines["NODES"] == [a, a, b, b] and a != b, done.stdout
     allocation, used, *jobs = lines["JOBS"]
-    assert used == allocation and jobs == [allocation], done.stdout  # no job of its own
+    others = {c.job_id for c in _module_clusters}
+    assert used == allocation, done.stdout
+    assert [j for j in jobs if j not in others] == [allocation], done.stdout  # none of its own
     assert "CLOSED" in lines, done.stdout
+
+
+def test_a_node_whose_slurmd_dies_fails_the_job_naming_it(cluster_clean: SlurmTestCluster) -> None:
+    cluster = SlurmCluster(nodes=2)
+    victim = ""
+    try:
+        handle = notebook_launcher(
+            sleeps, num_processes=4, cluster=cluster, dashboard=False, block=False
+        )
+        wait_until(lambda: len(agent_processes(cluster.job_key)) == 2 + 4, 60, "4 ranks run")
+        victim = cluster.nodes_for_launch()[1].host
+        pid_file = cluster_clean.dir / f"slurmd.{victim}.pid"
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)  # that node's slurmd dies
+        with pytest.raises(WorkerDied) as info:
+            handle.result(timeout=120)  # Slurm takes its node for down after SlurmdTimeout
+        text = str(info.value)
+        assert "NODE_FAIL" in text and f"{victim} (Not responding)" in text, text
+    finally:
+        cluster.close()
+        if victim:
+            cluster_clean.restart_node(victim)
+
+
+def test_zz_the_time_limit_ends_the_launch_saying_so(
+    cluster_clean: SlurmTestCluster, time_limited: tuple[SlurmCluster, Any]
+) -> None:
+    """Last in the module: the job of ``time_limited`` reached its limit meanwhile."""
+    cluster, handle = time_limited
+    with pytest.raises(WorkerDied) as info:
+        handle.result(timeout=150)
+    text = str(info.value)
+    assert "Slurm is ending the job" in text, text
+    assert f"Slurm job {cluster.job_id}: TIMEOUT" in text, text
+    assert "it reached its time limit (00:01:00)" in text, text
+    cluster.close()

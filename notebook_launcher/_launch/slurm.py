@@ -142,6 +142,40 @@ def state(job_id: str) -> JobState:
     )
 
 
+def unhealthy(nodelist: str) -> str:
+    """The nodes of ``nodelist`` that Slurm holds for down, failing or not responding, with
+    why: ``"n2 (Not responding)"``; "" when all are well (or Slurm cannot say)."""
+    if not nodelist:
+        return ""
+    try:
+        out = run(
+            [
+                "sinfo",
+                "-h",
+                "-N",
+                "-n",
+                nodelist,
+                "-t",
+                "down,drain,fail,no_respond",
+                "-o",
+                "%N|%E",
+            ],
+            timeout=30.0,
+        )
+    except SlurmError:
+        return ""
+    found = []
+    for line in sorted(set(out.splitlines())):
+        name, _, why = line.partition("|")
+        if name.strip():
+            found.append(
+                f"{name.strip()} ({why.strip()})"
+                if why.strip() not in ("", "none")
+                else name.strip()
+            )
+    return ", ".join(found)
+
+
 def cancel(job_id: str) -> None:
     try:
         run(["scancel", job_id], timeout=30.0)
@@ -223,6 +257,7 @@ __all__ = [
     "batch_script",
     "cancel",
     "controller_host",
+    "unhealthy",
     "reachable_address",
     "run",
     "state",
