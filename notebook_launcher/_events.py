@@ -2,7 +2,8 @@
 
 Every event is a small frozen dataclass of builtins: it pickles with the standard
 library, knows nothing of torch or widgets, and is the *only* thing the dashboard
-sees. Workers create most of them; the parent adds :class:`RendezvousStarted` (a launch
+sees. Workers create most of them (a rank's first are :class:`WorkerPhase`, while it
+starts); the parent adds :class:`RendezvousStarted` (a launch
 across nodes waits for the others), :class:`LaunchStarted`, :class:`Output` (it reads the
 workers' stdout/stderr pipes itself), :class:`WorkerExited`, :class:`WorkerStopped`,
 :class:`LaunchRestarting` (``max_restarts``: every rank starts again) and
@@ -38,7 +39,8 @@ class LaunchStarted:
     ``node_rank`` is this node's rank in the job (with the c10d rendezvous, the one torch
     assigned); ``rendezvous`` says how the nodes met (empty for one node without one);
     ``log_line_prefix_template`` (torch elastic's ``${rank}``, ``${local_rank}``,
-    ``${role_name}``) replaces the views' ``[rankN]`` label of output lines."""
+    ``${role_name}``) replaces the views' ``[rankN]`` label of output lines; ``task``: set
+    when a session's ranks run one of its tasks (``"task 3: run_cell"``), empty for a launch."""
 
     world_size: int
     local_world_size: int
@@ -54,6 +56,7 @@ class LaunchStarted:
     max_restarts: int = 0
     rendezvous: str = ""
     log_line_prefix_template: str | None = None
+    task: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,28 @@ class LaunchRestarting:
     attempt: int
     max_restarts: int
     cause: str
+    time: float
+
+
+#: :class:`WorkerPhase` phases, in the order a rank goes through them, and how views say them.
+PHASES = {
+    "importing": "importing torch",
+    "loading": "loading the function",
+    "joining": "joining the process group",
+}
+
+
+@dataclass(frozen=True)
+class WorkerPhase:
+    """What a rank does while it starts, before :class:`WorkerStarted` (so a slow start is
+    not taken for a hang): ``phase`` is a key of :data:`PHASES`. ``"importing"``: torch, in
+    a fresh interpreter (spawn); ``"loading"``: receiving and unpickling the function, which
+    imports the modules it refers to (spawn, forkserver); ``"joining"``: the rendezvous and
+    the process group, where a rank waits until every rank has come."""
+
+    rank: int
+    pid: int
+    phase: str
     time: float
 
 
@@ -209,6 +234,7 @@ Event = (
     RendezvousStarted
     | LaunchStarted
     | LaunchRestarting
+    | WorkerPhase
     | WorkerStarted
     | Output
     | ProgressUpdate
@@ -231,11 +257,13 @@ __all__ = [
     "LaunchStarted",
     "MetricsLogged",
     "Output",
+    "PHASES",
     "ProgressUpdate",
     "RendezvousStarted",
     "WorkerExited",
     "WorkerFailed",
     "WorkerFinished",
+    "WorkerPhase",
     "WorkerStarted",
     "WorkerStopped",
 ]
