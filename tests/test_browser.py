@@ -178,6 +178,11 @@ DASHBOARDS = """() => Array.from(document.querySelectorAll(
             rank: row.dataset.rank, status: row.dataset.status,
             text: row.querySelector('.nl-status')?.textContent ?? '',
             statusHeight: row.querySelector('.nl-status')?.getBoundingClientRect().height ?? 0,
+            statusCut: (e => e ? e.scrollWidth > e.clientWidth + 1 : false)(
+                row.querySelector('.nl-status')),
+            message: row.querySelector('.nl-msg')?.textContent ?? '',
+            messageCut: (e => e ? e.scrollWidth > e.clientWidth + 1 : false)(
+                row.querySelector('.nl-msg')),
             bars: Array.from(row.querySelectorAll('.nl-bar')).map(b => ({
                 desc: b.dataset.desc, style: b.dataset.style,
                 width: b.querySelector('.nl-fill').style.width,
@@ -367,7 +372,11 @@ def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
         assert [
             [(b["desc"], b["width"], b["style"]) for b in row["bars"]] for row in failed["rows"]
         ] == [[("work", "100%", "success")], [("work", "50%", "danger")]]
-        assert failed["rows"][1]["text"] == "● raised ValueError: rank 1 broke"
+        # the row's status stays short; the message has a line of its own, whole (at 1280 px
+        # it was cut: "raised ValueError: rank 1 h...")
+        assert failed["rows"][1]["text"] == "● raised ValueError", failed["rows"][1]
+        assert failed["rows"][1]["message"] == "ValueError: rank 1 broke", failed["rows"][1]
+        assert not any(r["statusCut"] or r["messageCut"] for v in views for r in v["rows"]), views
         plot = page.locator(".jp-OutputArea-output img").first  # the loss curve (PNG)
         assert plot.bounding_box()["width"] > 300
         snaps = page.locator(".nl-snapshot")
@@ -445,7 +454,8 @@ def test_a_session_in_jupyterlab(lab: dict[str, Any]) -> None:
     ``%%distributed`` cell long enough to show its live dashboard, then each rank's value; a
     ``%%rank 1`` cell; a failing ``%%rank 1`` cell (Run All stops there, as on any error);
     then, run by hand as a person would, a cell showing that every rank's variables
-    survived, and ``%dist stop``."""
+    survived, a silent cell (its live dashboard shows no empty log box, no output picker),
+    and ``%dist stop``."""
     with _notebook_page(lab, SESSION_NOTEBOOK) as (page, errors, info):
         assert info["kernel"] == "python3" and info["status"] == "idle", info
         page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
@@ -468,13 +478,26 @@ def test_a_session_in_jupyterlab(lab: dict[str, Any]) -> None:
         page.evaluate(RUN_CELL, 5)  # after the failure: the same ranks, the same values
         outputs = _wait_for_output(page, 5, "[rank1]")
         assert "[rank0] (40, 2)" in outputs[5] and "[rank1] (80, 2)" in outputs[5], outputs
-        page.evaluate(RUN_CELL, 6)
-        outputs = _wait_for_output(page, 6, "SESSION DONE")
-        assert "SESSION DONE" in outputs[6], outputs
+        page.evaluate(f"() => {{ ({RUN_CELL})(6); }}")  # not awaited: look while it runs
+        silent = page.locator(".jp-Cell").nth(6).locator(".nl-dashboard:not(.nl-snapshot)")
+        silent.wait_for(timeout=30_000)
+        _wait(page, 0.3)
+        quiet = silent.evaluate(
+            """d => ({rows: d.querySelectorAll('.nl-row').length,
+                      log: !!d.querySelector('.nl-log')?.offsetParent,
+                      picker: !!d.querySelector('.nl-pick')?.offsetParent})"""
+        )
+        _shot(page, "session_silent_live.png", silent)
+        assert quiet == {"rows": 2, "log": False, "picker": False}, quiet
+        page.evaluate(RUN_CELL, 7)
+        outputs = _wait_for_output(page, 7, "SESSION DONE")
+        assert "SESSION DONE" in outputs[7], outputs
+        assert "[rank" not in outputs[6], outputs  # silent: nothing printed, no values
+        assert "nl-log" not in page.locator(".jp-Cell").nth(6).inner_html()  # nor at the end
         page.locator(".jp-Cell").nth(2).scroll_into_view_if_needed()
         _shot(page, "session_lab_1280x800.png")
         final = page.evaluate(DASHBOARDS)
-        assert [v["live"] for v in final] == [False], final  # its snapshot, once done
+        assert [v["live"] for v in final] == [False, False], final  # snapshots, once done
         assert [(r["rank"], r["status"]) for r in final[0]["rows"]] == [
             ("0", "done"),
             ("1", "done"),

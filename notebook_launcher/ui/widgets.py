@@ -101,6 +101,9 @@ def _style_block(d: str, ranks: list[int], many: bool) -> str:
     rules = [
         # an empty part takes no room; log chunks join without a gap
         f".{d} .widget-html:has(> .widget-html-content:empty){{display:none}}",
+        # no output yet (a silent cell): no empty log box, no picker for it
+        f".{d} .nl-log:not(:has(.nl-l)){{display:none!important}}",
+        f".{d}:not(:has(.nl-log .nl-l)) .nl-pick{{display:none}}",
         f".{d} .nl-log .widget-html{{margin:0;min-height:0;height:auto}}",
         f".{d} .nl-log .widget-html-content{{line-height:normal}}",
         f".{d} .nl-l{{white-space:pre-wrap;overflow-wrap:anywhere;padding:0 6px;"
