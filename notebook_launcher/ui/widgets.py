@@ -9,7 +9,7 @@ Layout (one ``VBox``, displayed once when the view is created)::
     barriers  #  where  kind  arrived  missing  state
     picker    output of: [all ranks] [0] [1]        (front-end only: CSS on radio buttons)
     log       the newest lines of every rank, following the tail like a terminal
-    plots     one panel per logged metric, one line per rank (a PNG, matplotlib Agg)
+    plots     one panel per logged metric, one line per rank (inline SVG, redrawn ~2/s)
 
 The parts are HTML widgets drawn by :mod:`~notebook_launcher.ui.html`, the same markup
 the saved snapshot uses; a redraw of the rank table is one message whatever the number
@@ -19,7 +19,12 @@ Message economy: the launcher calls :meth:`handle` for every event and :meth:`ti
 after every wait; both only fold the event in and, at most every ``interval`` seconds,
 redraw what changed. Every widget message is paid from a token bucket that holds the
 whole dashboard to ``max_messages`` per second (parts in order of importance: ranks,
-log, header, barriers, plots; what does not fit is drawn at the next turn).
+plots (which pace themselves), log, header, barriers; what does not fit is drawn at the
+next turn). The plot is
+an inline SVG drawn from the model in milliseconds (:func:`~notebook_launcher.ui.plots.render_svg`),
+so it is redrawn every ``PLOT_INTERVAL`` seconds and stays within about a second of the
+bars; the PNG matplotlib draws (tens to hundreds of milliseconds) is made once, for the
+snapshot.
 
 The log follows the tail without any JavaScript: its scroll box is a ``column-reverse``
 flex box (it opens at the bottom and stays there as lines arrive), and its lines live in
@@ -30,7 +35,8 @@ the browser alone (radio buttons and a CSS ``:has()`` rule), because a kernel bu
 the launch cannot hear a widget's click until the cell ends.
 
 At :meth:`close` the display is replaced by a static HTML snapshot of the final state
-(plus the final plot as an ``image/png`` output) and the widgets are closed: a saved
+(plus the final plot as an ``image/png`` output; without matplotlib the last SVG, and
+the values as a table in the snapshot) and the widgets are closed: a saved
 notebook shows the finished run in JupyterLab (trusted or not), on GitHub and on
 nbviewer, without a kernel and without saved widget state.
 """
@@ -60,11 +66,13 @@ BURST_LINES = 200
 #: Chunk widgets in the log's ring (the live log keeps about CHUNK_LINES * LOG_CHUNKS lines).
 LOG_CHUNKS = 8
 #: Seconds between two plot redraws, at least; slower when drawing takes long.
-PLOT_INTERVAL = 2.0
+PLOT_INTERVAL = 0.5
 #: A plot redraw may use about 1/PLOT_COST_RATIO of the kernel's time (but the plot is
 #: redrawn at least every PLOT_MAX_INTERVAL seconds while metrics come in).
-PLOT_COST_RATIO = 50.0
-PLOT_MAX_INTERVAL = 10.0
+PLOT_COST_RATIO = 25.0
+PLOT_MAX_INTERVAL = 1.0
+#: What a redraw's cost is measured with (tests replace it to make the cost known).
+_cost_clock = time.perf_counter
 TEXT_PLAIN = "notebook_launcher dashboard"
 #: The snapshot's font and line height, also inside widgets (which set a 28px line height).
 BASE_STYLE = "font-size:13px;line-height:1.45"
@@ -325,7 +333,7 @@ class WidgetView:
         self.picker = W.HTML(value="")
         self.log = LiveLog(W)
         self.summary = W.HTML(value="")
-        self.plot: Any = None  # an Image (or the metrics table) once a metric is logged
+        self.plot: Any = None  # an HTML widget (the SVG, or the table) once a metric is logged
         self.plot_id = self.id + "-plot"
         self._plot_shown = False
         self.root = _dashboard_class(W)(
@@ -359,7 +367,8 @@ class WidgetView:
         self._plot_seen = 0
         self._plot_due = float("-inf")
         self._plot_interval = PLOT_INTERVAL
-        self._plot_error = ""
+        self._plot_error = ""  # why the PNG failed (the snapshot says it)
+        self._svg_error = ""  # why the live SVG failed (the live table says it)
         self._closed = False
         self._display: Callable[..., Any] | None
         if display is True:
@@ -430,16 +439,25 @@ class WidgetView:
 
     def _publish_snapshot(self) -> None:
         assert self._display is not None
-        png = self._render_plot() if self.model.metrics and self.plots_available else None
+        m = self.model
+        png = self._render_plot() if m.metrics and self.plots_available else None
         bundle = {"text/html": self.snapshot_html(), "text/plain": TEXT_PLAIN}
         self._display(bundle, raw=True, display_id=self.id, update=True)
+        names = ", ".join(m.metrics)
         if png is not None:
-            names = ", ".join(self.model.metrics)
             picture = {
                 "image/png": base64.b64encode(png).decode("ascii"),
                 "text/plain": f"notebook_launcher metrics: {names}",
             }
             self._display(picture, raw=True, display_id=self.plot_id, update=self._plot_shown)
+        elif m.metrics and not self._svg_error:
+            # no PNG (no matplotlib, or it failed): the final SVG stays (this session shows it; an untrusted
+            # renderer may strip it, and the snapshot has the values as a table)
+            svg = {
+                "text/html": plots.render_svg(m),
+                "text/plain": f"notebook_launcher metrics: {names}",
+            }
+            self._display(svg, raw=True, display_id=self.plot_id, update=self._plot_shown)
         elif self._plot_shown:  # no picture: the snapshot has the values as a table
             self._display({"text/plain": ""}, raw=True, display_id=self.plot_id, update=True)
 
@@ -488,6 +506,11 @@ class WidgetView:
             self.ranks, H.ranks_html(m, now, clock, pick=self.id), final
         ):
             dirty.discard("ranks")
+        # the plot paces itself (at most ~2 redraws a second): ahead of the log, whose new
+        # chunks would otherwise take its turns while lines pour in and leave it seconds behind
+        due = final or now >= self._plot_due
+        if "plot" in dirty and due and self._draw_plot(now, final):
+            dirty.discard("plot")
         if "log" in dirty and self.log.draw(m, Budget(1e9, now) if final else self.budget):
             dirty.discard("log")
         if "header" in dirty and self._set(self.header, H.header(m, now, clock), final):
@@ -496,9 +519,6 @@ class WidgetView:
             dirty.discard("alerts")
         if "barriers" in dirty and self._set(self.barriers, H.barriers(m, now, clock=clock), final):
             dirty.discard("barriers")
-        due = final or now >= self._plot_due
-        if "plot" in dirty and due and self._draw_plot(now, final):
-            dirty.discard("plot")
         if final:
             self._set(self.header, H.header(m, now), True)
             self._set(self.summary, H.summary(m), True)
@@ -537,41 +557,37 @@ class WidgetView:
             return None
 
     def _draw_plot(self, now: float, final: bool) -> bool:
+        """The live plot: an SVG, redrawn when metrics came in and ``_plot_interval`` has
+        passed (what drawing costs stretches it: at most 1/PLOT_COST_RATIO of the kernel)."""
         m = self.model
         if m.metrics_logged == self._plot_seen:
             return True
         if not final and not self.budget.take(1 if self.plot is not None else 4):
             return False
         self._plot_seen = m.metrics_logged
-        W = self.W
-        if self.plots_available:
+        if not self._svg_error:
+            t0 = _cost_clock()
             try:
-                plots.load()  # not part of what a redraw costs
-            except Exception:  # noqa: BLE001 - _render_plot says why and falls back
-                pass
-            t0 = time.perf_counter()
-            png = self._render_plot()
-            cost = time.perf_counter() - t0
-            self._plot_interval = min(PLOT_MAX_INTERVAL, max(PLOT_INTERVAL, PLOT_COST_RATIO * cost))
-            self._plot_due = now + self._plot_interval
-            if png is not None:
-                if self.plot is None or not hasattr(self.plot, "format"):
-                    layout = W.Layout(max_width="100%", align_self="flex-start")
-                    self._show_plot(W.Image(value=png, format="png", layout=layout))
-                else:
-                    self.plot.value = png
+                svg = plots.render_svg(m)
+            except Exception as exc:  # noqa: BLE001 - a plot is not worth the dashboard
+                self._svg_error = repr(exc)
+            else:
+                cost = _cost_clock() - t0
+                interval = max(PLOT_INTERVAL, PLOT_COST_RATIO * cost)
+                self._plot_due = now + min(PLOT_MAX_INTERVAL, interval)
+                self._show_or_update(svg)
                 return True
-        # no matplotlib (or drawing failed): a table of the last values, once a second
+        # drawing failed: a table of the last values, once a second
         self._plot_due = now + 1.0
-        hint = plots.INSTALL_HINT
-        if self._plot_error:
-            hint = self._plot_error_hint()
-        table = f"<div style='{BASE_STYLE}'>{H.metrics_table(m, hint)}</div>"
-        if self.plot is None or hasattr(self.plot, "format"):
-            self._show_plot(W.HTML(value=table))
-        else:
-            self.plot.value = table
+        hint = f"the plot failed ({self._svg_error}); showing the last values"
+        self._show_or_update(f"<div style='{BASE_STYLE}'>{H.metrics_table(m, hint)}</div>")
         return True
+
+    def _show_or_update(self, value: str) -> None:
+        if self.plot is None:
+            self._show_plot(self.W.HTML(value=value))
+        else:
+            self.plot.value = value
 
 
 __all__ = ["Budget", "LiveLog", "WidgetView"]
