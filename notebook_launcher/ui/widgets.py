@@ -273,6 +273,24 @@ class LiveLog:
 
 
 _DASHBOARD_CLASS: Any = None
+_ANCHOR: Any = None
+
+
+def _keep_widget_subshell(W: Any) -> None:
+    """Keep one small widget open for the kernel's lifetime (never displayed).
+
+    JupyterLab 4.4+ sends widget messages over a kernel subshell, one per comm target,
+    which it creates for the first widget it sees and deletes when the last one closes.
+    ipykernel answers the request that creates it with busy/idle status messages, and
+    JupyterLab takes that "idle" for the kernel's state: its status bar reads "Idle" while
+    the cell still runs (jupyterlab/jupyterlab#10701, jupyter/jupyter_client#838). The
+    dashboard closes its widgets at the end, so every launch made a new subshell and read
+    "Idle" throughout; with this widget alive the subshell stays, and only the first
+    widget of a kernel's life (ours or anyone's, ``tqdm.notebook`` too) does it.
+    """
+    global _ANCHOR
+    if _ANCHOR is None or getattr(_ANCHOR, "comm", None) is None:
+        _ANCHOR = W.Layout()
 
 
 def _dashboard_class(W: Any) -> Any:
@@ -318,7 +336,11 @@ class WidgetView:
     ) -> None:
         import ipywidgets as W
 
+        from . import in_notebook_kernel
+
         self.W = W
+        if in_notebook_kernel():  # a front end that may use kernel subshells
+            _keep_widget_subshell(W)
         self.model = model if model is not None else LaunchModel()
         self.clock = clock
         self.interval = interval
