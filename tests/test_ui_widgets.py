@@ -521,3 +521,23 @@ def test_a_plot_that_fails_falls_back_to_the_table(
     run(events, plot=False)
     live = text(plot_value(log))
     assert "the plot failed (RuntimeError('no fonts'))" in live and "loss00.5" in live
+
+
+def test_a_new_section_plugs_in_with_one_entry(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parts under the rank table are ``html.SECTIONS``: one more entry (a renderer and
+    the model's change kinds that redraw it) gets its own widget, its redraws and its place
+    in the snapshot; what another view of the same model adds needs nothing else here."""
+    from notebook_launcher._events import MetricsLogged
+    from notebook_launcher.ui import html as H
+
+    def logged(m: Any, now: float, clock: Any) -> str:
+        return f"<div class='nl-seen'>{m.metrics_logged} logged</div>" if m.metrics else ""
+
+    extra = H.Section("logged", logged, frozenset({"metrics"}))
+    monkeypatch.setattr(H, "SECTIONS", (*H.SECTIONS, extra))
+    view = run([started(1), *[MetricsLogged(0, s, (("loss", 1.0),), T0 + s) for s in range(3)]])
+    state = frontend(log)
+    assert text(value(state, view.sections["logged"])) == "3 logged"
+    assert "nl-logged" in state[view.sections["logged"].model_id]["_dom_classes"]
+    assert f"IPY_MODEL_{view.sections['logged'].model_id}" in state[view.root.model_id]["children"]
+    assert "<div class='nl-seen'>3 logged</div>" in view.snapshot_html()

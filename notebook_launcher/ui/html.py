@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html as _html
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from .._events import PHASES
 from .model import (
@@ -403,6 +404,38 @@ def barriers(m: LaunchModel, now: float, keep: int = 8, clock: Clock = fmt_durat
     )
 
 
+# -- sections: the parts under the rank table ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    """A part of the dashboard under the rank table, drawn from the model alone: the live
+    view gives it a widget of its own (class ``nl-<name>``) and redraws it when the model
+    reports one of the ``redraw_on`` change kinds (``LaunchModel.apply``'s keys, e.g.
+    ``("barriers",)``), or each second when ``clock`` (it shows durations); the snapshot
+    draws it once, in the same place. ``render(model, now, clock)`` returns HTML, ``""``
+    when there is nothing to show (the part then takes no room).
+
+    A new part (say, where stalled ranks wait) is: its events folded by the model (a
+    handler in ``model.HANDLERS`` that returns its change kind), its renderer here, and
+    one entry in :data:`SECTIONS`; the text view prints its own lines (``text.py``)."""
+
+    name: str
+    render: Callable[[LaunchModel, float, Clock], str]
+    redraw_on: frozenset[str]
+    clock: bool = False
+
+
+def _barriers_section(m: LaunchModel, now: float, clock: Clock) -> str:
+    return barriers(m, now, clock=clock)
+
+
+#: The parts under the rank table, in the order they are shown.
+SECTIONS: tuple[Section, ...] = (
+    Section("barriers", _barriers_section, frozenset({"barriers"}), clock=True),
+)
+
+
 # -- output --------------------------------------------------------------------------------
 
 LOG_BOX = (
@@ -525,7 +558,7 @@ def snapshot(
             f"<details><summary style='cursor:pointer'>all {len(m.ranks)} ranks</summary>"
             f"{rows}</details>"
         )
-    parts.append(barriers(m, now))
+    parts += [section.render(m, now, fmt_duration) for section in SECTIONS]
     cause = m.root_cause()
     panes = []
     combined = list(m.combined.lines)[-limit:]
@@ -560,6 +593,8 @@ def snapshot(
 
 __all__ = [
     "COMPACT_ROWS_MAX",
+    "SECTIONS",
+    "Section",
     "alerts",
     "bar_html",
     "barriers",

@@ -6,7 +6,8 @@ Layout (one ``VBox``, displayed once when the view is created)::
     alerts    (red) rank 1 returned while rank(s) 0 waited at barrier #2 (train.py:30)
     ranks     rank 0 ● running      12s  epoch [####      ] 2/4   step [########  ] 80/100 95it/s
               (more than 8 ranks: slowest / median / fastest, a grid of every rank, stragglers)
-    barriers  #  where  kind  arrived  missing  state
+    barriers  #  where  kind  arrived  missing  state     (html.SECTIONS: the parts under
+                                                          the ranks; one more is one entry)
     picker    output of: [all ranks] [0] [1]        (front-end only: CSS on radio buttons)
     log       the newest lines of every rank, following the tail like a terminal
     plots     one panel per logged metric, one line per rank (inline SVG, redrawn ~2/s)
@@ -351,7 +352,9 @@ class WidgetView:
         self.header = W.HTML(value="<b>notebook_launcher</b> \u00b7 starting")
         self.alerts = W.HTML(value="")
         self.ranks = W.HTML(value="")
-        self.barriers = W.HTML(value="")
+        #: the parts under the rank table (``html.SECTIONS``), by name
+        self.sections = {section.name: W.HTML(value="") for section in H.SECTIONS}
+        self.barriers = self.sections["barriers"]
         self.picker = W.HTML(value="")
         self.log = LiveLog(W)
         self.summary = W.HTML(value="")
@@ -363,7 +366,7 @@ class WidgetView:
                 self.header,
                 self.alerts,
                 self.ranks,
-                self.barriers,
+                *self.sections.values(),
                 self.picker,
                 self.log.box,
                 self.summary,
@@ -376,11 +379,15 @@ class WidgetView:
             (self.header, "nl-header"),
             (self.alerts, "nl-alerts"),
             (self.ranks, "nl-ranks"),
-            (self.barriers, "nl-barriers"),
+            *((widget, f"nl-{name}") for name, widget in self.sections.items()),
             (self.picker, "nl-picker"),
             (self.summary, "nl-summary"),
         ):
             widget.add_class(cls)
+        self._redraws: dict[object, set[str]] = {}  # change kind -> sections it redraws
+        for section in H.SECTIONS:
+            for kind in section.redraw_on:
+                self._redraws.setdefault(kind, set()).add(section.name)
         self._sent: dict[int, str] = {}  # id(widget) -> the value it shows
         self._dirty: set[str] = {"header"}
         self._next_flush = float("-inf")
@@ -417,6 +424,8 @@ class WidgetView:
                     self._dirty.add("log")
                 elif kind == "barriers":
                     self._dirty |= {"barriers", "alerts", "ranks"}
+                if kind in self._redraws:  # a section under the rank table
+                    self._dirty |= self._redraws[kind]
                 elif kind == "metrics":
                     self._dirty.add("plot")
                 elif kind == "launch":
@@ -489,7 +498,7 @@ class WidgetView:
             self.header,
             self.alerts,
             self.ranks,
-            self.barriers,
+            *self.sections.values(),
             self.picker,
             self.summary,
             *self.log.widgets(),
@@ -521,8 +530,7 @@ class WidgetView:
         if second != self._clock_second:  # the clocks shown move once a second
             self._clock_second = second
             dirty |= {"header", "ranks"} if m.finished is None else set()
-            if m.open_barriers():
-                dirty.add("barriers")
+            dirty |= {section.name for section in H.SECTIONS if section.clock}
         clock = fmt_clock
         if "ranks" in dirty and self._set(
             self.ranks, H.ranks_html(m, now, clock, pick=self.id), final
@@ -539,8 +547,11 @@ class WidgetView:
             dirty.discard("header")
         if "alerts" in dirty and self._set(self.alerts, H.alerts(m), final):
             dirty.discard("alerts")
-        if "barriers" in dirty and self._set(self.barriers, H.barriers(m, now, clock=clock), final):
-            dirty.discard("barriers")
+        for section in H.SECTIONS:
+            if section.name in dirty and self._set(
+                self.sections[section.name], section.render(m, now, clock), final
+            ):
+                dirty.discard(section.name)
         if final:
             self._set(self.header, H.header(m, now), True)
             self._set(self.summary, H.summary(m), True)
