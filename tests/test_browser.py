@@ -484,7 +484,10 @@ def test_a_session_in_jupyterlab(lab: dict[str, Any]) -> None:
         live.first.wait_for(timeout=60_000)  # the long cell shows its dashboard
         _wait(page, 0.4)
         live_rows = page.evaluate(DASHBOARDS)[0]["rows"]
+        head = live.first.locator(".nl-head").get_attribute("title") or ""
         _shot(page, "session_live.png", live.first)
+        # a task's header names the task (it said "fork: run_cell", the start method's place)
+        assert " · session task 1: run_cell · 2 of 2 ranks · " in head, head
         outputs = _wait_for_output(page, 4, "ValueError")
         started, counted, secret, failed = outputs[1:5]
         assert "session: ready, 2 ranks" in started, outputs
