@@ -165,6 +165,8 @@ class TextView:
 
     @staticmethod
     def _header(e: LaunchStarted) -> str:
+        if e.task:  # a session's task: its ranks started long ago
+            return f"session {e.task}, {e.local_world_size} of {e.world_size} ranks"
         nodes = (
             f" on node {e.node_rank} of {e.num_nodes} (world size {e.world_size})"
             if e.num_nodes > 1
