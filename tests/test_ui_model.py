@@ -653,7 +653,7 @@ def test_a_starting_rank_says_what_it_does_and_how_many_joined() -> None:
     # the row: the phase, how long it has been at it, and the whole row for it (no bars yet)
     row = H.rank_row(m.ranks[2], T0 + 9)
     assert _status(row) == "joining the process group (2/4 joined)" and ">7.0s<" in row
-    assert "nl-bars" not in row and "flex:1 1 24em" in row
+    assert "nl-bars" not in row and "flex:1 1 24em;max-width:48em" in row
     m.apply(WorkerPhase(rank=0, pid=10, phase="joining", time=T0 + 5))
     m.apply(WorkerStarted(rank=1, local_rank=1, pid=11, device="cpu", time=T0 + 6))
     assert m.ranks[2].status_text(T0 + 6) == "joining the process group (4/4 joined)"

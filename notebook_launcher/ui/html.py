@@ -211,8 +211,9 @@ def rank_row(
     bars = list(s.bars.values())
     deepest = max((b.level for b in bars), default=0)
     bar_cells = "".join(bar_html(b, 2 if b.level == deepest and deepest else 1) for b in bars)
-    # without bars (starting, or a function that draws none) the status has the whole row
-    grow = 0 if bars else 1
+    # without bars (starting, or a function that draws none) the status has the row, up to
+    # a width where its clock still reads as its own
+    grow = "0 1 24em" if bars else "1 1 24em;max-width:48em"
     display = "none" if hidden else "flex"
     tag, target, pointer = ("b", "", "")
     if pick is not None:  # the live view: clicking the name shows the rank's output
@@ -222,7 +223,7 @@ def rank_row(
         f"data-status='{s.shown_status}' style='display:{display};flex-wrap:wrap;"
         "align-items:center;column-gap:14px;row-gap:2px;padding:2px 0;"
         "border-bottom:1px solid #eeeeee'>"
-        f"<div style='flex:{grow} 1 24em;min-width:10em;display:flex;gap:6px;"
+        f"<div style='flex:{grow};min-width:10em;display:flex;gap:6px;"
         "align-items:baseline;white-space:nowrap;overflow:hidden'>"
         f"<{tag} class='nl-who'{target} title='{attr(' · '.join(who))}' "
         f"style='flex:none;font-weight:700{pointer}'>rank {s.rank}</{tag}>"
