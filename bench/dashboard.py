@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,13 +46,16 @@ from jupyter_client.manager import start_new_kernel
 WORK = r"""
 import time
 from tqdm.auto import tqdm
+from notebook_launcher import log
 
-def work(seconds, rate, chatty=True):
+def work(seconds, rate, chatty=True, plot=False):
     n = int(seconds * rate)
     t0 = time.perf_counter()
     for i in tqdm(range(n), desc="step"):
         if chatty:
             print(f"step {i} loss {1.0 / (i + 1):.4f}", flush=True)
+        if plot:
+            log({"loss": 1.0 / (i + 1), "lr": 1e-3}, step=i)
         delay = t0 + (i + 1) / rate - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
@@ -69,6 +74,7 @@ SCENARIOS = {
     ),
     "dashboard": "notebook_launcher(work, args=({s}, {r}), num_processes={n})",
     "text": "notebook_launcher(work, args=({s}, {r}), num_processes={n}, dashboard='text')",
+    "plot": "notebook_launcher(work, args=({s}, {r}, True, True), num_processes={n})",
     "quiet": "notebook_launcher(work, args=({s}, {r}, False), num_processes=2)",
     "tqdm.notebook": (
         "import tqdm.notebook as _tn\n"
@@ -92,6 +98,8 @@ class Run:
     t1: float = 0.0
     cpu: list[tuple[float, float]] = field(default_factory=list)  # (time, cpu seconds)
     msgs: list[tuple[float, str]] = field(default_factory=list)  # (time, msg_type)
+    #: (time, comm id, state) of every widget message: what the plot-lag figures read
+    comms: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)
     error: str = ""
 
     def cpu_between(self, a: float, b: float) -> float:
@@ -128,11 +136,69 @@ def _execute(kc: Any, code: str, run: Run | None = None, timeout: float = 300) -
         kind = msg["msg_type"]
         if run is not None and kind not in SKIP:
             run.msgs.append((time.monotonic(), kind))
+            if kind in ("comm_open", "comm_msg"):
+                data = msg["content"].get("data", {})
+                state = dict(data.get("state", {}))
+                for path in data.get("buffer_paths", ()):
+                    state[path[0]] = b""  # a binary value (the PNG), not read here
+                run.comms.append((time.monotonic(), msg["content"]["comm_id"], state))
         if kind == "error":
             error = "\n".join(msg["content"]["traceback"][-3:])
         if kind == "status" and msg["content"]["execution_state"] == "idle":
             return error
     raise TimeoutError(code)
+
+
+COUNTS = re.compile(r"(\d+)/\d+ \[\d+%\]")
+PLOT_STEP = re.compile(r"data-step='(\d+)'")
+
+
+def plot_lag(run: Run, a: float, b: float, rate: float) -> dict[str, float]:
+    """How far the live plot is behind the bars, in seconds of training.
+
+    Sampled every 0.1 s between ``a`` and ``b``: the step the rank table shows (rank 0's
+    bar) minus the step the plot shows, divided by the steps per second. The plot's step
+    is the ``data-step`` the live SVG carries; a PNG carries none, so it is taken as the
+    bars' step when that PNG was sent (what it was drawn from). ``end``: how far behind
+    the plot's last live update was when the bars' last one went out.
+    """
+    classes: dict[str, set[str]] = {}
+    for _, cid, state in run.comms:
+        classes.setdefault(cid, set()).update(state.get("_dom_classes", ()))
+    bars = [
+        (t, int(m.group(1)))
+        for t, cid, state in run.comms
+        if "nl-ranks" in classes[cid] and isinstance(state.get("value"), str)
+        for m in [COUNTS.search(state["value"])]
+        if m
+    ]
+    if not bars:
+        return {}
+
+    def bar_step(t: float) -> int:
+        return max((s for u, s in bars if u <= t), default=0)
+
+    plots = []
+    for t, cid, state in run.comms:
+        if "nl-plot" in classes[cid] and "value" in state:
+            value = state["value"]
+            m = PLOT_STEP.findall(value) if isinstance(value, str) else []
+            plots.append((t, max(map(int, m)) if m else bar_step(t)))
+    if not plots:
+        return {}
+
+    def plot_step(t: float) -> int:
+        return max((s for u, s in plots if u <= t), default=0)
+
+    grid = [a + 0.1 * i for i in range(int((b - a) / 0.1))]
+    lags = [(bar_step(t) - plot_step(t)) / rate for t in grid]
+    end = bars[-1][0]
+    return {
+        "median": statistics.median(lags) if lags else float("nan"),
+        "max": max(lags, default=float("nan")),
+        "end": (bar_step(end) - plot_step(end)) / rate,
+        "updates/s": sum(1 for u, _ in plots if a <= u <= b) / (b - a),
+    }
 
 
 def main() -> None:
@@ -178,7 +244,11 @@ def main() -> None:
     for run in runs:
         a, b = (
             run.t0
-            + (args.warmup if run.name in ("no view", "dashboard", "text", "quiet") else 0.5),
+            + (
+                args.warmup
+                if run.name in ("no view", "dashboard", "text", "quiet", "plot")
+                else 0.5
+            ),
             run.t1 - 0.5,
         )
         cells = (
@@ -190,6 +260,14 @@ def main() -> None:
         )
         line = f"{run.name:18} {cells[0]:9.1f}% {cells[1]:9.1f}% {cells[2]:10.1f} {cells[3]:10.1f} {cells[4]:13.1f}"
         print(line + (f"   ERROR {run.error[-200:]}" if run.error else ""))
+    for run in runs:
+        if run.name == "plot":
+            a, b = run.t0 + args.warmup, run.t1 - 0.5
+            lag = plot_lag(run, a, b, args.rate)
+            print(
+                "plot lag behind the bars (s of training): "
+                + ", ".join(f"{k} {v:.2f}" for k, v in lag.items())
+            )
 
 
 if __name__ == "__main__":

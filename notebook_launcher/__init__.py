@@ -88,6 +88,13 @@ def load_ipython_extension(ip: Any) -> None:
     load(ip)
 
 
+def unload_ipython_extension(ip: Any) -> None:
+    """``%unload_ext notebook_launcher``: the magics go (and the ``%dist`` session with them)."""
+    from .ipython_extension import unload_ipython_extension as unload
+
+    unload(ip)
+
+
 def __dir__() -> list[str]:
     return sorted(__all__)
 

@@ -2,7 +2,8 @@
 
 Every event is a small frozen dataclass of builtins: it pickles with the standard
 library, knows nothing of torch or widgets, and is the *only* thing the dashboard
-sees. Workers create most of them; the parent adds :class:`RendezvousStarted` (a launch
+sees. Workers create most of them (a rank's first are :class:`WorkerPhase`, while it
+starts); the parent adds :class:`RendezvousStarted` (a launch
 across nodes waits for the others), :class:`LaunchStarted`, :class:`Output` (it reads the
 workers' stdout/stderr pipes itself), :class:`WorkerExited`, :class:`WorkerStopped`,
 :class:`LaunchRestarting` (``max_restarts``: every rank starts again) and
@@ -53,7 +54,8 @@ class LaunchStarted:
     assigned); ``rendezvous`` says how the nodes met (empty for one node without one);
     A launch on a cluster's nodes (one kernel drives them all) has ``node_rank`` -1 and
     ``hosts``. ``log_line_prefix_template`` (torch elastic's ``${rank}``, ``${local_rank}``,
-    ``${role_name}``) replaces the views' ``[rankN]`` label of output lines."""
+    ``${role_name}``) replaces the views' ``[rankN]`` label of output lines; ``task``: set
+    when a session's ranks run one of its tasks (``"task 3: run_cell"``), empty for a launch."""
 
     world_size: int
     local_world_size: int
@@ -69,6 +71,7 @@ class LaunchStarted:
     max_restarts: int = 0
     rendezvous: str = ""
     log_line_prefix_template: str | None = None
+    task: str = ""
     #: a cluster's launch: the host of each of ``ranks`` (the views name it in the row)
     hosts: tuple[str, ...] = ()
 
@@ -82,6 +85,28 @@ class LaunchRestarting:
     attempt: int
     max_restarts: int
     cause: str
+    time: float
+
+
+#: :class:`WorkerPhase` phases, in the order a rank goes through them, and how views say them.
+PHASES = {
+    "importing": "importing torch",
+    "loading": "loading the function",
+    "joining": "joining the process group",
+}
+
+
+@dataclass(frozen=True)
+class WorkerPhase:
+    """What a rank does while it starts, before :class:`WorkerStarted` (so a slow start is
+    not taken for a hang): ``phase`` is a key of :data:`PHASES`. ``"importing"``: torch, in
+    a fresh interpreter (spawn); ``"loading"``: receiving and unpickling the function, which
+    imports the modules it refers to (spawn, forkserver); ``"joining"``: the rendezvous and
+    the process group, where a rank waits until every rank has come."""
+
+    rank: int
+    pid: int
+    phase: str
     time: float
 
 
@@ -227,6 +252,7 @@ Event = (
     | NodesWaiting
     | LaunchStarted
     | LaunchRestarting
+    | WorkerPhase
     | WorkerStarted
     | Output
     | ProgressUpdate
@@ -250,11 +276,13 @@ __all__ = [
     "MetricsLogged",
     "NodesWaiting",
     "Output",
+    "PHASES",
     "ProgressUpdate",
     "RendezvousStarted",
     "WorkerExited",
     "WorkerFailed",
     "WorkerFinished",
+    "WorkerPhase",
     "WorkerStarted",
     "WorkerStopped",
 ]

@@ -26,8 +26,9 @@ from typing import Any
 KERNEL_NAME = "notebook-launcher"
 #: What Jupyter shows in its kernel picker.
 DISPLAY_NAME = "Python 3 (notebook_launcher)"
-#: The IPython extension every kernel started from the spec loads.
-EXTENSION = "notebook_launcher.ipython_extension"
+#: The IPython extension every kernel started from the spec loads: the package itself, the
+#: one name ``%load_ext notebook_launcher`` uses too (loading it again is then a no-op).
+EXTENSION = "notebook_launcher"
 
 _TEMPLATE_DIR = Path(__file__).with_name("_kernel_template")
 _PYTHON_PLACEHOLDERS = {"python", "python3"}

@@ -1,15 +1,3 @@
-# ---
-# jupyter:
-#   jupytext:
-#     text_representation:
-#       extension: .py
-#       format_name: percent
-#   kernelspec:
-#     display_name: Python 3 (notebook_launcher)
-#     language: python
-#     name: notebook-launcher
-# ---
-
 # %% [markdown]
 # # 06 · Transformers' `Trainer` on 2 CPU ranks
 #
@@ -20,7 +8,9 @@
 # data and DDP averages the gradients. The `Trainer`'s progress bar (drawn by rank 0 only, as
 # `Trainer` does) and its logs appear in the rank panes of the dashboard.
 #
-# The model is built from a config, so nothing is downloaded.
+# The model is built from a config, so nothing is downloaded. It needs `transformers` and
+# `accelerate`, which `pip install -e '.[jupyter]'` installs (the README's Jupyter setup);
+# elsewhere: `pip install 'transformers>=5.23,<6' 'accelerate>=1.15'`.
 
 # %%
 import os

@@ -3,7 +3,10 @@
 Each notebook's source is ``notebooks/NN_name.py`` in jupytext's percent format: plain Python
 that editors, linters and formatters read (``# %%`` starts a code cell, ``# %% [markdown]`` a
 markdown cell, ``# %% tags=[...]`` carries the cell's tags; magics are commented out,
-``# %nl_info``). This script only executes: it reads a source, runs it on the shipped
+``# %nl_info``). The ``.py`` is the source of truth, and nothing pairs it with its
+``.ipynb``: saving a notebook in Jupyter (jupytext installed or not) writes the ``.ipynb``
+alone, so a reader who runs and saves a lesson changes no source, and a new notebook in
+this folder gets no ``.py`` twin. This script reads a source, runs it on the shipped
 "Python 3 (notebook_launcher)" kernel (installed into a temporary prefix), replaces this
 machine's paths in the outputs and the widget state with placeholders (``<repo>``,
 ``<venv>``, ``<tmp>``, ``<cell>``, ``~``), and writes ``NN_name.ipynb`` with them. nbval
@@ -12,14 +15,19 @@ compares against those outputs after ``sanitize.cfg``.
 ``--check`` executes nothing: it says whether every ``.ipynb`` holds the cells of its
 ``.py`` (types, sources, tags) and was executed, and exits 1 if one does not.
 
+``--from-ipynb NAME`` is the way back for a lesson edited in Jupyter: it rewrites
+``NAME.py`` from the cells of ``NAME.ipynb`` (sources and tags; outputs are not part of a
+source), in the same form as the sources (no header), on request only.
+
 Cell tags understood by nbval: ``nbval-ignore-output`` (output varies: a dashboard, a
 timing), ``raises-exception`` (the cell is meant to fail). Everything else is compared
-after ``sanitize.cfg``. Editing in Jupyter instead: see README.md (``jupytext --sync``).
+after ``sanitize.cfg``. Editing in Jupyter instead: see README.md (``--from-ipynb``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import re
 import sys
@@ -34,6 +42,8 @@ import nbformat
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 FORMAT = "py:percent"
+#: How a source is written: no notebook metadata (no header), each cell's tags only.
+SOURCE_FILTERS = {"notebook_metadata_filter": "-all", "cell_metadata_filter": "tags,-all"}
 #: ipykernel's file for a cell's code (what tracebacks and barrier locations name); the
 #: same pattern as sanitize.cfg's, with the same placeholder.
 CELL_FILE = re.compile(r"/\S*?/ipykernel_\d+/\d+\.py")
@@ -67,7 +77,7 @@ def build(name: str) -> Any:
     """The notebook ``name`` (``01_quickstart``, with or without a suffix), without outputs.
 
     Cells keep the metadata jupytext reads: their tags, and ``lines_to_next_cell`` where the
-    source has ruff's two blank lines before a ``def``, so that ``jupytext --sync`` from the
+    source has ruff's two blank lines before a ``def``, so that ``--from-ipynb`` from the
     ``.ipynb`` writes a ``.py`` that ``ruff format`` leaves alone.
     """
     nb = jupytext.read(source_path(name), fmt=FORMAT)
@@ -83,6 +93,24 @@ def build(name: str) -> Any:
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"{Path(name).stem[:2]}-{i:02d}"
     return nb
+
+
+def source_text(nb: Any) -> str:
+    """``nb``'s cells as a source ``.py`` (percent format, tags kept, no header): what
+    ``--from-ipynb`` writes. ``source_text(build(name))`` is the source itself."""
+    nb = copy.deepcopy(nb)
+    nb.metadata = {"jupytext": dict(SOURCE_FILTERS)}
+    return str(jupytext.writes(nb, fmt=FORMAT))
+
+
+def from_ipynb(name: str) -> bool:
+    """Rewrite ``name``'s ``.py`` from its ``.ipynb`` (edited in Jupyter); True if it changed."""
+    text = source_text(nbformat.read(notebook_path(name), as_version=4))
+    path = source_path(name)
+    if path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
 
 
 def cells(nb: Any) -> list[tuple[str, str, list[str]]]:
@@ -207,12 +235,25 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument(
         "--no-execute", action="store_true", help="write the cells only, without outputs"
     )
+    group.add_argument(
+        "--from-ipynb",
+        action="store_true",
+        help="rewrite each NAME.py from its NAME.ipynb (a lesson edited in Jupyter)",
+    )
     parser.add_argument("names", nargs="*", help="notebooks, e.g. 01_quickstart (default: all)")
     args = parser.parse_args(argv)
     names = [Path(n).stem for n in args.names] or sources()
     unknown = [n for n in names if not source_path(n).exists()]
     if unknown:
         parser.error(f"no source notebooks/<name>.py for {unknown}; have {sources()}")
+    if args.from_ipynb:
+        if not args.names:
+            parser.error("--from-ipynb needs the NAME of the notebook you edited")
+        for name in names:
+            changed = from_ipynb(name)
+            print(f"{source_path(name).name}: {'rewritten' if changed else 'unchanged'}")
+        print("then `ruff format notebooks` and `python notebooks/_build.py NAME` (executes it)")
+        return 0
     if args.check:
         failed = 0
         for name in names:

@@ -11,6 +11,8 @@ report. They run in strict mode: every cell's output is compared with the stored
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -46,6 +48,83 @@ def test_notebooks_are_the_six_of_the_course() -> None:
     ]
 
 
+def _imported_modules(source: str) -> set[str]:
+    """Top-level names of every module a notebook source imports, in any cell, function or
+    ``%%distributed`` cell (magics are comments in the jupytext source: the rest is Python)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _installed_by(extras: tuple[str, ...]) -> set[str]:
+    """Distributions ``pip install -e '.[extras]'`` installs: pyproject.toml's dependencies
+    and those extras, with what they require in turn (read from the installed metadata)."""
+    from packaging.requirements import Requirement
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: what was installed from it
+        ours = importlib.metadata.requires("notebook_launcher") or []
+        wanted = [
+            r
+            for r in ours
+            if Requirement(r).marker is None
+            or any(
+                Requirement(r).marker.evaluate({"extra": e})
+                for e in extras  # type: ignore[union-attr]
+            )
+        ]
+    else:
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        wanted = list(project["dependencies"])
+        for extra in extras:
+            wanted += project["optional-dependencies"][extra]
+    seen: set[str] = set()
+    while wanted:
+        req = Requirement(wanted.pop())
+        name = _normalized(req.name)
+        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        try:
+            wanted += importlib.metadata.requires(req.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            pass  # not installed here: its own requirements are not known
+    return seen
+
+
+def test_the_jupyter_extra_installs_every_import_of_the_shipped_notebooks() -> None:
+    """The README's "Use it in Jupyter" install (``.[jupyter]``) runs every lesson: each module
+    a notebook imports is the standard library's, ours, or comes with that extra."""
+    where = importlib.metadata.packages_distributions()
+    installed = _installed_by(("jupyter",))
+    missing = {}
+    for source in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.py")):
+        for module in sorted(_imported_modules(source.read_text())):
+            if module in sys.stdlib_module_names or module == "notebook_launcher":
+                continue
+            dists = {_normalized(d) for d in where.get(module, [module])}
+            if not dists & installed:
+                missing.setdefault(source.name, []).append(module)
+    assert not missing, (
+        f"not installed by pip install -e '.[jupyter]': {missing}; add them to the "
+        "[jupyter] extra in pyproject.toml"
+    )
+    # the check has teeth: notebook 06's Trainer comes with the extra, not with the package
+    assert "transformers" in _imported_modules(
+        (NOTEBOOK_DIR / "06_transformers_trainer.py").read_text()
+    )
+    assert "transformers" not in _installed_by(())
+
+
 def _build_module() -> Any:
     """notebooks/_build.py, which reads the notebooks' jupytext sources."""
     sys.path.insert(0, str(NOTEBOOK_DIR))
@@ -74,7 +153,7 @@ def test_notebook_is_in_step_with_its_source(name: str) -> None:
     assert len(built.cells) > 1, f"{source} was read as one cell: is it in percent format?"
     assert cells(stored) == cells(built), (
         f"{name} differs from {source.name}: run `python notebooks/_build.py {Path(name).stem}`"
-        " (or `jupytext --sync` after editing the .ipynb, see notebooks/README.md)"
+        " (or `--from-ipynb NAME` after editing the .ipynb, see notebooks/README.md)"
     )
     assert stored["metadata"]["kernelspec"] == {
         "name": KERNEL_NAME,
@@ -83,6 +162,51 @@ def test_notebook_is_in_step_with_its_source(name: str) -> None:
     }
     code_cells = [c for c in stored["cells"] if c["cell_type"] == "code"]
     assert all(c["execution_count"] is not None for c in code_cells), f"{name} was not executed"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_the_source_is_what_its_notebook_writes_back(name: str) -> None:
+    """``_build.py --from-ipynb`` (the way back from an edit in Jupyter) writes the source
+    as it is: same cells and tags, no header; so the ``.py`` and ``.ipynb`` agree exactly."""
+    build = _build_module()
+    source = (NOTEBOOK_DIR / f"{Path(name).stem}.py").read_text()
+    assert build.source_text(build.build(name)) == source
+    assert build.source_text(nbformat.read(NOTEBOOK_DIR / name, as_version=4)) == source
+
+
+def test_nothing_pairs_a_notebook_with_its_source() -> None:
+    """Saving a lesson in JupyterLab (with jupytext's contents manager, which the test extras
+    install) must write the ``.ipynb`` alone: no jupytext configuration in the repository
+    pairs the folder, and no notebook carries pairing metadata."""
+    from jupytext.config import find_jupytext_configuration_file
+
+    found = find_jupytext_configuration_file(str(NOTEBOOK_DIR))
+    assert found is None or ROOT not in Path(found).resolve().parents, found
+    for name in NOTEBOOKS:
+        assert "jupytext" not in nbformat.read(NOTEBOOK_DIR / name, as_version=4).metadata
+
+
+def test_from_ipynb_rewrites_the_source_of_an_edited_notebook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build = _build_module()
+    for suffix in (".py", ".ipynb"):
+        path = NOTEBOOK_DIR / f"01_quickstart{suffix}"
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(build, "HERE", tmp_path)
+    assert build.main(["--from-ipynb", "01_quickstart"]) == 0
+    assert (tmp_path / "01_quickstart.py").read_bytes() == (
+        NOTEBOOK_DIR / "01_quickstart.py"
+    ).read_bytes()  # nothing edited: nothing changes
+    nb = nbformat.read(tmp_path / "01_quickstart.ipynb", as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("print('added in Jupyter')"))
+    nb.cells[-1].metadata["tags"] = ["nbval-ignore-output"]
+    nbformat.write(nb, tmp_path / "01_quickstart.ipynb")
+    assert build.from_ipynb("01_quickstart")
+    text = (tmp_path / "01_quickstart.py").read_text()
+    assert text.endswith("# %% tags=[\"nbval-ignore-output\"]\nprint('added in Jupyter')\n"), text
+    # the .ipynb holds the cells of the new .py (the new cell was not run yet)
+    assert build.check("01_quickstart") == "not executed"
 
 
 def _this_machines_paths() -> list[str]:

@@ -18,9 +18,11 @@ from notebook_launcher._events import (
     WorkerExited,
     WorkerFailed,
     WorkerFinished,
+    WorkerPhase,
     WorkerStarted,
     WorkerStopped,
 )
+from notebook_launcher.ui import html as H
 from notebook_launcher.ui.model import (
     DIED,
     DONE,
@@ -621,3 +623,81 @@ def test_metrics_are_kept_per_rank_and_thinned_out() -> None:
     steps, values = s.points()
     assert len(steps) <= 101 and steps[0] == 0 and steps[-1] == 10_000  # whole run, bounded
     assert steps == sorted(steps) and values == [float(x) for x in steps]
+
+
+def _status(row: str) -> str:
+    import html
+    import re
+
+    found = re.search(r"class='nl-status'[^>]*>● ([^<]*)<", row)
+    assert found is not None, row
+    return html.unescape(found.group(1))
+
+
+def test_a_starting_rank_says_what_it_does_and_how_many_joined() -> None:
+    m = fold([started(4)])
+    assert [m.ranks[r].status_text(T0) for r in range(4)] == ["starting"] * 4
+    m.apply(WorkerPhase(rank=0, pid=10, phase="importing", time=T0 + 1))
+    m.apply(WorkerPhase(rank=1, pid=11, phase="loading", time=T0 + 1))
+    m.apply(WorkerPhase(rank=2, pid=12, phase="joining", time=T0 + 2))
+    changed = m.apply(WorkerPhase(rank=3, pid=13, phase="joining", time=T0 + 3))
+    assert changed == {("rank", 2), ("rank", 3)}  # both waiting ranks now say 2/4
+    assert [m.ranks[r].status_text(T0 + 4) for r in range(4)] == [
+        "importing torch",
+        "loading the function",
+        "joining the process group (2/4 joined)",
+        "joining the process group (2/4 joined)",
+    ]
+    assert m.ranks[0].pid == 10 and m.ranks[0].in_phase(T0 + 4) == 3.0
+    assert m.starting_phases() == {"importing": 1, "loading": 1, "joining": 2}
+    # the row: the phase, how long it has been at it, and the whole row for it (no bars yet)
+    row = H.rank_row(m.ranks[2], T0 + 9)
+    assert _status(row) == "joining the process group (2/4 joined)" and ">7.0s<" in row
+    assert "nl-bars" not in row and "flex:1 1 24em;max-width:48em" in row
+    m.apply(WorkerPhase(rank=0, pid=10, phase="joining", time=T0 + 5))
+    m.apply(WorkerStarted(rank=1, local_rank=1, pid=11, device="cpu", time=T0 + 6))
+    assert m.ranks[2].status_text(T0 + 6) == "joining the process group (4/4 joined)"
+    assert m.ranks[1].status_text(T0 + 6) == RUNNING and m.ranks[1].in_phase(T0 + 6) is None
+    # a phase that comes after its rank started (it cannot, but events race) changes nothing
+    assert m.apply(WorkerPhase(rank=1, pid=11, phase="joining", time=T0 + 7)) == frozenset()
+    # many ranks: the spread line counts the phases
+    big = fold([started(12)])
+    for r in range(12):
+        if r < 7:
+            big.apply(
+                WorkerPhase(rank=r, pid=r, phase="importing" if r < 5 else "joining", time=T0)
+            )
+    spread = H.ranks_html(big, T0 + 1)
+    assert "5 not heard from yet, 5 importing torch, 2 joining the process group" in spread
+
+
+def test_a_failed_rank_row_keeps_its_status_short_and_its_message_whole() -> None:
+    """At 1280 px the status was cut ("raised ValueError: rank 1 h…"): the message gets a
+    line of its own under the row, wrapped rather than cut."""
+    m = fold([started(2)])
+    m.apply(bar(1, 1, 3, 10, 0.5, desc="step"))
+    message = "rank 1 has a bad batch at step 3: shapes (8, 3) and (8, 4) cannot be multiplied"
+    m.apply(WorkerFailed(1, "ValueError", message, "tb", False, T0 + 1))
+    row = H.rank_row(m.ranks[1], T0 + 2)
+    assert _status(row) == "raised ValueError"
+    assert f"title='raised ValueError: {message}'" in row  # the full outcome on hover
+    assert "<div class='nl-msg'" in row and f"ValueError: {message}</div>" in row
+    assert "white-space:pre-wrap" in row.split("nl-msg", 1)[1].split(">", 1)[0]
+    # collateral and stopped ranks have no message line
+    m.apply(WorkerFailed(0, "RuntimeError", "Connection closed by peer", "", True, T0 + 1))
+    assert "nl-msg" not in H.rank_row(m.ranks[0], T0 + 2)
+
+
+def test_a_session_task_header_names_the_task_not_the_start_method() -> None:
+    """A session's tasks said "fork: run_cell" (the task's name in the start reason)."""
+    import dataclasses
+
+    task = dataclasses.replace(started(2), task="task 3: run_cell")
+    m = fold([task])
+    assert H.header_parts(m, T0 + 1)[1:] == [
+        "session task 3: run_cell",
+        "2 of 2 ranks",
+        "gloo on 127.0.0.1:29500",
+        "running 1.0s",
+    ]
+    assert H.header_parts(fold([started(2)]), T0 + 1)[1:3] == ["2 ranks", "fork: cpu only"]

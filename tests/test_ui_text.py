@@ -217,3 +217,11 @@ def test_restarts_and_the_line_prefix_template() -> None:
         "1> again",
         "notebook_launcher: 2 ranks, 3.0s, 1 restart: ok",
     ]
+
+
+def test_a_session_task_is_named_by_its_task() -> None:
+    import dataclasses
+
+    task = dataclasses.replace(started(2), task="task 3: run_cell")
+    out = render([task, LaunchFinished(True, "ok", None, 1.0, T0 + 1)])
+    assert out.splitlines()[0] == "notebook_launcher: session task 3: run_cell, 2 of 2 ranks"

@@ -281,19 +281,29 @@ def test_many_ranks_get_the_spread_and_a_grid_of_cells(log: Log) -> None:
     assert "display:flex" in ranks.split("nl-row-13")[1][:200]  # the straggler's is shown
 
 
-def test_metrics_plot_and_the_table_without_matplotlib(log: Log) -> None:
+def plot_value(log: Log) -> str:
+    """What the front end last showed in the live plot (its widget carries ``nl-plot``)."""
+    (plot,) = [st for st in frontend(log).values() if "nl-plot" in st.get("_dom_classes", ())]
+    return str(plot["value"])
+
+
+def _metrics(n: int = 5) -> list[Event]:
     from notebook_launcher._events import MetricsLogged
 
-    events: list[Event] = [started(2)]
-    events += [
+    return [
         MetricsLogged(r, s, (("loss", 1.0 / (s + 1 + r)),), T0 + s)
-        for s in range(5)
+        for s in range(n)
         for r in (0, 1)
     ]
+
+
+def test_the_live_plot_is_an_svg_and_the_saved_one_a_png(log: Log) -> None:
     pytest.importorskip("matplotlib")
     shown = Shown()
-    view = run(events, display=shown)
-    assert view.plot is not None and view.plot.format == "png"
+    view = run([started(2), *_metrics()], display=shown)
+    svg = plot_value(log)
+    assert "<svg class='nl-panel'" in svg and svg.count("<polyline") == 2
+    assert "data-step='4'" in svg and ">loss</text>" in svg
     # the live plot has its own output; the final picture replaces it there
     live_plot = [kw for obj, kw in shown.calls if obj is view.plot]
     assert live_plot == [{"display_id": view.plot_id, "update": False}]
@@ -301,11 +311,81 @@ def test_metrics_plot_and_the_table_without_matplotlib(log: Log) -> None:
     assert kw == {"raw": True, "display_id": view.plot_id, "update": True}
     assert png["text/plain"] == "notebook_launcher metrics: loss"
     assert base64.b64decode(png["image/png"]).startswith(b"\x89PNG")
-    bare = run(events, plot=False)
-    table = text(value(frontend(log), bare.plot))
-    assert table.startswith("metricsmetricsteprank 0rank 1loss40.20.167")
-    assert "pip install 'notebook_launcher[plots]'" in table
-    assert "pip install" in bare.snapshot_html()
+
+
+def test_without_matplotlib_the_svg_stays_and_the_snapshot_has_the_values(log: Log) -> None:
+    shown = Shown()
+    view = run([started(2), *_metrics()], display=shown, plot=False)
+    assert "<polyline" in plot_value(log)  # live: needs no matplotlib
+    final, kw = shown.calls[-1]
+    assert kw == {"raw": True, "display_id": view.plot_id, "update": True}
+    assert "<svg class='nl-panel'" in final["text/html"]  # the last SVG stays in the session
+    snap = text(view.snapshot_html())  # and a renderer that strips SVG has the table
+    assert "metricsmetricsteprank 0rank 1loss40.20.167" in snap
+    assert "pip install 'notebook_launcher[plots]'" in snap
+
+
+def test_the_live_plot_keeps_within_a_second_of_the_bars(
+    log: Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17: the PNG plot lagged the bars by 5-10 s (it was redrawn every 2-10 s). 8
+    ranks print 100 lines/s and log a metric at each of 100 steps/s, bars reported 10
+    times a second, for 10 s of the view's clock; a redraw is taken to cost 30 ms (the
+    plot is then redrawn every 0.75 s). What the front end shows: the plot's newest step
+    is never more than a second of training behind the bars', and the whole dashboard
+    keeps to its message budget."""
+    from notebook_launcher._events import MetricsLogged
+    from notebook_launcher.ui import widgets
+
+    cost = itertools.count()
+    monkeypatch.setattr(widgets, "_cost_clock", lambda: 0.015 * next(cost))  # 30 ms a draw
+    clock = Clock()
+    view = WidgetView(display=False, clock=clock)
+    view.handle(started(8))
+    seen, per_second, lags = len(log), {}, []  # what the run costs, not the setup
+    bar_step = plot_step = 0
+    for i in range(10_000):  # 1 ms apart
+        clock.t = T0 + i / 1000
+        for r in range(8):
+            if i % 10 == r:  # every rank logs at each of its 100 steps a second
+                view.handle(MetricsLogged(r, i // 10, (("loss", 1 / (1 + i)),), clock.t))
+            if i % 100 == r:
+                view.handle(bar(r, 0, i // 10, 1000, i / 1000, desc="step", rate=100.0))
+            view.handle(Output(rank=r, stream="stdout", text=f"line {i}\n", time=clock.t))
+            view.tick()
+        for _kind, cid, data in log[seen:]:
+            per_second[int(clock.t - T0)] = per_second.get(int(clock.t - T0), 0) + 1
+            state = data.get("state", {})
+            shows = state.get("value", "")
+            if cid == view.ranks.model_id and (found := re.search(r"(\d+)/1000 \[", shows)):
+                bar_step = int(found.group(1))  # rank 0's bar, as the page shows it
+            plotted = view.plot is not None and cid == view.plot.model_id
+            if plotted and (found := re.search(r"data-step='(\d+)'", shows)):
+                plot_step = int(found.group(1))
+        seen = len(log)
+        if i >= 1000:  # after the first second
+            lags.append((bar_step - plot_step) / 100)  # in seconds of training
+    assert max(lags) <= 1.0, max(lags)
+    assert max(per_second.values()) <= 20, per_second
+
+
+def test_the_svg_bounds_its_points_and_breaks_at_non_finite_values() -> None:
+    from notebook_launcher._events import MetricsLogged
+    from notebook_launcher.ui import plots
+    from notebook_launcher.ui.model import LaunchModel
+
+    m = LaunchModel()
+    for s in range(5000):
+        for r in range(4):
+            v = float("nan") if s in (100, 101) else 1.0 / (s + 1)
+            m.apply(MetricsLogged(r, s, (("loss", v), ("acc", s / 5000)), T0))
+    svg = plots.render_svg(m)
+    points = re.findall(r"points='([^']*)'", svg)
+    assert sum(p.count(",") for p in points) <= 2 * plots.SVG_POINTS + 8
+    assert svg.count("<polyline") == 4 * 2 + 4  # a gap in each rank's loss: two runs
+    assert "data-step='4999'" in svg and ">0.001</text>" in svg  # decades: a log scale
+    assert "<title>rank 3: 0.0002 at step 4999</title>" in svg
+    assert plots.render_svg(LaunchModel()) == ""
 
 
 def test_create_view_choices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -426,10 +506,38 @@ def test_a_plot_that_fails_falls_back_to_the_table(
     def broken(model: Any, **kw: Any) -> bytes:
         raise RuntimeError("no fonts")
 
+    # the saved PNG fails: the live SVG stays, the snapshot says why and has the values
     monkeypatch.setattr(plots, "render_png", broken)
     monkeypatch.setattr(plots, "load", lambda: None)
     shown = Shown()
-    view = run([started(1), MetricsLogged(0, 0, (("loss", 0.5),), T0)], display=shown, plot=True)
-    assert len(shown.calls) == 2  # the dashboard and its snapshot: no picture
+    events = [started(1), MetricsLogged(0, 0, (("loss", 0.5),), T0)]
+    view = run(events, display=shown, plot=True)
+    assert "<svg" in shown.calls[-1][0]["text/html"]
     assert "the plot failed (RuntimeError('no fonts'))" in text(view.snapshot_html())
     assert "loss00.5" in text(view.snapshot_html())  # the values, as a table
+    # the live SVG fails: the live table says so
+    monkeypatch.setattr(plots, "render_svg", broken)
+    log.clear()
+    run(events, plot=False)
+    live = text(plot_value(log))
+    assert "the plot failed (RuntimeError('no fonts'))" in live and "loss00.5" in live
+
+
+def test_a_new_section_plugs_in_with_one_entry(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parts under the rank table are ``html.SECTIONS``: one more entry (a renderer and
+    the model's change kinds that redraw it) gets its own widget, its redraws and its place
+    in the snapshot; what another view of the same model adds needs nothing else here."""
+    from notebook_launcher._events import MetricsLogged
+    from notebook_launcher.ui import html as H
+
+    def logged(m: Any, now: float, clock: Any) -> str:
+        return f"<div class='nl-seen'>{m.metrics_logged} logged</div>" if m.metrics else ""
+
+    extra = H.Section("logged", logged, frozenset({"metrics"}))
+    monkeypatch.setattr(H, "SECTIONS", (*H.SECTIONS, extra))
+    view = run([started(1), *[MetricsLogged(0, s, (("loss", 1.0),), T0 + s) for s in range(3)]])
+    state = frontend(log)
+    assert text(value(state, view.sections["logged"])) == "3 logged"
+    assert "nl-logged" in state[view.sections["logged"].model_id]["_dom_classes"]
+    assert f"IPY_MODEL_{view.sections['logged'].model_id}" in state[view.root.model_id]["children"]
+    assert "<div class='nl-seen'>3 logged</div>" in view.snapshot_html()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .._events import Event, Output, WorkerStarted
+from .._events import PHASES, Event, Output, WorkerPhase, WorkerStarted
 from .._posix import close_quietly, deferred_interrupts, kill_process_group, quiet_fork
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Reformed, Returned, Setup, Task
@@ -427,6 +427,8 @@ class WorkerGroup:
     def _handle(self, proc: WorkerProcess, msg: Any) -> None:
         if isinstance(msg, WorkerStarted):
             proc.stage = "running"
+        elif isinstance(msg, WorkerPhase):  # "it died while importing torch"
+            proc.stage = PHASES.get(msg.phase, msg.phase)
         if isinstance(msg, (Returned, Raised)):
             self._take_output(proc)
         if isinstance(msg, (Returned, Raised, Reformed)):

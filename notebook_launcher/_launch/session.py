@@ -309,9 +309,10 @@ class SessionCore:
             view.handle(
                 LaunchStarted(
                     started.world_size, len(task.ranks), started.node_rank, started.num_nodes,
-                    started.start_method, label or f"session task {task.id}",
+                    started.start_method, started.start_reason,
                     started.master_addr, started.master_port, started.backend,
                     tuple(task.ranks), time.time(),
+                    task=f"task {task.id}: {label}" if label else f"task {task.id}",
                 )
             )  # fmt: skip
             for line in self.idle_output:  # what the ranks printed while nothing ran

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from .. import _settings
-from .._events import WorkerFinished, WorkerStarted
+from .._events import WorkerFinished, WorkerPhase, WorkerStarted
 from .._posix import die_with_parent, guard_process_group, lead_own_process_group
 from .._serialization import dump_exception, dumps, exception_to_failure, load_task
 from .._spec import WorkerSpec
@@ -218,13 +218,23 @@ def _serve(
     _set_environment(spec)
     runtime.run_start_hooks()  # forget what a forked rank inherited (e.g. the state)
     pid = os.getpid()
+
+    def phase(name: str) -> None:  # what the dashboard shows until WorkerStarted
+        runtime.emit(WorkerPhase(spec.rank, pid, name, time.time()))
+
     try:
+        if "torch" not in sys.modules:  # a fresh interpreter: seconds, with many ranks
+            phase("importing")
+            import torch  # noqa: F401
         if task is None and not spec.session:
+            phase("loading")  # unpickling imports what the function refers to
             message = channel.recv()
             assert isinstance(message, Task), message
             task = load_task(message.data, spec.rank)
         elif isinstance(task, bytes):  # forked by a node's agent: the task as it came
+            phase("loading")
             task = load_task(task, spec.rank)
+        phase("joining")  # waits here until every rank has come
         device, store = _init_process_group(spec, listen_fd)
         if listen_fd is not None:
             os.close(listen_fd)

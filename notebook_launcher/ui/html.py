@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import html as _html
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
+from .._events import PHASES
 from .model import (
     DIED,
     DONE,
@@ -76,7 +78,10 @@ def header_parts(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> lis
     127.0.0.1:29500", "running 12s"]`` (a busy port: ``"... :41234 (port 29500 is busy)"``)."""
     parts = ["notebook_launcher"]
     s = m.started
-    if s is not None:
+    if s is not None and s.task:  # a session's task: its ranks started long ago
+        parts += [f"session {s.task}", f"{s.local_world_size} of {s.world_size} ranks"]
+        parts.append(f"{s.backend} on {s.master_addr}:{s.master_port}")
+    elif s is not None:
         n = s.local_world_size
         parts.append(f"{n} rank{'s' if n != 1 else ''}")
         if s.num_nodes > 1:
@@ -159,11 +164,25 @@ def bar_html(bar: BarState, weight: int = 1) -> str:
 
 
 def status_phrase(s: RankState, now: float, clock: Clock = fmt_duration) -> str:
-    """What a rank's row says it does: ``running``, ``waiting at In[2]:5 for 3s``, the
-    outcome once it ended (``raised ValueError: boom``, ``stopped: rank 1 failed``)."""
+    """What a rank's row says it does: ``running``, ``importing torch``, ``waiting at
+    In[2]:5 for 3s``, the outcome once it ended (``raised ValueError: boom``, ``stopped:
+    rank 1 failed``)."""
     if s.ended is not None or s.status in (FAILED, DIED, STOPPED):
         return s.outcome()
     return s.status_text(now, clock)
+
+
+def _message_line(s: RankState) -> str:
+    """Under a failed rank's row, its exception's message on a line of its own (wrapped,
+    never cut: the row's status says ``raised ValueError`` and stays short)."""
+    message = s.failure_message()
+    if not message:
+        return ""
+    return (
+        f"<div class='nl-msg' title='{attr(s.outcome())}' style='flex:1 0 100%;min-width:0;"
+        f"color:{RED};{MONO};font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere;"
+        f"padding:0 0 2px 1.5em'>{esc(s.exc_type)}: {esc(message)}</div>"
+    )
 
 
 def rank_row(
@@ -176,7 +195,9 @@ def rank_row(
     pick: str | None = None,
 ) -> str:
     """One rank, one line: ``rank 0 ● running 12s | epoch [###] 2/4 | step [#####] 80/100``."""
-    status = status_phrase(s, now, clock)
+    full = status_phrase(s, now, clock)
+    message = _message_line(s)
+    status = f"raised {s.exc_type}" if message else full  # the message has its own line
     colour = STATUS_COLOURS.get(s.shown_status, "#000")
     who = [f"rank {s.rank}"]
     if s.pid is not None:
@@ -184,10 +205,15 @@ def rank_row(
     if s.device:
         who.append(s.device)
     elapsed = s.elapsed(now)
+    if elapsed is None:  # still starting: how long it has been at what it does
+        elapsed = s.in_phase(now)
     clock_text = clock(elapsed) if elapsed is not None else ""
     bars = list(s.bars.values())
     deepest = max((b.level for b in bars), default=0)
     bar_cells = "".join(bar_html(b, 2 if b.level == deepest and deepest else 1) for b in bars)
+    # without bars (starting, or a function that draws none) the status has the row, up to
+    # a width where its clock still reads as its own
+    grow = "0 1 24em" if bars else "1 1 24em;max-width:48em"
     display = "none" if hidden else "flex"
     tag, target, pointer = ("b", "", "")
     if pick is not None:  # the live view: clicking the name shows the rank's output
@@ -197,17 +223,21 @@ def rank_row(
         f"data-status='{s.shown_status}' style='display:{display};flex-wrap:wrap;"
         "align-items:center;column-gap:14px;row-gap:2px;padding:2px 0;"
         "border-bottom:1px solid #eeeeee'>"
-        "<div style='flex:0 1 24em;min-width:10em;display:flex;gap:6px;align-items:baseline;"
-        "white-space:nowrap;overflow:hidden'>"
+        f"<div style='flex:{grow};min-width:10em;display:flex;gap:6px;"
+        "align-items:baseline;white-space:nowrap;overflow:hidden'>"
         f"<{tag} class='nl-who'{target} title='{attr(' · '.join(who))}' "
         f"style='flex:none;font-weight:700{pointer}'>rank {s.rank}</{tag}>"
-        f"<span class='nl-status' title='{attr(status)}' style='flex:0 1 auto;color:{colour};"
+        f"<span class='nl-status' title='{attr(full)}' style='flex:0 1 auto;color:{colour};"
         f"font-weight:600;{CUT}'>\u25cf {esc(status)}</span>"
         f"<span style='flex:none;margin-left:auto;color:{GREY};{MONO};font-size:11px'>"
         f"{esc(clock_text)}</span></div>"
-        "<div class='nl-bars' style='flex:1 1 320px;min-width:0;display:flex;flex-wrap:wrap;"
-        "column-gap:14px'>"
-        f"{bar_cells}</div></div>"
+        + (
+            "<div class='nl-bars' style='flex:1 1 320px;min-width:0;display:flex;"
+            f"flex-wrap:wrap;column-gap:14px'>{bar_cells}</div>"
+            if bars
+            else ""
+        )
+        + f"{message}</div>"
     )
 
 
@@ -238,6 +268,7 @@ def _cell(s: RankState, p: float | None, straggler: bool, pick: str | None) -> s
 
 
 WAITING_RING = "#e65100"
+_PHASE_ORDER = {"": 0, **{p: i + 1 for i, p in enumerate(PHASES)}}
 
 
 def spread_html(m: LaunchModel, now: float, clock: Clock, pick: str | None) -> str:
@@ -257,6 +288,14 @@ def spread_html(m: LaunchModel, now: float, clock: Clock, pick: str | None) -> s
         if sp.counts.get(k)
     )
     line.append(counts)
+    phases = m.starting_phases()
+    if phases:  # a slow start is not a hang: what the starting ranks do
+        line.append(
+            ", ".join(
+                f"{n} {PHASES.get(p, p) if p else 'not heard from yet'}"
+                for p, n in sorted(phases.items(), key=lambda kv: _PHASE_ORDER.get(kv[0], 9))
+            )
+        )
     head = f"<div class='nl-spread' style='{CUT};padding:2px 0'>" + " \u00b7 ".join(line) + "</div>"
     stragglers = set(sp.stragglers)
     groups = m.nodes()
@@ -364,6 +403,38 @@ def barriers(m: LaunchModel, now: float, keep: int = 8, clock: Clock = fmt_durat
         + "".join(rows)
         + f"</div>{more}</div>"
     )
+
+
+# -- sections: the parts under the rank table ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    """A part of the dashboard under the rank table, drawn from the model alone: the live
+    view gives it a widget of its own (class ``nl-<name>``) and redraws it when the model
+    reports one of the ``redraw_on`` change kinds (``LaunchModel.apply``'s keys, e.g.
+    ``("barriers",)``), or each second when ``clock`` (it shows durations); the snapshot
+    draws it once, in the same place. ``render(model, now, clock)`` returns HTML, ``""``
+    when there is nothing to show (the part then takes no room).
+
+    A new part (say, where stalled ranks wait) is: its events folded by the model (a
+    handler in ``model.HANDLERS`` that returns its change kind), its renderer here, and
+    one entry in :data:`SECTIONS`; the text view prints its own lines (``text.py``)."""
+
+    name: str
+    render: Callable[[LaunchModel, float, Clock], str]
+    redraw_on: frozenset[str]
+    clock: bool = False
+
+
+def _barriers_section(m: LaunchModel, now: float, clock: Clock) -> str:
+    return barriers(m, now, clock=clock)
+
+
+#: The parts under the rank table, in the order they are shown.
+SECTIONS: tuple[Section, ...] = (
+    Section("barriers", _barriers_section, frozenset({"barriers"}), clock=True),
+)
 
 
 # -- output --------------------------------------------------------------------------------
@@ -488,7 +559,7 @@ def snapshot(
             f"<details><summary style='cursor:pointer'>all {len(m.ranks)} ranks</summary>"
             f"{rows}</details>"
         )
-    parts.append(barriers(m, now))
+    parts += [section.render(m, now, fmt_duration) for section in SECTIONS]
     cause = m.root_cause()
     panes = []
     combined = list(m.combined.lines)[-limit:]
@@ -523,6 +594,8 @@ def snapshot(
 
 __all__ = [
     "COMPACT_ROWS_MAX",
+    "SECTIONS",
+    "Section",
     "alerts",
     "bar_html",
     "barriers",

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._events import (
+    PHASES,
     BarrierEnter,
     BarrierExit,
     Event,
@@ -43,6 +44,7 @@ from .._events import (
     WorkerExited,
     WorkerFailed,
     WorkerFinished,
+    WorkerPhase,
     WorkerStarted,
     WorkerStopped,
 )
@@ -359,6 +361,11 @@ class RankState:
     pid: int | None = None
     device: str = ""
     status: str = STARTING
+    #: while it starts: its :data:`~notebook_launcher._events.PHASES` key, since when, and
+    #: (joining) how many ranks have come to the group so far: ``3/8 joined``
+    phase: str = ""
+    phase_since: float | None = None
+    joined: str = ""
     started: float | None = None
     ended: float | None = None
     bars: dict[int, BarState] = field(default_factory=dict)  # display order
@@ -408,9 +415,7 @@ class RankState:
         if self.status == FAILED:
             if self.collateral:  # fallout of another rank's end: its message is noise
                 return f"stopped: collateral {self.exc_type}"
-            message = self.message.strip().splitlines()[0] if self.message.strip() else ""
-            if len(message) > 160:
-                message = message[:157] + "..."
+            message = self.failure_message()
             return f"raised {self.exc_type}: {message}" if message else f"raised {self.exc_type}"
         if self.status == DIED:
             how = (
@@ -424,11 +429,34 @@ class RankState:
             return f"stopped: {self.stop_reason}" if self.stop_reason else "stopped"
         return self.status
 
+    def failure_message(self, limit: int = 160) -> str:
+        """The first line of the exception's message, at most ``limit`` characters; empty
+        unless the rank raised by itself (not as fallout of another's failure)."""
+        if self.status != FAILED or self.collateral or not self.message.strip():
+            return ""
+        message = self.message.strip().splitlines()[0]
+        return message if len(message) <= limit else message[: limit - 3] + "..."
+
     def status_text(self, now: float, clock: Callable[[float | None], str] = fmt_duration) -> str:
-        """``running``, ``waiting at train.py:12 for 3.0s``, ``failed``..."""
+        """``running``, ``waiting at train.py:12 for 3.0s``, ``failed``; while it starts,
+        what it does: ``importing torch``, ``joining the process group (3/8 joined)``."""
         if self.status == WAITING and self.barrier is not None:
             return f"waiting at {self.barrier.location} for {clock(self.waiting_for(now))}"
+        if self.status == STARTING and self.phase:
+            return PHASES.get(self.phase, self.phase) + self.joined_note()
         return self.status
+
+    def joined_note(self) -> str:
+        """`` (3/8 joined)`` while this rank waits in the group for the others."""
+        if self.phase != "joining" or not self.joined or self.status != STARTING:
+            return ""
+        return f" ({self.joined})"
+
+    def in_phase(self, now: float) -> float | None:
+        """Seconds in its current start-up phase (None once started, or before any)."""
+        if self.status != STARTING or self.phase_since is None:
+            return None
+        return max(0.0, now - self.phase_since)
 
     def open_bars(self) -> list[BarState]:
         return [b for b in self.bars.values() if not b.closed]
@@ -644,13 +672,44 @@ class LaunchModel:
             changes += [("rank", r), ("bars", r)]
         return changes
 
+    def _on_WorkerPhase(self, e: WorkerPhase) -> list[Change]:
+        s = self.rank(e.rank)
+        if s.status != STARTING:  # it started (or ended) already: nothing to show
+            return []
+        s.pid, s.phase, s.phase_since = e.pid, e.phase, e.time
+        return [("rank", e.rank), *self._count_joined()]
+
+    def _count_joined(self) -> list[Change]:
+        """Tell the ranks waiting in the group how many of this node's ranks have come
+        (joining, started or ended); returns their changes."""
+        expected = list(self.started.ranks) if self.started is not None else self.rank_ids
+        states = [self.ranks[r] for r in expected if r in self.ranks]
+        have = sum(1 for s in states if s.phase == "joining" or s.status != STARTING)
+        note = f"{have}/{len(expected)} joined"
+        if self.started is not None and self.started.num_nodes > 1:  # others: not seen here
+            note = f"{have}/{len(expected)} of this node joined"
+        changes: list[Change] = []
+        for s in states:
+            if s.phase == "joining" and s.status == STARTING and s.joined != note:
+                s.joined = note
+                changes.append(("rank", s.rank))
+        return changes
+
+    def starting_phases(self) -> dict[str, int]:
+        """How many ranks are in each start-up phase (``""``: no word from the rank yet)."""
+        counts: dict[str, int] = {}
+        for s in self.ranks.values():
+            if s.status == STARTING:
+                counts[s.phase] = counts.get(s.phase, 0) + 1
+        return counts
+
     def _on_WorkerStarted(self, e: WorkerStarted) -> list[Change]:
         s = self.rank(e.rank)
         s.local_rank, s.pid, s.device = e.local_rank, e.pid, e.device
         s.started = e.time
         if s.status == STARTING:
             s.status = RUNNING
-        return [("rank", e.rank)]
+        return [("rank", e.rank), *self._count_joined()]
 
     def _on_Output(self, e: Output) -> list[Change]:
         """Lines ended by ``\\n`` are committed to the log. What is left -- a line ended by
@@ -864,6 +923,7 @@ HANDLERS: dict[type, Callable[[LaunchModel, Any], list[Change]]] = {
     RendezvousStarted: LaunchModel._on_RendezvousStarted,
     LaunchStarted: LaunchModel._on_LaunchStarted,
     LaunchRestarting: LaunchModel._on_LaunchRestarting,
+    WorkerPhase: LaunchModel._on_WorkerPhase,
     WorkerStarted: LaunchModel._on_WorkerStarted,
     Output: LaunchModel._on_Output,
     ProgressUpdate: LaunchModel._on_ProgressUpdate,

@@ -5,6 +5,7 @@ What it writes (no ANSI codes, no carriage returns)::
     notebook_launcher: 2 ranks, fork (...), gloo on 127.0.0.1:29500
     [rank0] a line the rank printed
     [rank1] epoch 1/3 [33%] 1.0it/s eta 0:02 | step 40/100 [40%] 95.0it/s eta 0:01
+    [rank3] starting 5.0s: joining the process group (6/8 joined)
     [rank0] waiting at train.py:12 for 5.0s (barrier #1: missing rank 1)
     [rank0] done: epoch 3/3 [100%] 1.2it/s in 2.5s
     notebook_launcher: loss (step 99): rank 0 0.12, rank 1 0.13
@@ -38,7 +39,7 @@ from .._events import (
     WorkerFailed,
     WorkerStopped,
 )
-from .model import WAITING, LaunchModel, RankState, fmt_duration, fmt_number
+from .model import STARTING, WAITING, LaunchModel, RankState, fmt_duration, fmt_number
 
 #: Seconds between two flushes of the stream by :meth:`TextView.tick`.
 FLUSH_INTERVAL = 0.2
@@ -164,6 +165,8 @@ class TextView:
 
     @staticmethod
     def _header(e: LaunchStarted) -> str:
+        if e.task:  # a session's task: its ranks started long ago
+            return f"session {e.task}, {e.local_world_size} of {e.world_size} ranks"
         nodes = (
             f" on node {e.node_rank} of {e.num_nodes} (world size {e.world_size})"
             if e.num_nodes > 1
@@ -179,6 +182,10 @@ class TextView:
     def rank_line(self, state: RankState, now: float) -> str:
         """``running 0:12 | epoch 1/3 [33%] ... | step ...`` for one rank."""
         parts = []
+        if state.status == STARTING:  # a slow start, said while it lasts
+            since = self.model.start_time
+            took = f" {fmt_duration(now - since)}" if since is not None else ""
+            return f"starting{took}: {state.status_text(now)}"
         if state.status == WAITING and state.barrier is not None:
             rec = self.model.barriers.get(state.barrier.index)
             missing = rec.missing(self.model.rank_ids) if rec is not None else []
@@ -200,9 +207,13 @@ class TextView:
             if state is None or state.ended is not None:
                 continue
             waiting = state.status == WAITING
-            if rank not in self._dirty and not waiting:
+            start = self.model.start_time
+            slow_start = (
+                state.status == STARTING and start is not None and now - start >= self.interval
+            )
+            if rank not in self._dirty and not (waiting or slow_start):
                 continue
-            if not waiting and not state.open_bars():
+            if not (waiting or slow_start) and not state.open_bars():
                 continue
             last = self._last_line.get(rank)
             if last is not None and now - last < self.interval:

@@ -6,10 +6,11 @@ Layout (one ``VBox``, displayed once when the view is created)::
     alerts    (red) rank 1 returned while rank(s) 0 waited at barrier #2 (train.py:30)
     ranks     rank 0 ● running      12s  epoch [####      ] 2/4   step [########  ] 80/100 95it/s
               (more than 8 ranks: slowest / median / fastest, a grid of every rank, stragglers)
-    barriers  #  where  kind  arrived  missing  state
+    barriers  #  where  kind  arrived  missing  state     (html.SECTIONS: the parts under
+                                                          the ranks; one more is one entry)
     picker    output of: [all ranks] [0] [1]        (front-end only: CSS on radio buttons)
     log       the newest lines of every rank, following the tail like a terminal
-    plots     one panel per logged metric, one line per rank (a PNG, matplotlib Agg)
+    plots     one panel per logged metric, one line per rank (inline SVG, redrawn ~2/s)
 
 The parts are HTML widgets drawn by :mod:`~notebook_launcher.ui.html`, the same markup
 the saved snapshot uses; a redraw of the rank table is one message whatever the number
@@ -19,7 +20,12 @@ Message economy: the launcher calls :meth:`handle` for every event and :meth:`ti
 after every wait; both only fold the event in and, at most every ``interval`` seconds,
 redraw what changed. Every widget message is paid from a token bucket that holds the
 whole dashboard to ``max_messages`` per second (parts in order of importance: ranks,
-log, header, barriers, plots; what does not fit is drawn at the next turn).
+plots (which pace themselves), log, header, barriers; what does not fit is drawn at the
+next turn). The plot is
+an inline SVG drawn from the model in milliseconds (:func:`~notebook_launcher.ui.plots.render_svg`),
+so it is redrawn every ``PLOT_INTERVAL`` seconds and stays within about a second of the
+bars; the PNG matplotlib draws (tens to hundreds of milliseconds) is made once, for the
+snapshot.
 
 The log follows the tail without any JavaScript: its scroll box is a ``column-reverse``
 flex box (it opens at the bottom and stays there as lines arrive), and its lines live in
@@ -30,7 +36,8 @@ the browser alone (radio buttons and a CSS ``:has()`` rule), because a kernel bu
 the launch cannot hear a widget's click until the cell ends.
 
 At :meth:`close` the display is replaced by a static HTML snapshot of the final state
-(plus the final plot as an ``image/png`` output) and the widgets are closed: a saved
+(plus the final plot as an ``image/png`` output; without matplotlib the last SVG, and
+the values as a table in the snapshot) and the widgets are closed: a saved
 notebook shows the finished run in JupyterLab (trusted or not), on GitHub and on
 nbviewer, without a kernel and without saved widget state.
 """
@@ -60,11 +67,13 @@ BURST_LINES = 200
 #: Chunk widgets in the log's ring (the live log keeps about CHUNK_LINES * LOG_CHUNKS lines).
 LOG_CHUNKS = 8
 #: Seconds between two plot redraws, at least; slower when drawing takes long.
-PLOT_INTERVAL = 2.0
+PLOT_INTERVAL = 0.5
 #: A plot redraw may use about 1/PLOT_COST_RATIO of the kernel's time (but the plot is
 #: redrawn at least every PLOT_MAX_INTERVAL seconds while metrics come in).
-PLOT_COST_RATIO = 50.0
-PLOT_MAX_INTERVAL = 10.0
+PLOT_COST_RATIO = 25.0
+PLOT_MAX_INTERVAL = 1.0
+#: What a redraw's cost is measured with (tests replace it to make the cost known).
+_cost_clock = time.perf_counter
 TEXT_PLAIN = "notebook_launcher dashboard"
 #: The snapshot's font and line height, also inside widgets (which set a 28px line height).
 BASE_STYLE = "font-size:13px;line-height:1.45"
@@ -101,6 +110,9 @@ def _style_block(d: str, ranks: list[int], many: bool) -> str:
     rules = [
         # an empty part takes no room; log chunks join without a gap
         f".{d} .widget-html:has(> .widget-html-content:empty){{display:none}}",
+        # no output yet (a silent cell): no empty log box, no picker for it
+        f".{d} .nl-log:not(:has(.nl-l)){{display:none!important}}",
+        f".{d}:not(:has(.nl-log .nl-l)) .nl-pick{{display:none}}",
         f".{d} .nl-log .widget-html{{margin:0;min-height:0;height:auto}}",
         f".{d} .nl-log .widget-html-content{{line-height:normal}}",
         f".{d} .nl-l{{white-space:pre-wrap;overflow-wrap:anywhere;padding:0 6px;"
@@ -262,6 +274,24 @@ class LiveLog:
 
 
 _DASHBOARD_CLASS: Any = None
+_ANCHOR: Any = None
+
+
+def _keep_widget_subshell(W: Any) -> None:
+    """Keep one small widget open for the kernel's lifetime (never displayed).
+
+    JupyterLab 4.4+ sends widget messages over a kernel subshell, one per comm target,
+    which it creates for the first widget it sees and deletes when the last one closes.
+    ipykernel answers the request that creates it with busy/idle status messages, and
+    JupyterLab takes that "idle" for the kernel's state: its status bar reads "Idle" while
+    the cell still runs (jupyterlab/jupyterlab#10701, jupyter/jupyter_client#838). The
+    dashboard closes its widgets at the end, so every launch made a new subshell and read
+    "Idle" throughout; with this widget alive the subshell stays, and only the first
+    widget of a kernel's life (ours or anyone's, ``tqdm.notebook`` too) does it.
+    """
+    global _ANCHOR
+    if _ANCHOR is None or getattr(_ANCHOR, "comm", None) is None:
+        _ANCHOR = W.Layout()
 
 
 def _dashboard_class(W: Any) -> Any:
@@ -307,7 +337,11 @@ class WidgetView:
     ) -> None:
         import ipywidgets as W
 
+        from . import in_notebook_kernel
+
         self.W = W
+        if in_notebook_kernel():  # a front end that may use kernel subshells
+            _keep_widget_subshell(W)
         self.model = model if model is not None else LaunchModel()
         self.clock = clock
         self.interval = interval
@@ -318,11 +352,13 @@ class WidgetView:
         self.header = W.HTML(value="<b>notebook_launcher</b> \u00b7 starting")
         self.alerts = W.HTML(value="")
         self.ranks = W.HTML(value="")
-        self.barriers = W.HTML(value="")
+        #: the parts under the rank table (``html.SECTIONS``), by name
+        self.sections = {section.name: W.HTML(value="") for section in H.SECTIONS}
+        self.barriers = self.sections["barriers"]
         self.picker = W.HTML(value="")
         self.log = LiveLog(W)
         self.summary = W.HTML(value="")
-        self.plot: Any = None  # an Image (or the metrics table) once a metric is logged
+        self.plot: Any = None  # an HTML widget (the SVG, or the table) once a metric is logged
         self.plot_id = self.id + "-plot"
         self._plot_shown = False
         self.root = _dashboard_class(W)(
@@ -330,7 +366,7 @@ class WidgetView:
                 self.header,
                 self.alerts,
                 self.ranks,
-                self.barriers,
+                *self.sections.values(),
                 self.picker,
                 self.log.box,
                 self.summary,
@@ -343,11 +379,15 @@ class WidgetView:
             (self.header, "nl-header"),
             (self.alerts, "nl-alerts"),
             (self.ranks, "nl-ranks"),
-            (self.barriers, "nl-barriers"),
+            *((widget, f"nl-{name}") for name, widget in self.sections.items()),
             (self.picker, "nl-picker"),
             (self.summary, "nl-summary"),
         ):
             widget.add_class(cls)
+        self._redraws: dict[object, set[str]] = {}  # change kind -> sections it redraws
+        for section in H.SECTIONS:
+            for kind in section.redraw_on:
+                self._redraws.setdefault(kind, set()).add(section.name)
         self._sent: dict[int, str] = {}  # id(widget) -> the value it shows
         self._dirty: set[str] = {"header"}
         self._next_flush = float("-inf")
@@ -356,7 +396,8 @@ class WidgetView:
         self._plot_seen = 0
         self._plot_due = float("-inf")
         self._plot_interval = PLOT_INTERVAL
-        self._plot_error = ""
+        self._plot_error = ""  # why the PNG failed (the snapshot says it)
+        self._svg_error = ""  # why the live SVG failed (the live table says it)
         self._closed = False
         self._display: Callable[..., Any] | None
         if display is True:
@@ -383,6 +424,8 @@ class WidgetView:
                     self._dirty.add("log")
                 elif kind == "barriers":
                     self._dirty |= {"barriers", "alerts", "ranks"}
+                if kind in self._redraws:  # a section under the rank table
+                    self._dirty |= self._redraws[kind]
                 elif kind == "metrics":
                     self._dirty.add("plot")
                 elif kind == "launch":
@@ -427,16 +470,25 @@ class WidgetView:
 
     def _publish_snapshot(self) -> None:
         assert self._display is not None
-        png = self._render_plot() if self.model.metrics and self.plots_available else None
+        m = self.model
+        png = self._render_plot() if m.metrics and self.plots_available else None
         bundle = {"text/html": self.snapshot_html(), "text/plain": TEXT_PLAIN}
         self._display(bundle, raw=True, display_id=self.id, update=True)
+        names = ", ".join(m.metrics)
         if png is not None:
-            names = ", ".join(self.model.metrics)
             picture = {
                 "image/png": base64.b64encode(png).decode("ascii"),
                 "text/plain": f"notebook_launcher metrics: {names}",
             }
             self._display(picture, raw=True, display_id=self.plot_id, update=self._plot_shown)
+        elif m.metrics and not self._svg_error:
+            # no PNG (no matplotlib, or it failed): the final SVG stays (this session shows it; an untrusted
+            # renderer may strip it, and the snapshot has the values as a table)
+            svg = {
+                "text/html": plots.render_svg(m),
+                "text/plain": f"notebook_launcher metrics: {names}",
+            }
+            self._display(svg, raw=True, display_id=self.plot_id, update=self._plot_shown)
         elif self._plot_shown:  # no picture: the snapshot has the values as a table
             self._display({"text/plain": ""}, raw=True, display_id=self.plot_id, update=True)
 
@@ -446,7 +498,7 @@ class WidgetView:
             self.header,
             self.alerts,
             self.ranks,
-            self.barriers,
+            *self.sections.values(),
             self.picker,
             self.summary,
             *self.log.widgets(),
@@ -478,24 +530,28 @@ class WidgetView:
         if second != self._clock_second:  # the clocks shown move once a second
             self._clock_second = second
             dirty |= {"header", "ranks"} if m.finished is None else set()
-            if m.open_barriers():
-                dirty.add("barriers")
+            dirty |= {section.name for section in H.SECTIONS if section.clock}
         clock = fmt_clock
         if "ranks" in dirty and self._set(
             self.ranks, H.ranks_html(m, now, clock, pick=self.id), final
         ):
             dirty.discard("ranks")
+        # the plot paces itself (at most ~2 redraws a second): ahead of the log, whose new
+        # chunks would otherwise take its turns while lines pour in and leave it seconds behind
+        due = final or now >= self._plot_due
+        if "plot" in dirty and due and self._draw_plot(now, final):
+            dirty.discard("plot")
         if "log" in dirty and self.log.draw(m, Budget(1e9, now) if final else self.budget):
             dirty.discard("log")
         if "header" in dirty and self._set(self.header, H.header(m, now, clock), final):
             dirty.discard("header")
         if "alerts" in dirty and self._set(self.alerts, H.alerts(m), final):
             dirty.discard("alerts")
-        if "barriers" in dirty and self._set(self.barriers, H.barriers(m, now, clock=clock), final):
-            dirty.discard("barriers")
-        due = final or now >= self._plot_due
-        if "plot" in dirty and due and self._draw_plot(now, final):
-            dirty.discard("plot")
+        for section in H.SECTIONS:
+            if section.name in dirty and self._set(
+                self.sections[section.name], section.render(m, now, clock), final
+            ):
+                dirty.discard(section.name)
         if final:
             self._set(self.header, H.header(m, now), True)
             self._set(self.summary, H.summary(m), True)
@@ -534,41 +590,37 @@ class WidgetView:
             return None
 
     def _draw_plot(self, now: float, final: bool) -> bool:
+        """The live plot: an SVG, redrawn when metrics came in and ``_plot_interval`` has
+        passed (what drawing costs stretches it: at most 1/PLOT_COST_RATIO of the kernel)."""
         m = self.model
         if m.metrics_logged == self._plot_seen:
             return True
         if not final and not self.budget.take(1 if self.plot is not None else 4):
             return False
         self._plot_seen = m.metrics_logged
-        W = self.W
-        if self.plots_available:
+        if not self._svg_error:
+            t0 = _cost_clock()
             try:
-                plots.load()  # not part of what a redraw costs
-            except Exception:  # noqa: BLE001 - _render_plot says why and falls back
-                pass
-            t0 = time.perf_counter()
-            png = self._render_plot()
-            cost = time.perf_counter() - t0
-            self._plot_interval = min(PLOT_MAX_INTERVAL, max(PLOT_INTERVAL, PLOT_COST_RATIO * cost))
-            self._plot_due = now + self._plot_interval
-            if png is not None:
-                if self.plot is None or not hasattr(self.plot, "format"):
-                    layout = W.Layout(max_width="100%", align_self="flex-start")
-                    self._show_plot(W.Image(value=png, format="png", layout=layout))
-                else:
-                    self.plot.value = png
+                svg = plots.render_svg(m)
+            except Exception as exc:  # noqa: BLE001 - a plot is not worth the dashboard
+                self._svg_error = repr(exc)
+            else:
+                cost = _cost_clock() - t0
+                interval = max(PLOT_INTERVAL, PLOT_COST_RATIO * cost)
+                self._plot_due = now + min(PLOT_MAX_INTERVAL, interval)
+                self._show_or_update(svg)
                 return True
-        # no matplotlib (or drawing failed): a table of the last values, once a second
+        # drawing failed: a table of the last values, once a second
         self._plot_due = now + 1.0
-        hint = plots.INSTALL_HINT
-        if self._plot_error:
-            hint = self._plot_error_hint()
-        table = f"<div style='{BASE_STYLE}'>{H.metrics_table(m, hint)}</div>"
-        if self.plot is None or hasattr(self.plot, "format"):
-            self._show_plot(W.HTML(value=table))
-        else:
-            self.plot.value = table
+        hint = f"the plot failed ({self._svg_error}); showing the last values"
+        self._show_or_update(f"<div style='{BASE_STYLE}'>{H.metrics_table(m, hint)}</div>")
         return True
+
+    def _show_or_update(self, value: str) -> None:
+        if self.plot is None:
+            self._show_plot(self.W.HTML(value=value))
+        else:
+            self.plot.value = value
 
 
 __all__ = ["Budget", "LiveLog", "WidgetView"]
