@@ -225,3 +225,62 @@ def test_a_session_task_is_named_by_its_task() -> None:
     task = dataclasses.replace(started(2), task="task 3: run_cell")
     out = render([task, LaunchFinished(True, "ok", None, 1.0, T0 + 1)])
     assert out.splitlines()[0] == "notebook_launcher: session task 3: run_cell, 2 of 2 ranks"
+
+
+def cluster_launch() -> list[Event]:
+    """What a launch on a cluster of two nodes (n1, n2) x 2 ranks sends the view."""
+    from dataclasses import replace
+
+    from notebook_launcher._events import NodesWaiting
+
+    start = replace(
+        started(2),
+        world_size=4,
+        local_world_size=4,
+        node_rank=-1,
+        num_nodes=2,
+        start_method="agent",
+        start_reason="2 nodes (n1, n2), 2 ranks each",
+        ranks=(0, 1, 2, 3),
+        hosts=("n1", "n1", "n2", "n2"),
+    )
+    return [
+        NodesWaiting("Slurm job 12, 2 node(s)", "PENDING (Resources)", 0, 2, T0 - 5),
+        NodesWaiting("Slurm job 12, 2 node(s)", "RUNNING", 1, 2, T0 - 1),
+        start,
+        *(WorkerStarted(r, r % 2, 100 + r, "cpu", T0 + 0.1) for r in range(4)),
+        Output(3, "stdout", "hello from n2\n", T0 + 0.2),
+        *(WorkerFinished(r, T0 + 1) for r in range(4)),
+        LaunchFinished(True, "all 4 ranks finished", None, 6.0, T0 + 1),
+    ]
+
+
+def test_a_cluster_launch_names_the_job_nodes_and_hosts() -> None:
+    lines = render(cluster_launch(), interval=100.0).splitlines()
+    assert lines[:4] == [
+        "notebook_launcher: waiting for Slurm job 12, 2 node(s): PENDING (Resources), 0/2 agents joined",
+        "notebook_launcher: waiting for Slurm job 12, 2 node(s): RUNNING, 1/2 agents joined",
+        "notebook_launcher: 4 ranks, agent (2 nodes (n1, n2), 2 ranks each), gloo on 127.0.0.1:29500",
+        "[n2:rank3] hello from n2",  # output labelled with the node and the rank
+    ]
+    assert lines[-1] == "notebook_launcher: 4 ranks, 6.0s: ok"
+
+
+def test_a_cluster_launchs_dashboard_groups_ranks_by_node_with_hosts() -> None:
+    from notebook_launcher.ui import html
+    from notebook_launcher.ui.model import LaunchModel
+
+    model = LaunchModel()
+    for event in cluster_launch()[:4]:
+        model.apply(event)
+    assert model.nodes() == {0: [0, 1], 1: [2, 3]}
+    page = html.ranks_html(model, T0 + 1)
+    assert "node 0 (n1)" in page and "node 1 (n2)" in page
+    assert page.count("class='nl-host'") == 4
+    head = " · ".join(html.header_parts(model, T0 + 1))
+    assert "node -1" not in head and "agent: 2 nodes (n1, n2), 2 ranks each" in head, head
+    waiting = LaunchModel()
+    waiting.apply(cluster_launch()[0])
+    assert "waiting for Slurm job 12, 2 node(s): PENDING (Resources), 0/2 agents joined" in (
+        " · ".join(html.header_parts(waiting, T0))
+    )

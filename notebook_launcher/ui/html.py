@@ -84,7 +84,7 @@ def header_parts(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> lis
     elif s is not None:
         n = s.local_world_size
         parts.append(f"{n} rank{'s' if n != 1 else ''}")
-        if s.num_nodes > 1:
+        if s.num_nodes > 1 and not s.hosts:  # one node's share of the job
             parts.append(f"node {s.node_rank} of {s.num_nodes}, world size {s.world_size}")
         reason, _, port_note = s.start_reason.partition("; ")
         port_note = port_note.rsplit(", using ", 1)[0]
@@ -93,7 +93,7 @@ def header_parts(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> lis
         if s.rendezvous:
             where = f"{s.backend}, {s.rendezvous}"
         parts.append(f"{where} ({port_note})" if port_note else where)
-    elif m.rendezvous is not None:
+    elif m.rendezvous is not None or m.nodes_waiting is not None:
         parts.append(m.waiting_text())
     if m.restarts:
         parts.append(m.restart_text())
@@ -200,6 +200,8 @@ def rank_row(
     status = f"raised {s.exc_type}" if message else full  # the message has its own line
     colour = STATUS_COLOURS.get(s.shown_status, "#000")
     who = [f"rank {s.rank}"]
+    if s.host:
+        who.append(s.host)
     if s.pid is not None:
         who.append(f"pid {s.pid}")
     if s.device:
@@ -218,6 +220,11 @@ def rank_row(
     tag, target, pointer = ("b", "", "")
     if pick is not None:  # the live view: clicking the name shows the rank's output
         tag, target, pointer = ("label", f" for='{pick}-p{s.rank}'", ";cursor:pointer")
+    host = (
+        f"<span class='nl-host' style='flex:none;color:{GREY}'>{esc(s.host)}</span>"
+        if s.host
+        else ""
+    )
     return (
         f"<div class='nl-row nl-row-{s.rank} {css}' data-rank='{s.rank}' "
         f"data-status='{s.shown_status}' style='display:{display};flex-wrap:wrap;"
@@ -226,7 +233,7 @@ def rank_row(
         f"<div style='flex:{grow};min-width:10em;display:flex;gap:6px;"
         "align-items:baseline;white-space:nowrap;overflow:hidden'>"
         f"<{tag} class='nl-who'{target} title='{attr(' · '.join(who))}' "
-        f"style='flex:none;font-weight:700{pointer}'>rank {s.rank}</{tag}>"
+        f"style='flex:none;font-weight:700{pointer}'>rank {s.rank}</{tag}>{host}"
         f"<span class='nl-status' title='{attr(full)}' style='flex:0 1 auto;color:{colour};"
         f"font-weight:600;{CUT}'>\u25cf {esc(status)}</span>"
         f"<span style='flex:none;margin-left:auto;color:{GREY};{MONO};font-size:11px'>"
@@ -340,7 +347,8 @@ def ranks_html(
     out = []
     for node, ranks in sorted(groups.items()):
         if len(groups) > 1 or (m.started is not None and m.started.num_nodes > 1):
-            out.append(f"<div class='nl-node' style='font-weight:600'>node {node}</div>")
+            label = esc(m.node_label(node))
+            out.append(f"<div class='nl-node' style='font-weight:600'>{label}</div>")
         out += [rank_row(m.ranks[r], now, clock, pick=pick) for r in ranks]
     return "".join(out)
 
@@ -452,19 +460,21 @@ LOG_PRE = (
 def log_block(
     lines: Iterable[tuple[int, str, str]],
     *,
-    labels: bool,
+    labels: bool | Callable[[int], str],
     note: str = "",
     tail: str = "",
     traceback: str = "",
     height: int = 220,
 ) -> str:
     """A scrollable block of output lines that opens at its newest line (a column-reverse
-    box starts scrolled to the bottom, no script needed)."""
+    box starts scrolled to the bottom, no script needed). ``labels``: a rank's label in
+    front of each line (a function: the label, e.g. ``LaunchModel.line_label``)."""
+    label = labels if callable(labels) else (lambda rank: f"[rank{rank}]")
     body = []
     if note:
         body.append(f"<span style='color:{GREY}'>{esc(note)}</span>")
     for rank, stream, text in lines:
-        line = esc((f"[rank{rank}] " if labels else "") + text)
+        line = esc((f"{label(rank)} " if labels else "") + text)
         body.append(f"<span style='color:{RED}'>{line}</span>" if stream == "stderr" else line)
     if tail:
         body.append(esc(tail))
@@ -567,7 +577,7 @@ def snapshot(
         panes.append(
             "<details open><summary style='cursor:pointer'>output, all ranks "
             f"(last {len(combined)} lines)</summary>"
-            + log_block(combined, labels=True, height=180)
+            + log_block(combined, labels=m.line_label, height=180)
             + "</details>"
         )
     sp = m.spread() if many else None

@@ -38,6 +38,7 @@ from .._events import (
     LaunchRestarting,
     LaunchStarted,
     MetricsLogged,
+    NodesWaiting,
     Output,
     ProgressUpdate,
     RendezvousStarted,
@@ -358,6 +359,8 @@ class RankState:
     rank: int
     output: OutputBuffer
     local_rank: int | None = None
+    #: a cluster's launch: the host the rank runs on ("" on this machine)
+    host: str = ""
     pid: int | None = None
     device: str = ""
     status: str = STARTING
@@ -471,6 +474,8 @@ class LaunchModel:
         self.finished: LaunchFinished | None = None
         #: a launch across nodes: the rendezvous it waits in (or waited in)
         self.rendezvous: RendezvousStarted | None = None
+        #: a launch on a cluster: what the kernel last heard while it waited for the nodes
+        self.nodes_waiting: NodesWaiting | None = None
         #: ``max_restarts``: every restart so far, oldest first
         self.restarts: list[LaunchRestarting] = []
         self.ranks: dict[int, RankState] = {}
@@ -494,13 +499,27 @@ class LaunchModel:
 
     def nodes(self) -> dict[int, list[int]]:
         """Ranks grouped by node (one group unless the launch spans several nodes)."""
+        if self.started is not None and self.started.hosts:  # a cluster: every node's ranks
+            order = list(dict.fromkeys(self.started.hosts))
+            groups: dict[int, list[int]] = {}
+            for r, host in zip(self.started.ranks, self.started.hosts, strict=False):
+                groups.setdefault(order.index(host), []).append(r)
+            return groups
         if self.started is None or self.started.num_nodes <= 1:
             return {self.started.node_rank if self.started else 0: self.rank_ids}
         per_node = max(1, self.started.local_world_size)
-        groups: dict[int, list[int]] = {}
+        groups = {}
         for r in self.rank_ids:
             groups.setdefault(r // per_node, []).append(r)
         return groups
+
+    def node_label(self, node: int) -> str:
+        """``node 1`` (``node 1 (n2)`` on a cluster, named by its host)."""
+        if self.started is not None and self.started.hosts:
+            hosts = list(dict.fromkeys(self.started.hosts))
+            if node < len(hosts):
+                return f"node {node} ({hosts[node]})"
+        return f"node {node}"
 
     def elapsed(self, now: float) -> float | None:
         if self.start_time is None:
@@ -581,6 +600,8 @@ class LaunchModel:
         head = f"{n} rank{'s' if n != 1 else ''}"
         if self.started is None and self.rendezvous is not None:  # the nodes never met
             head = f"{self.rendezvous.num_nodes} nodes"
+        elif self.started is None and self.nodes_waiting is not None:  # nor did the agents
+            head = f"{self.nodes_waiting.nodes} nodes"
         if self.finished is None:
             return f"{head}: running"
         head += f", {fmt_duration(self.finished.wall_time)}"
@@ -603,9 +624,16 @@ class LaunchModel:
         return f"restart {last.attempt} of {last.max_restarts} ({last.cause})"
 
     def waiting_text(self) -> str:
-        """While the nodes meet: ``waiting for 2 nodes: c10d rendezvous 'job' at h:p``."""
+        """While the nodes meet: ``waiting for 2 nodes: c10d rendezvous 'job' at h:p``; a
+        cluster's: ``waiting for Slurm job 12, 2 node(s): PENDING (Resources), 0/2 agents
+        joined``."""
+        if self.started is not None:
+            return ""
+        w = self.nodes_waiting
+        if w is not None:
+            return f"waiting for {w.where}: {w.state}, {w.joined}/{w.nodes} agents joined"
         r = self.rendezvous
-        if r is None or self.started is not None:
+        if r is None:
             return ""
         return (
             f"waiting up to {fmt_duration(r.timeout)} for {r.num_nodes} nodes: "
@@ -618,7 +646,8 @@ class LaunchModel:
         ``${local_rank}``, ``${role_name}``) without the trailing space it may end with."""
         template = self.started.log_line_prefix_template if self.started else None
         if not template:
-            return f"[rank{rank}]"
+            host = self.ranks[rank].host if rank in self.ranks else ""
+            return f"[{host}:rank{rank}]" if host else f"[rank{rank}]"
         state = self.ranks.get(rank)
         local = state.local_rank if state is not None else None
         if local is None and self.started is not None and rank in self.started.ranks:
@@ -652,12 +681,20 @@ class LaunchModel:
             self.start_time = e.time
         return [("launch",)]
 
+    def _on_NodesWaiting(self, e: NodesWaiting) -> list[Change]:
+        self.nodes_waiting = e
+        if self.start_time is None:
+            self.start_time = e.time
+        return [("launch",)]
+
     def _on_LaunchStarted(self, e: LaunchStarted) -> list[Change]:
         self.started = e
-        if self.rendezvous is None or self.start_time is None:  # from when nodes met
-            self.start_time = e.time
+        if (self.rendezvous is None and self.nodes_waiting is None) or self.start_time is None:
+            self.start_time = e.time  # (from when the nodes met, when they had to)
         for r in e.ranks:
             self.rank(r)
+        for r, host in zip(e.ranks, e.hosts, strict=False):
+            self.ranks[r].host = host
         return [("launch",), *(("rank", r) for r in e.ranks)]
 
     def _on_LaunchRestarting(self, e: LaunchRestarting) -> list[Change]:
@@ -668,7 +705,9 @@ class LaunchModel:
         self.dropped_barriers = 0
         changes: list[Change] = [("launch",), ("barriers",)]
         for r, old in list(self.ranks.items()):
-            self.ranks[r] = RankState(rank=r, output=old.output, local_rank=old.local_rank)
+            self.ranks[r] = RankState(
+                rank=r, output=old.output, local_rank=old.local_rank, host=old.host
+            )
             changes += [("rank", r), ("bars", r)]
         return changes
 
@@ -686,7 +725,7 @@ class LaunchModel:
         states = [self.ranks[r] for r in expected if r in self.ranks]
         have = sum(1 for s in states if s.phase == "joining" or s.status != STARTING)
         note = f"{have}/{len(expected)} joined"
-        if self.started is not None and self.started.num_nodes > 1:  # others: not seen here
+        if self.started is not None and self.started.num_nodes > 1 and not self.started.hosts:
             note = f"{have}/{len(expected)} of this node joined"
         changes: list[Change] = []
         for s in states:
@@ -921,6 +960,7 @@ class LaunchModel:
 #: Event type -> the model's handler for it.
 HANDLERS: dict[type, Callable[[LaunchModel, Any], list[Change]]] = {
     RendezvousStarted: LaunchModel._on_RendezvousStarted,
+    NodesWaiting: LaunchModel._on_NodesWaiting,
     LaunchStarted: LaunchModel._on_LaunchStarted,
     LaunchRestarting: LaunchModel._on_LaunchRestarting,
     WorkerPhase: LaunchModel._on_WorkerPhase,

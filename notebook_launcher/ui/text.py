@@ -32,6 +32,7 @@ from .._events import (
     LaunchFinished,
     LaunchRestarting,
     LaunchStarted,
+    NodesWaiting,
     Output,
     ProgressUpdate,
     RendezvousStarted,
@@ -104,7 +105,7 @@ class TextView:
         if isinstance(event, LaunchFinished):
             self._finish()
             return
-        if isinstance(event, RendezvousStarted):  # shown even without progress lines
+        if isinstance(event, (RendezvousStarted, NodesWaiting)):  # even without progress
             self._write(f"notebook_launcher: {self.model.waiting_text()}\n")
         elif isinstance(event, LaunchRestarting):
             self._last_line.clear()
@@ -124,7 +125,8 @@ class TextView:
                 # final state shows in the periodic lines, a line each would be noise
                 bar = self.model.ranks[event.rank].bars.get(event.bar_id)
                 if bar is not None and bar.level == 0:
-                    self._write(f"[rank{event.rank}] {bar.label()}: {bar.stats()}\n")
+                    label = self.model.line_label(event.rank)
+                    self._write(f"{label} {bar.label()}: {bar.stats()}\n")
             else:
                 self._dirty.add(event.rank)
                 self._periodic(now, only=event.rank)
@@ -132,7 +134,7 @@ class TextView:
             self._last_line[event.rank] = now  # first "waiting" line after `interval`
         elif isinstance(event, (WorkerFailed, WorkerExited, WorkerStopped)):
             state = self.model.ranks[event.rank]
-            self._write(f"[rank{event.rank}] {state.outcome()}\n")
+            self._write(f"{self.model.line_label(event.rank)} {state.outcome()}\n")
         self._show_alerts(now)
 
     def tick(self) -> None:
@@ -169,7 +171,7 @@ class TextView:
             return f"session {e.task}, {e.local_world_size} of {e.world_size} ranks"
         nodes = (
             f" on node {e.node_rank} of {e.num_nodes} (world size {e.world_size})"
-            if e.num_nodes > 1
+            if e.num_nodes > 1 and not e.hosts
             else ""
         )
         where = e.rendezvous or f"on {e.master_addr}:{e.master_port}"
@@ -220,7 +222,7 @@ class TextView:
                 continue
             self._last_line[rank] = now
             self._dirty.discard(rank)
-            self._write(f"[rank{rank}] {self.rank_line(state, now)}\n")
+            self._write(f"{self.model.line_label(rank)} {self.rank_line(state, now)}\n")
 
     def _show_alerts(self, now: float, final: bool = False) -> None:
         """Print "rank k left while others waited" once it held ``alert_delay`` seconds (or

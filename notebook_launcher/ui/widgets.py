@@ -167,9 +167,10 @@ def _picker(d: str, ranks: list[int], many: bool) -> str:
     return _style_block(d, ranks, many) + "<div class='nl-pick'>" + "".join(tabs) + "</div>"
 
 
-def _line(rank: int, stream: str, text: str, labels: bool = True, css: str = "") -> str:
+def _line(rank: int, stream: str, text: str, label: str | None = None, css: str = "") -> str:
+    """One line of the combined log, ``label`` in front (None: no label)."""
     cls = f"nl-l nl-r{rank}" + (" nl-e" if stream == "stderr" else "") + css
-    prefix = f"<span class='nl-p'>[rank{rank}] </span>" if labels else ""
+    prefix = f"<span class='nl-p'>{H.esc(label)} </span>" if label is not None else ""
     return f"<div class='{cls}'>{prefix}{H.esc(text)}</div>"
 
 
@@ -221,7 +222,8 @@ class LiveLog:
         """Draw new lines and transient lines; False when the budget stopped it."""
         done = self._draw_lines(m, budget)
         tail = "".join(
-            _line(r, stream, text, css=" nl-t") for r, stream, text in m.transient_lines()
+            _line(r, stream, text, m.line_label(r), css=" nl-t")
+            for r, stream, text in m.transient_lines()
         )
         if tail != self.tail_html:
             if not budget.take():
@@ -240,7 +242,8 @@ class LiveLog:
         if live is not None and not skipped and len(live.lines) + k <= CHUNK_LINES:
             if not budget.take():
                 return False
-            live.lines += [_line(*t) for t in itertools.islice(reversed(buf.lines), k)][::-1]
+            new = itertools.islice(reversed(buf.lines), k)
+            live.lines += [_line(r, st, t, m.line_label(r)) for r, st, t in new][::-1]
             live.html = "".join(live.lines)
             live.widget.value = live.html
             self.seen = buf.total
@@ -251,7 +254,8 @@ class LiveLog:
         reuse = len(self.chunks) >= LOG_CHUNKS
         if not budget.take(2 if reuse else 4):
             return False
-        lines = [_line(*t) for t in itertools.islice(reversed(buf.lines), k)][::-1]
+        newest = itertools.islice(reversed(buf.lines), k)
+        lines = [_line(r, st, t, m.line_label(r)) for r, st, t in newest][::-1]
         if skipped:
             note = f"[{skipped} line(s) went by too fast to show; the final output keeps the last ones of every rank]"
             lines.insert(0, f"<div class='nl-l nl-n'>{H.esc(note)}</div>")
