@@ -351,8 +351,11 @@ def test_a_killed_kernel_ends_its_agents_ranks_and_job(cluster_clean: SlurmTestC
     )
     try:
         assert kernel.stdout is not None
-        words = kernel.stdout.readline().split()
-        assert words[:1] == ["JOB"], words
+        words: list[str] = []
+        while words[:1] != ["JOB"]:  # (after the lines that say it waits for the job)
+            line = kernel.stdout.readline()
+            assert line, "the kernel ended"
+            words = line.split()
         job, key = words[1], words[2]
         wait_until(lambda: len(agent_processes(key)) == 2 + 4, 60, "4 ranks run")
         kernel.kill()
