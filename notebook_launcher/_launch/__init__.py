@@ -8,7 +8,10 @@
   exception the user catches, and whether a failed attempt restarts;
 * :mod:`.rendezvous` -- nodes meeting as one job on torch's rendezvous, and the job's
   store protocol (bell, reports, decisions, heartbeats);
-* :mod:`.nodes` -- this node's side of each attempt of such a job.
+* :mod:`.nodes` -- this node's side of each attempt of such a job;
+* :mod:`.remote` -- one kernel driving other nodes: the agents' hub, and a group whose ranks
+  live on those nodes (``RemoteGroup``), planned here (``plan_cluster``);
+* :mod:`.slurm` -- Slurm's commands (submit, look, cancel), for ``SlurmCluster``.
 
 Imports the bottom layer only (and, for ``fork``, the rank entry the child runs); never
 ``ui``: :mod:`notebook_launcher.launcher` is where the process side meets the views.
