@@ -27,9 +27,11 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
+    from .checkpointing import load_checkpoint_in_model
     from .data_loader import skip_first_batches
     from .errors import SessionBroken
     from .launcher import notebook_launcher
+    from .launchers import debug_launcher
     from .session import Session, start
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
     from .tracking import log
@@ -40,7 +42,12 @@ if TYPE_CHECKING:
         DistributedDataParallelKwargs,
         GradientAccumulationPlugin,
         GradScalerKwargs,
+        InitProcessGroupKwargs,
+        ProfileKwargs,
+        ProjectConfiguration,
+        TorchDynamoPlugin,
     )
+    from .utils.memory import find_executable_batch_size
     from .utils.random import synchronize_rng_states
 
 __version__ = "0.1.0"
@@ -58,6 +65,13 @@ _LAZY = {
     "GradientAccumulationPlugin": "notebook_launcher.utils.dataclasses",
     "GradScalerKwargs": "notebook_launcher.utils.dataclasses",
     "skip_first_batches": "notebook_launcher.data_loader",
+    "debug_launcher": "notebook_launcher.launchers",
+    "find_executable_batch_size": "notebook_launcher.utils.memory",
+    "load_checkpoint_in_model": "notebook_launcher.checkpointing",
+    "InitProcessGroupKwargs": "notebook_launcher.utils.dataclasses",
+    "ProfileKwargs": "notebook_launcher.utils.dataclasses",
+    "ProjectConfiguration": "notebook_launcher.utils.dataclasses",
+    "TorchDynamoPlugin": "notebook_launcher.utils.dataclasses",
     "notebook_launcher": "notebook_launcher.launcher",
     "start": "notebook_launcher.session",
     "Session": "notebook_launcher.session",
@@ -70,6 +84,10 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        from ._accelerate_only import ACCELERATE_ONLY, error_for
+
+        if name in ACCELERATE_ONLY:
+            raise error_for(name)
         raise AttributeError(f"module 'notebook_launcher' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # after importing: the submodule import rebinds nothing here
@@ -89,6 +107,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "TorchDynamoPlugin",
+    "ProjectConfiguration",
+    "ProfileKwargs",
+    "InitProcessGroupKwargs",
+    "load_checkpoint_in_model",
+    "find_executable_batch_size",
+    "debug_launcher",
     "Accelerator",
     "AcceleratorState",
     "AutocastKwargs",

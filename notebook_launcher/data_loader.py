@@ -372,7 +372,60 @@ class SkipBatchSampler(BatchSampler):
         return max(0, len(self.batch_sampler) - self.skip_batches)  # type: ignore[arg-type]
 
 
-class DataLoaderShard(DataLoader):
+class DataLoaderStateMixin:
+    """What a prepared loader tells ``GradientState`` while it is iterated (Accelerate's
+    mixin): ``end_of_dataloader`` (the last batch is being processed), ``remainder`` (real
+    samples in the last global step, ``-1`` when unknown) and ``begin()`` / ``end()`` around
+    an epoch. ``gradient_state`` is the shared :class:`~notebook_launcher.state.GradientState`.
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+
+    @property
+    def gradient_state(self) -> Any:
+        from .state import GradientState
+
+        return GradientState()
+
+    def reset(self) -> None:
+        self.end_of_dataloader = False
+
+    def begin(self) -> None:
+        self.reset()
+        self.gradient_state._add_dataloader(self)
+
+    def end(self) -> None:
+        self.gradient_state._remove_dataloader(self)
+
+
+_STATEFUL_CLASSES: dict[type, type] = {}
+
+
+def _stateful_class(cls: type) -> type:
+    """``cls`` combined with torchdata's ``StatefulDataLoader`` (for
+    ``use_stateful_dataloader=True``): an instance of both, named in this module so that it
+    pickles."""
+    found = _STATEFUL_CLASSES.get(cls)
+    if found is None:
+        from .utils.imports import is_torchdata_stateful_dataloader_available
+
+        if not is_torchdata_stateful_dataloader_available():
+            raise ImportError(
+                "StatefulDataLoader is not available. Please install torchdata version 0.8.0 "
+                "or higher to use it."
+            )
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        name = f"_Stateful{cls.__name__}"
+        namespace = {"__module__": __name__, "__qualname__": name, "_stateful": True}
+        found = type(name, (cls, StatefulDataLoader), namespace)
+        _STATEFUL_CLASSES[cls] = found
+        globals()[name] = found
+    return found
+
+
+class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     """A DataLoader over this rank's share, that tells ``GradientState`` where it stands.
 
     Attributes:
@@ -381,6 +434,9 @@ class DataLoaderShard(DataLoader):
             last step is complete or was not padded).
         iteration: the epoch counter, passed to ``set_epoch`` of the sampler at each epoch.
         device: where batches are moved (``None``: left where the collate function put them).
+        use_stateful_dataloader: the loader is also a torchdata ``StatefulDataLoader``:
+            ``state_dict()`` mid-epoch records the position (the batch being processed is
+            the last one counted), and ``load_state_dict`` resumes after it.
 
     Iterating a shuffled loader starts with a broadcast of rank 0's generator state: iterate
     prepared training loaders on every rank.
@@ -393,6 +449,11 @@ class DataLoaderShard(DataLoader):
             ...   # GradientState().end_of_dataloader is True for the last batch
     """
 
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        if use_stateful_dataloader and not getattr(cls, "_stateful", False):
+            cls = _stateful_class(cls)
+        return super().__new__(cls)
+
     def __init__(
         self,
         dataset: Any,
@@ -402,9 +463,12 @@ class DataLoaderShard(DataLoader):
         non_blocking: bool = False,
         remainder: int = -1,
         total_batch_size: int | None = None,
+        use_stateful_dataloader: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        self.use_stateful_dataloader = self._is_stateful()
+        self._stateful_snapshot: dict[str, Any] | None = None
         self.device = device
         self.synchronized_generator = synchronized_generator
         self.skip_batches = skip_batches
@@ -416,9 +480,25 @@ class DataLoaderShard(DataLoader):
         self.in_progress = False
         # generator states at the start of the current epoch (what a checkpoint saves mid-epoch)
         self._epoch_start_states: dict[str, torch.Tensor] = {}
-        self._base_kwargs = kwargs
+        self._base_kwargs = {**kwargs, "use_stateful_dataloader": self.use_stateful_dataloader}
         # the loader a skip_first_batches copy stands in for: it takes over the epoch count
         self._parent: DataLoaderShard | None = None
+
+    def _is_stateful(self) -> bool:
+        return bool(getattr(type(self), "_stateful", False))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base_dataloader":  # Accelerate's adapter attribute: the loader itself
+            return self
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _snapshot(self) -> None:
+        """Record the stateful position now: only the batches handed out are counted."""
+        if self.use_stateful_dataloader:
+            self._stateful_snapshot = super().state_dict()  # type: ignore[misc]
+
+    def _base_iter(self) -> Iterator[Any]:
+        return super().__iter__()
 
     # ----------------------------------------------------------------- state tracking
     @property
@@ -433,29 +513,32 @@ class DataLoaderShard(DataLoader):
         return len(dataset)
 
     def begin(self) -> None:
-        from .state import GradientState
-
-        self.end_of_dataloader = False
         self.in_progress = True
-        GradientState()._add_dataloader(self)
+        super().begin()
 
     def end(self) -> None:
-        from .state import GradientState
-
         self.in_progress = False
-        GradientState()._remove_dataloader(self)
+        super().end()
 
     def set_epoch(self, epoch: int) -> None:
-        """Pass ``epoch`` to the sampler (or dataset) so it can reshuffle per epoch."""
+        """Pass ``epoch`` to everything that reshuffles per epoch: the batch sampler (a custom
+        one too), the batch samplers it wraps (sharding, skipping), their samplers, and the
+        dataset -- each once."""
         self.iteration = epoch
-        batches = self.batch_sampler if self.batch_sampler is not None else self.sampler
-        sampler = getattr(batches, "sampler", None)
-        inner = getattr(getattr(batches, "batch_sampler", None), "sampler", None)
-        for candidate in (sampler, inner):
-            if candidate is not None and hasattr(candidate, "set_epoch"):
-                candidate.set_epoch(epoch)
-                return
-        if hasattr(self.dataset, "set_epoch"):
+        seen: set[int] = set()
+        pending: list[Any] = [
+            self.batch_sampler if self.batch_sampler is not None else self.sampler
+        ]
+        while pending:
+            obj = pending.pop(0)
+            if obj is None or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
+            pending.append(getattr(obj, "batch_sampler", None))
+            pending.append(getattr(obj, "sampler", None))
+        if id(self.dataset) not in seen and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -489,7 +572,7 @@ class DataLoaderShard(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._sync_generator()
         self.set_epoch(self.iteration)
-        base = super().__iter__()
+        base = self._base_iter()
         self.begin()
         try:
             try:
@@ -499,6 +582,7 @@ class DataLoaderShard(DataLoader):
             index = 0
             while True:
                 current = self._to_device(current)
+                self._snapshot()
                 try:
                     upcoming = next(base)
                 except StopIteration:
@@ -522,7 +606,13 @@ class DataLoaderShard(DataLoader):
 
         Saved mid-epoch, the generators' states are those of the start of the epoch, so that a
         resumed run replays the same order and ``skip_first_batches`` skips what was done.
+        A stateful loader (``use_stateful_dataloader``) returns torchdata's state instead,
+        at the batch being processed.
         """
+        if self.use_stateful_dataloader:
+            if self.in_progress and self._stateful_snapshot is not None:
+                return dict(self._stateful_snapshot)
+            return super().state_dict()  # type: ignore[misc,no-any-return]
         if self.in_progress:
             generators = dict(self._epoch_start_states)
         else:
@@ -530,10 +620,34 @@ class DataLoaderShard(DataLoader):
         return {"iteration": self.iteration, "generators": generators}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.use_stateful_dataloader:
+            super().load_state_dict(state)  # type: ignore[misc]
+            return
         self.iteration = int(state["iteration"])
         for name, gen in self._generators().items():
             if name in state.get("generators", {}):
                 gen.set_state(state["generators"][name])
+
+
+class SkipDataLoader(DataLoaderShard):
+    """A DataLoader that skips the first ``skip_batches`` batches of each epoch (Accelerate's
+    name; :func:`skip_first_batches` builds one from a prepared loader).
+
+    >>> [b.tolist() for b in SkipDataLoader(list(range(8)), batch_size=2, skip_batches=3)]
+    [[6, 7]]
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, skip_batches=skip_batches, **kwargs)
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.skip_batches)
 
 
 # ------------------------------------------------------------------------------ dispatching
@@ -679,13 +793,14 @@ class DataLoaderDispatcher(DataLoaderShard):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._sync_generator()
         self.set_epoch(self.iteration)
-        it = DataLoader.__iter__(self) if self.process_index == 0 else None
+        it = self._base_iter() if self.process_index == 0 else None
         first: list[Any] = []
         self.begin()
         try:
             current = self._fetch(it, first)
             index = 0
             while current is not None:
+                self._snapshot()
                 upcoming = self._fetch(it, first)
                 batch, real = current
                 if upcoming is None:
@@ -736,6 +851,7 @@ def prepare_data_loader(
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
 ) -> DataLoaderShard:
     """Return a :class:`DataLoaderShard` yielding this rank's share of ``dataloader``.
 
@@ -767,7 +883,10 @@ def prepare_data_loader(
     total_batch_size: int | None
     if dispatch_batches is None:
         dispatch_batches = isinstance(dataset, IterableDataset)  # Accelerate's default
-    if dispatch_batches and num_processes > 1:
+    if use_stateful_dataloader:
+        _stateful_class(DataLoaderShard)  # Accelerate's ImportError without torchdata
+        kwargs["use_stateful_dataloader"] = True
+    if dispatch_batches:
         return _dispatcher(
             dataloader,
             kwargs,
@@ -1009,6 +1128,8 @@ __all__ = [
     "BatchSamplerShard",
     "DataLoaderDispatcher",
     "DataLoaderShard",
+    "DataLoaderStateMixin",
+    "SkipDataLoader",
     "IterableDatasetShard",
     "SeedableRandomSampler",
     "SkipBatchSampler",

@@ -55,6 +55,7 @@ import math
 import os
 import re
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -964,8 +965,9 @@ class AcceleratorState(ProcessControl):
         return self._view("debug").debug
 
     def destroy_process_group(self, group: Any = None) -> None:
-        """See :meth:`PartialState.destroy_process_group`."""
-        self._view("destroy_process_group").destroy_process_group(group)
+        """See :meth:`PartialState.destroy_process_group` (works after ``_reset_state()``, as
+        Accelerate's does: the process group outlives the state objects)."""
+        PartialState().destroy_process_group(group)
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
@@ -1020,9 +1022,8 @@ class GradientState:
     _shared_state: dict[str, Any] = {}
 
     sync_gradients: bool
-    active_dataloader: Any
-    dataloader_references: list[Any]
     plugin_kwargs: dict[str, Any]
+    _dataloader_refs: list[Any]
 
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None):
         self.__dict__ = self._shared_state
@@ -1031,8 +1032,9 @@ class GradientState:
             self._shared_state.update(
                 {
                     "sync_gradients": True,
-                    "active_dataloader": None,
-                    "dataloader_references": [None],
+                    # weak references: a loader dropped mid-epoch (an iterator abandoned
+                    # in a notebook) is freed, not kept alive by this singleton
+                    "_dataloader_refs": [None],
                     "plugin_kwargs": kwargs,
                     "_is_xla_gradients_synced": False,
                 }
@@ -1092,17 +1094,27 @@ class GradientState:
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self._shared_state["sync_gradients"] = sync_gradients
 
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """The loaders being iterated, outermost first, after a leading ``None``."""
+        live = [None if r is None else r() for r in self._dataloader_refs]
+        return [None] + [d for d in live[1:] if d is not None]
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The innermost prepared loader being iterated, or ``None``."""
+        return self.dataloader_references[-1]
+
     def _add_dataloader(self, dataloader: Any) -> None:
-        self._shared_state["active_dataloader"] = dataloader
-        self.dataloader_references.append(dataloader)
+        self._dataloader_refs.append(weakref.ref(dataloader))
 
     def _remove_dataloader(self, dataloader: Any) -> None:
-        refs = self.dataloader_references
-        for i in range(len(refs) - 1, -1, -1):
-            if refs[i] is dataloader:
+        refs = self._dataloader_refs
+        for i in range(len(refs) - 1, 0, -1):
+            if refs[i]() is dataloader:
                 del refs[i]
                 break
-        self._shared_state["active_dataloader"] = refs[-1] if refs else None
+        refs[1:] = [r for r in refs[1:] if r() is not None]
 
     @staticmethod
     def _reset_state() -> None:

@@ -12,6 +12,13 @@ import notebook_launcher
 pytestmark = pytest.mark.unit
 
 EXPECTED = {
+    "InitProcessGroupKwargs",
+    "ProfileKwargs",
+    "ProjectConfiguration",
+    "TorchDynamoPlugin",
+    "debug_launcher",
+    "find_executable_batch_size",
+    "load_checkpoint_in_model",
     "Accelerator",
     "AcceleratorState",
     "AutocastKwargs",
