@@ -884,10 +884,13 @@ class Accelerator(ProcessControl):
             o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
         ]
         if bad:
-            raise ValueError(
-                "register_for_checkpointing needs objects with state_dict() and "
-                f"load_state_dict(); got {[type(o).__name__ for o in bad]}"
+            err = (
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be "
+                "stored. The following inputs are invalid:"
             )
+            for index, obj in enumerate(bad):
+                err += f"\n\t- Item at index {index}, `{type(obj).__name__}`"
+            raise ValueError(err)
         self._custom_objects.extend(objects)
 
     def save_state(

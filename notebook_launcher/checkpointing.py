@@ -202,7 +202,13 @@ def dedupe_shared_tensors(
             t = t.clone()
         tensors[name] = t.to("cpu").contiguous()
     if aliases:
-        logger.info("Saved shared tensors once; aliases restored on load: %s", aliases)
+        logger.warning(
+            "Removed shared tensor %s while saving (each is stored once, under %s). "
+            "notebook_launcher's loaders (load_state, load_checkpoint_in_model) restore them; "
+            "a plain safetensors load_file returns the kept names only.",
+            sorted(aliases),
+            sorted(set(aliases.values())),
+        )
     return tensors, aliases
 
 

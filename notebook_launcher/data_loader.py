@@ -81,8 +81,8 @@ def _check_split(batch_size: int, num_processes: int) -> None:
     """``split_batches`` cuts each batch into one equal piece per process."""
     if batch_size % num_processes != 0:
         raise ValueError(
-            f"split_batches=True needs the batch size ({batch_size}) to be a multiple of the "
-            f"number of processes ({num_processes}); use a batch size of "
+            f"split_batches=True needs the batch size ({batch_size}) to be a round multiple of "
+            f"the number of processes ({num_processes}); use a batch size of "
             f"{num_processes * math.ceil(batch_size / num_processes)}"
         )
 
@@ -157,11 +157,6 @@ class BatchSamplerShard(BatchSampler):
             if self.batch_size is None:
                 raise ValueError("split_batches=True needs a batch sampler with a batch_size")
             _check_split(self.batch_size, num_processes)
-        if self.batch_size is None and even_batches and not self.drop_last:
-            raise ValueError(
-                "even_batches=True needs a batch sampler with a batch_size (to pad the last "
-                "batch); pass DataLoaderConfiguration(even_batches=False)"
-            )
 
     @property
     def total_batch_size(self) -> int | None:
@@ -239,11 +234,14 @@ class BatchSamplerShard(BatchSampler):
         n, r, bs = self.num_processes, self.process_index, self.batch_size
         group: list[list[int]] = []
         head: list[int] = []
-        keep_head = bs is not None and self.even_batches and not self.drop_last
+        first_batches: list[list[int]] = []  # batches of varying size: pad with whole ones
+        keep_head = self.even_batches and not self.drop_last
         for batch in self.batch_sampler:
             batch = list(batch)
             if keep_head and bs is not None and len(head) < n * bs:
                 head.extend(batch[: n * bs - len(head)])
+            if keep_head and bs is None and len(first_batches) < n:
+                first_batches.append(batch)
             group.append(batch)
             if len(group) == n and (bs is None or len(batch) == bs):
                 yield group[r]
@@ -254,7 +252,9 @@ class BatchSamplerShard(BatchSampler):
             if r < len(group):
                 yield group[r]
             return
-        assert bs is not None
+        if bs is None:  # the missing batches of the last step: the epoch's first ones
+            yield group[r] if r < len(group) else first_batches[(r - len(group)) % len(first_batches)]
+            return
         flat = self._pad([i for b in group for i in b], head, n * bs)
         yield flat[r * bs : (r + 1) * bs]
 
@@ -450,9 +450,10 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     """
 
     def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        target = cls
         if use_stateful_dataloader and not getattr(cls, "_stateful", False):
-            cls = _stateful_class(cls)
-        return super().__new__(cls)
+            target = _stateful_class(cls)
+        return super().__new__(target)
 
     def __init__(
         self,
@@ -677,6 +678,8 @@ def _batch_len(batch: Any) -> int:
 
 def _cat(parts: list[Any]) -> Any:
     first = parts[0]
+    if len(parts) == 1:
+        return first  # as Accelerate's concatenate: one batch is returned as it is
     if isinstance(first, torch.Tensor):
         return torch.cat(parts, dim=0)
     if _is_leaf_list(first):
@@ -687,7 +690,12 @@ def _cat(parts: list[Any]) -> Any:
         return type(first)(*(_cat([p[i] for p in parts]) for i in range(len(first))))
     if isinstance(first, (list, tuple)):
         return type(first)(_cat([p[i] for p in parts]) for i in range(len(first)))
-    raise TypeError(f"dispatch_batches cannot join batches of {type(first).__name__}")
+    if all(p == first for p in parts[1:]):
+        return first  # a per-batch constant (a name, a flag) that every batch shares
+    raise TypeError(
+        f"dispatch_batches cannot join batches whose {type(first).__name__} values differ "
+        f"({parts[0]!r}, {parts[1]!r}...): collate them into tensors or lists"
+    )
 
 
 def _slice(batch: Any, start: int, stop: int) -> Any:
@@ -882,7 +890,8 @@ def prepare_data_loader(
     remainder = -1
     total_batch_size: int | None
     if dispatch_batches is None:
-        dispatch_batches = isinstance(dataset, IterableDataset)  # Accelerate's default
+        # Accelerate's default: rank 0 reads iterables, when batches go to the device
+        dispatch_batches = put_on_device and isinstance(dataset, IterableDataset)
     if use_stateful_dataloader:
         _stateful_class(DataLoaderShard)  # Accelerate's ImportError without torchdata
         kwargs["use_stateful_dataloader"] = True
@@ -898,10 +907,33 @@ def prepare_data_loader(
             non_blocking,
         )
 
+    if isinstance(dataset, IterableDataset) and num_processes == 1 and not split_batches:
+        # one process: nothing to shard (the loader's own batching, batch_size=None included)
+        try:
+            length = len(dataset)  # type: ignore[arg-type]
+            batch = dataloader.batch_size
+            remainder = 0 if dataloader.drop_last or not batch else length % batch
+        except TypeError:
+            remainder = -1
+        return DataLoaderShard(
+            dataset,
+            device=device if put_on_device else None,
+            non_blocking=non_blocking,
+            remainder=remainder,
+            total_batch_size=dataloader.batch_size,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            **kwargs,
+        )
     if isinstance(dataset, IterableDataset):
-        batch_size = dataloader.batch_size
-        if batch_size is None:
-            raise ValueError("an iterable dataset needs a DataLoader with a batch_size to shard")
+        # batch_size=None: the dataset yields whole batches; each is one "sample" here
+        unbatched = dataloader.batch_size is None
+        if unbatched and split_batches:
+            raise ValueError(
+                "split_batches=True needs a DataLoader with a batch_size to split; this one "
+                "has batch_size=None (its dataset yields whole batches)"
+            )
+        batch_size = 1 if unbatched else dataloader.batch_size
         shard = IterableDatasetShard(
             dataset,
             batch_size=batch_size,
@@ -923,8 +955,8 @@ def prepare_data_loader(
             non_blocking=non_blocking,
             remainder=remainder,
             total_batch_size=total_batch_size,
-            batch_size=total_batch_size // num_processes,
-            drop_last=dataloader.drop_last,
+            batch_size=None if unbatched else total_batch_size // num_processes,
+            drop_last=False if unbatched else dataloader.drop_last,
             **kwargs,
         )
         return new

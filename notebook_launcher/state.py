@@ -559,12 +559,21 @@ def _build_partial_state(
             dtype = DistributedType.MULTI_GPU
         else:
             device = torch.device("cpu")
-            dtype = DistributedType.MULTI_CPU
+            # Accelerate's rule: one CPU process is not distributed (no DDP wrapping), even
+            # with a process group of one
+            dtype = DistributedType.MULTI_CPU if world > 1 else DistributedType.NO
     else:
         rank, world, local = 0, 1, 0
         backend_name = None
         device = torch.device("cuda") if cuda else torch.device("cpu")
         dtype = DistributedType.NO
+    forced = os.environ.get("ACCELERATE_TORCH_DEVICE")
+    if forced:
+        # Accelerate's override of the device (e.g. "cuda:1", "xpu:0"): used as given
+        device = torch.device(forced)
+        set_device = getattr(getattr(torch, device.type, None), "set_device", None)
+        if device.index is not None and callable(set_device):
+            set_device(device)
     if mixed_precision is not None:
         mp = _check_mixed_precision(mixed_precision, device.type == "cuda", "mixed_precision=")
     else:

@@ -420,18 +420,13 @@ class TorchDynamoPlugin(KwargsHandler):
         return config
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments for ``torch.compile``."""
-        kwargs = {
-            "backend": self.backend.value.lower(),
-            "mode": self.mode,
-            "fullgraph": self.fullgraph,
-            "dynamic": self.dynamic,
-            "options": self.options,
-            "disable": self.disable,
-        }
-        if self.options is not None:
-            kwargs.pop("mode")  # torch.compile takes one of mode and options
-        return {k: v for k, v in kwargs.items() if v is not None}
+        """The keyword arguments for ``torch.compile`` that differ from the defaults (as in
+        Accelerate), the backend always included unless it is ``"no"``."""
+        kwargs = super().to_kwargs()
+        kwargs.pop("use_regional_compilation", None)
+        if self.backend != DynamoBackend.NO:
+            kwargs["backend"] = self.backend.value.lower()
+        return kwargs
 
 
 class ProfilerActivity(str, enum.Enum):

@@ -143,8 +143,9 @@ def recursively_apply(
         return func(data, *args, **kwargs)
     if error_on_other_type:
         raise TypeError(
-            f"Unsupported type {type(data).__name__!r} passed to {getattr(func, '__name__', func)}:"
-            " only tensors in nested lists/tuples/dicts are accepted."
+            f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. "
+            "Only nested list/tuple/dicts of objects that are valid for `is_torch_tensor` "
+            "should be passed."
         )
     return data
 
