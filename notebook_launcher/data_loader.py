@@ -253,7 +253,9 @@ class BatchSamplerShard(BatchSampler):
                 yield group[r]
             return
         if bs is None:  # the missing batches of the last step: the epoch's first ones
-            yield group[r] if r < len(group) else first_batches[(r - len(group)) % len(first_batches)]
+            yield (
+                group[r] if r < len(group) else first_batches[(r - len(group)) % len(first_batches)]
+            )
             return
         flat = self._pad([i for b in group for i in b], head, n * bs)
         yield flat[r * bs : (r + 1) * bs]
@@ -611,7 +613,7 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         at the batch being processed.
         """
         if self.use_stateful_dataloader:
-            if self.in_progress and self._stateful_snapshot is not None:
+            if self._stateful_snapshot is not None:  # also after a loop left with break
                 return dict(self._stateful_snapshot)
             return super().state_dict()  # type: ignore[misc,no-any-return]
         if self.in_progress:
@@ -623,6 +625,7 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.use_stateful_dataloader:
             super().load_state_dict(state)  # type: ignore[misc]
+            self._stateful_snapshot = None
             return
         self.iteration = int(state["iteration"])
         for name, gen in self._generators().items():

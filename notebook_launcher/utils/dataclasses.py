@@ -111,7 +111,10 @@ class KwargsHandler:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
     def to_kwargs(self) -> dict[str, Any]:
-        default = self.__class__().to_dict()
+        from .environment import clear_environment
+
+        with clear_environment():  # defaults as documented, not as the environment sets them
+            default = self.__class__().to_dict()
         return {k: v for k, v in self.to_dict().items() if default[k] != v}
 
 
