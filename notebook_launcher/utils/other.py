@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any
 
@@ -17,8 +18,9 @@ import torch
 
 
 def _optimized_module_type() -> type | None:
-    dynamo = getattr(torch, "_dynamo", None)
-    eval_frame = getattr(dynamo, "eval_frame", None)
+    # Not imported: nothing was compiled (and importing it costs ~1 s and sets
+    # TORCHINDUCTOR_CACHE_DIR in the environment).
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     return getattr(eval_frame, "OptimizedModule", None)
 
 
