@@ -456,9 +456,9 @@ class Accelerator(ProcessControl):
             and not is_compiled_module(model)
         ):
             # Last, as in Accelerate: compile(DDP(module)); unwrap_model sees through both.
-            model = torch.compile(model, **dynamo.to_kwargs())
+            model = torch.compile(model, **dynamo.to_kwargs())  # type: ignore[assignment]
         self._models[-1] = model
-        model._is_accelerate_prepared = True
+        model.__dict__["_is_accelerate_prepared"] = True
         return model
 
     def prepare_optimizer(
@@ -479,7 +479,7 @@ class Accelerator(ProcessControl):
         wrapped = AcceleratedOptimizer(
             optimizer, device_placement=device_placement, scaler=self.scaler
         )
-        wrapped._is_accelerate_prepared = True
+        wrapped._is_accelerate_prepared = True  # type: ignore[attr-defined]
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -504,7 +504,7 @@ class Accelerator(ProcessControl):
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
         )
-        wrapped._is_accelerate_prepared = True
+        wrapped._is_accelerate_prepared = True  # type: ignore[attr-defined]
         self._schedulers.append(wrapped)
         return wrapped
 
@@ -520,7 +520,7 @@ class Accelerator(ProcessControl):
         if getattr(data_loader, "_is_accelerate_prepared", False):
             if not any(d is data_loader for d in self._dataloaders):
                 self._dataloaders.append(data_loader)
-            return data_loader
+            return data_loader  # type: ignore[return-value]
         if device_placement is None:
             device_placement = self.device_placement
         config = self.dataloader_config
@@ -819,7 +819,7 @@ class Accelerator(ProcessControl):
 
             torch.save(accelerator.unwrap_model(model).state_dict(), "weights.pt")
         """
-        return extract_model_from_parallel(  # type: ignore[no-any-return]
+        return extract_model_from_parallel(
             model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
         )
 
@@ -1058,9 +1058,9 @@ class Accelerator(ProcessControl):
             cls = LOGGER_TYPE_TO_CLASS[str(tracker)]
             kwargs = init_kwargs.get(str(tracker), {})
             if cls.requires_logging_directory:
-                self.trackers.append(cls(project_name, self.logging_dir, **kwargs))  # type: ignore[call-arg]
+                self.trackers.append(cls(project_name, self.logging_dir, **kwargs))  # type: ignore[call-arg,arg-type]
             else:
-                self.trackers.append(cls(project_name, **kwargs))  # type: ignore[call-arg]
+                self.trackers.append(cls(project_name, **kwargs))  # type: ignore[arg-type]
         for started in self.trackers:
             started.start()
         if config is not None:
@@ -1080,7 +1080,7 @@ class Accelerator(ProcessControl):
         """
         if self.trackers:
             for tracker in self.trackers:
-                if tracker.name == name:  # type: ignore[attr-defined]
+                if tracker.name == name:
                     return tracker.tracker if unwrap else tracker  # type: ignore[attr-defined]
             raise ValueError(f"{name} is not an available tracker stored inside the `Accelerator`.")
         return GeneralTracker(_blank=True)
@@ -1106,7 +1106,7 @@ class Accelerator(ProcessControl):
             return
         log_kwargs = log_kwargs or {}
         for tracker in self.trackers:
-            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))  # type: ignore[attr-defined]
+            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
 
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:

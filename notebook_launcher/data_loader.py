@@ -615,7 +615,7 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         if self.use_stateful_dataloader:
             if self._stateful_snapshot is not None:  # also after a loop left with break
                 return dict(self._stateful_snapshot)
-            return super().state_dict()  # type: ignore[misc,no-any-return]
+            return super().state_dict()  # type: ignore[misc]
         if self.in_progress:
             generators = dict(self._epoch_start_states)
         else:
@@ -936,7 +936,7 @@ def prepare_data_loader(
                 "split_batches=True needs a DataLoader with a batch_size to split; this one "
                 "has batch_size=None (its dataset yields whole batches)"
             )
-        batch_size = 1 if unbatched else dataloader.batch_size
+        batch_size = 1 if dataloader.batch_size is None else dataloader.batch_size
         shard = IterableDatasetShard(
             dataset,
             batch_size=batch_size,

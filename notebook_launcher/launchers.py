@@ -35,7 +35,9 @@ def debug_launcher(
     # A debugging tool, CPU only: a single-process state the caller made (a test's
     # Accelerator()) is set aside for the launch (notebook_launcher refuses to copy one into
     # the ranks) and given back afterwards.
-    saved = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
+    saved = [
+        (cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)
+    ]
     for cls, _ in saved:
         cls._shared_state.clear()
     try:

@@ -27,7 +27,7 @@ from typing import Any
 from .state import PartialState
 
 
-class MultiProcessAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
+class MultiProcessAdapter(logging.LoggerAdapter):
     """A ``LoggerAdapter`` whose calls take ``main_process_only`` (default True) and
     ``in_order`` (default False) keyword arguments."""
 

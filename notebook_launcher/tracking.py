@@ -159,6 +159,9 @@ class GeneralTracker:
     """
 
     main_process_only = True
+    # Declared for type checkers; a subclass sets them (checked at construction).
+    name: str
+    requires_logging_directory: bool
 
     def __init__(self, _blank: bool = False) -> None:
         if _blank:
@@ -324,7 +327,7 @@ class WandBTracker(GeneralTracker):
     ) -> None:
         import wandb
 
-        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
+        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)  # type: ignore[arg-type]
         self.log({table_name: table}, step=step, **kwargs)
 
     @on_main_process

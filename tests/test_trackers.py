@@ -101,7 +101,9 @@ def test_tensorboard_writes_an_event_file_tensorboard_reads(tmp_path: Path) -> N
 def test_a_tracker_that_is_not_installed_fails_at_once() -> None:
     if importlib.util.find_spec("aim") is not None:
         pytest.skip("aim is installed here")
-    with pytest.raises(ImportError, match=r"log_with='aim' needs the `aim` package.*pip install aim"):
+    with pytest.raises(
+        ImportError, match=r"log_with='aim' needs the `aim` package.*pip install aim"
+    ):
         Accelerator(log_with="aim")
 
 

@@ -92,11 +92,11 @@ def extract_model_from_parallel(
 
     wrappers = _parallel_wrappers()
     while isinstance(model, wrappers):
-        model = model.module
+        model = model.module  # type: ignore[attr-defined]
     if is_compiled_module(model):  # DDP(compile(module)): compiled inside the wrapper
         compiled, model = model, model._orig_mod
         while isinstance(model, wrappers):
-            model = model.module
+            model = model.module  # type: ignore[attr-defined]
 
     if recursive:
 
