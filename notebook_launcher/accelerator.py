@@ -68,7 +68,7 @@ from .data_loader import skip_first_batches as _skip_first_batches
 from .optimizer import AcceleratedOptimizer
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, DistributedType, GradientState, PartialState, ProcessControl
-from .tracking import GeneralTracker, filter_trackers
+from .trackers import GeneralTracker, filter_trackers
 from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -1048,7 +1048,7 @@ class Accelerator(ProcessControl):
         """
         if not self.is_main_process:
             return
-        from .tracking import LOGGER_TYPE_TO_CLASS
+        from .trackers import LOGGER_TYPE_TO_CLASS
 
         init_kwargs = init_kwargs or {}
         for tracker in self.log_with:

@@ -20,7 +20,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from notebook_launcher import Accelerator
 from notebook_launcher._accelerate_only import AccelerateOnlyError
-from notebook_launcher.tracking import GeneralTracker
+from notebook_launcher.trackers import GeneralTracker
 
 pytestmark = pytest.mark.unit
 

@@ -67,7 +67,7 @@ def test_log_outside_a_launched_rank_does_nothing() -> None:
 def test_accelerator_log_feeds_the_same_plots(sent: list[Any]) -> None:
     """One ``accelerator.log`` call: the dashboard's plot and the trackers of ``log_with``."""
     from notebook_launcher.accelerator import Accelerator
-    from notebook_launcher.tracking import GeneralTracker
+    from notebook_launcher.trackers import GeneralTracker
 
     class Keep(GeneralTracker):
         name = "keep"
