@@ -45,10 +45,29 @@ import importlib
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._events import MetricsLogged
 from ._worker import runtime
+
+if TYPE_CHECKING:
+    from .trackers import (
+        LOGGER_TYPE_TO_CLASS,
+        AimTracker,
+        ClearMLTracker,
+        CometMLTracker,
+        DVCLiveTracker,
+        GeneralTracker,
+        MLflowTracker,
+        SwanLabTracker,
+        TensorBoardTracker,
+        TrackioTracker,
+        WandBTracker,
+        filter_trackers,
+        get_available_trackers,
+        on_main_process,
+        register_tracker_class,
+    )
 
 _next_step: int = 0
 
