@@ -9,7 +9,7 @@ ranks (the launcher sets what ``accelerate launch`` would).
 
 >>> from notebook_launcher._accelerate_only import error_for
 >>> print(error_for("init_empty_weights"))  # doctest: +ELLIPSIS
-`init_empty_weights` is part of Accelerate's big-model inference ... pip install accelerate ...
+`init_empty_weights` is part of Accelerate's big-model inference ...(`pip install accelerate`...)...ranks...
 """
 
 from __future__ import annotations

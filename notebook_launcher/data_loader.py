@@ -467,9 +467,13 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         remainder: int = -1,
         total_batch_size: int | None = None,
         use_stateful_dataloader: bool = False,
+        reseed_generator: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        # seed synchronized_generator from the global RNG at each epoch start (see
+        # prepare_data_loader); a skip_first_batches copy continues an epoch and does not
+        self._reseed_generator = reseed_generator
         self.use_stateful_dataloader = self._is_stateful()
         self._stateful_snapshot: dict[str, Any] | None = None
         self.device = device
@@ -502,6 +506,14 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
 
     def _base_iter(self) -> Iterator[Any]:
         return super().__iter__()
+
+    def _reseed(self) -> None:
+        """After the epoch's iterator drew its base seed: seed the sampler's generator from
+        the global RNG, as a RandomSampler without a generator does when it starts."""
+        gen = self.synchronized_generator
+        if self._reseed_generator and gen is not None:
+            gen.manual_seed(_seed_from_global_rng())
+            self._epoch_start_states = {k: g.get_state() for k, g in self._generators().items()}
 
     # ----------------------------------------------------------------- state tracking
     @property
@@ -576,6 +588,7 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         self._sync_generator()
         self.set_epoch(self.iteration)
         base = self._base_iter()
+        self._reseed()
         self.begin()
         try:
             try:
@@ -805,6 +818,8 @@ class DataLoaderDispatcher(DataLoaderShard):
         self._sync_generator()
         self.set_epoch(self.iteration)
         it = self._base_iter() if self.process_index == 0 else None
+        if it is not None:
+            self._reseed()
         first: list[Any] = []
         self.begin()
         try:
@@ -881,13 +896,14 @@ def prepare_data_loader(
         num_processes = state.num_processes if num_processes is None else num_processes
         process_index = state.process_index if process_index is None else process_index
     assert num_processes is not None and process_index is not None
+    # The global RNG is drawn from exactly where Accelerate draws (so a seeded run gives the
+    # same models and batches with either package): each epoch's iterator draws its worker
+    # base seed (torch's DataLoader, no generator of ours); a shuffling sampler without a
+    # generator gets one, seeded from the global RNG here when several processes must agree
+    # on its order, or at each epoch start, where RandomSampler itself would draw, in one
+    # process. Keeping the generator makes the epoch's order part of a checkpoint.
     kwargs = _loader_kwargs(dataloader)
-    if kwargs.get("generator") is None:
-        # Every new iterator draws a worker base seed from the loader's generator, or from the
-        # global RNG without one. A private generator (seeded from the global RNG, saved in
-        # checkpoints) keeps that draw out of the global stream, so a run resumed mid-epoch
-        # sees the same global RNG (dropout...) as the uninterrupted run.
-        kwargs["generator"] = torch.Generator().manual_seed(_seed_from_global_rng())
+    reseed = False
     dataset = dataloader.dataset
     synchronized: torch.Generator | None = None
     remainder = -1
@@ -981,7 +997,11 @@ def prepare_data_loader(
             batch_sampler = _rebuild_batch_sampler(batch_sampler, seeded)
         elif not use_seedable_sampler:
             if sampler.generator is None:
-                sampler.generator = torch.Generator().manual_seed(_seed_from_global_rng())
+                sampler.generator = torch.Generator()
+                if num_processes > 1:
+                    sampler.generator.manual_seed(_seed_from_global_rng())
+                else:
+                    reseed = True
             synchronized = sampler.generator
 
     if num_processes > 1 or split_batches:
@@ -1015,6 +1035,7 @@ def prepare_data_loader(
         non_blocking=non_blocking,
         remainder=remainder,
         total_batch_size=total_batch_size,
+        reseed_generator=reseed,
         **_sampling(shard_sampler, sampler_is_batch_sampler),
         **kwargs,
     )
@@ -1050,6 +1071,7 @@ def _dispatcher(
     non_blocking: bool,
 ) -> DataLoaderDispatcher:
     synchronized: torch.Generator | None = None
+    reseed = False
     if isinstance(dataloader.dataset, IterableDataset):
         loader_kwargs: dict[str, Any] = {
             "batch_size": dataloader.batch_size,
@@ -1059,7 +1081,8 @@ def _dispatcher(
         batch_sampler = dataloader.batch_sampler
         sampler = getattr(batch_sampler, "sampler", None)
         if isinstance(sampler, RandomSampler) and sampler.generator is None:
-            sampler.generator = torch.Generator().manual_seed(_seed_from_global_rng())
+            sampler.generator = torch.Generator()  # seeded each epoch, on rank 0 (it samples)
+            reseed = True
         if isinstance(sampler, RandomSampler):
             synchronized = sampler.generator
         loader_kwargs = {"batch_sampler": batch_sampler}
@@ -1072,6 +1095,7 @@ def _dispatcher(
         device=device,
         synchronized_generator=synchronized,
         non_blocking=non_blocking,
+        reseed_generator=reseed,
         **loader_kwargs,
         **kwargs,
     )
@@ -1084,6 +1108,16 @@ def _rebuild_batch_sampler(batch_sampler: Any, sampler: Sampler[int]) -> Any:
         "use_seedable_sampler=True needs a DataLoader built with shuffle=True (a plain "
         f"BatchSampler), got a {type(batch_sampler).__name__}"
     )
+
+
+def _continuation_kwargs(dataloader: DataLoaderShard) -> dict[str, Any]:
+    """Loader arguments for a copy that continues an epoch already started: it draws nothing
+    from the global RNG (the original epoch drew its seeds before the checkpoint), so a run
+    resumed mid-epoch sees the same global random stream as the uninterrupted one."""
+    kwargs = dict(dataloader._base_kwargs)
+    if kwargs.get("generator") is None:
+        kwargs["generator"] = torch.Generator()  # worker base seeds, without a global draw
+    return kwargs
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
@@ -1108,7 +1142,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             synchronized_generator=dataloader.synchronized_generator,
             skip_batches=num_batches,
             non_blocking=dataloader.non_blocking,
-            **dataloader._base_kwargs,
+            **_continuation_kwargs(dataloader),
         )
         disp.iteration = dataloader.iteration
         disp._parent = dataloader
@@ -1123,10 +1157,10 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
                 non_blocking=dataloader.non_blocking,
                 remainder=dataloader.remainder,
                 total_batch_size=dataloader.total_batch_size,
-                **dataloader._base_kwargs,
+                **_continuation_kwargs(dataloader),
             )
         else:
-            kwargs = dict(dataloader._base_kwargs)
+            kwargs = _continuation_kwargs(dataloader)
             as_sampler = dataloader.batch_sampler is None
             batches = dataloader.sampler if as_sampler else dataloader.batch_sampler
             kwargs.update(_sampling(SkipBatchSampler(batches, num_batches), as_sampler))  # type: ignore[arg-type]

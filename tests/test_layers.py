@@ -57,6 +57,7 @@ WORKER_API = (
     "tracking",
     "trackers",
     "logging",
+    "local_sgd",
 )
 #: layer -> the layers (top-level names under the package) it may import
 ALLOWED: dict[str, tuple[str, ...]] = {

@@ -244,3 +244,26 @@ def test_patch_environment_restores_after_an_error() -> None:
         assert os.environ["NL_PATCH_TEST"] == "5"
         raise RuntimeError("boom")
     assert "NL_PATCH_TEST" not in os.environ
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_loaders_draw_from_the_global_rng_as_accelerate_does(
+    shuffle: bool, num_processes: int
+) -> None:
+    """Same seed, same stream: after preparing a loader and running two epochs, the global
+    RNG is where real Accelerate leaves it, and the batches are the same (its
+    by_feature/cross_validation.py ended fold 2 differently before)."""
+    accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
+    from notebook_launcher.data_loader import prepare_data_loader
+
+    def run(prepare: Any) -> tuple[list[list[int]], float]:
+        torch.manual_seed(1234)
+        loader = DataLoader(list(range(10)), batch_size=2, shuffle=shuffle)
+        prepared = prepare(loader, num_processes=num_processes, process_index=0)
+        batches = [b.tolist() for _ in range(2) for b in prepared]
+        return batches, torch.rand(1).item()
+
+    ours = run(prepare_data_loader)
+    theirs = run(accelerate_data_loader.prepare_data_loader)
+    assert ours == theirs
