@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
@@ -940,6 +941,29 @@ def prepare_data_loader(
             non_blocking=non_blocking,
             remainder=remainder,
             total_batch_size=dataloader.batch_size,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            **kwargs,
+        )
+    streaming = getattr(sys.modules.get("datasets"), "IterableDataset", None)
+    if (
+        streaming is not None
+        and isinstance(dataset, streaming)
+        and not split_batches
+        and getattr(dataset, "n_shards", 0) >= num_processes
+    ):
+        # a Hugging Face streaming dataset with a shard (file) per rank at least: each rank
+        # reads its own shards, as Accelerate does, instead of every rank reading everything.
+        # Shards of different sizes give ranks different numbers of batches.
+        local = dataset.shard(num_shards=num_processes, index=process_index)
+        return DataLoaderShard(
+            local,
+            device=device if put_on_device else None,
+            non_blocking=non_blocking,
+            remainder=-1,
+            total_batch_size=None
+            if dataloader.batch_size is None
+            else dataloader.batch_size * num_processes,
             batch_size=dataloader.batch_size,
             drop_last=dataloader.drop_last,
             **kwargs,

@@ -267,3 +267,31 @@ def test_loaders_draw_from_the_global_rng_as_accelerate_does(
     ours = run(prepare_data_loader)
     theirs = run(accelerate_data_loader.prepare_data_loader)
     assert ours == theirs
+
+
+def test_load_checkpoint_in_model_takes_an_index_and_a_device_map(tmp_path: Path) -> None:
+    from notebook_launcher import load_checkpoint_in_model
+    from notebook_launcher.checkpointing import save_model_files
+
+    source = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
+    save_model_files(source.state_dict(), str(tmp_path), max_shard_size=10_000)
+    (index,) = tmp_path.glob("*.index.json")
+    target = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))
+    load_checkpoint_in_model(target, str(index), device_map={"": "cpu"}, dtype=torch.float64)
+    assert torch.equal(target[0].weight, source[0].weight.double())
+    with pytest.raises(AccelerateOnlyError, match="load_offloaded_weights"):
+        load_checkpoint_in_model(target, str(tmp_path), device_map={"0": "disk", "1": "cpu"})
+
+
+def test_a_streaming_dataset_with_a_shard_per_rank_is_sharded_natively() -> None:
+    datasets = pytest.importorskip("datasets")
+    from notebook_launcher.data_loader import IterableDatasetShard, prepare_data_loader
+
+    stream = datasets.Dataset.from_dict({"x": list(range(10))}).to_iterable_dataset(num_shards=2)
+    loaders = [
+        prepare_data_loader(DataLoader(stream, batch_size=4), num_processes=2, process_index=r)
+        for r in range(2)
+    ]
+    assert not any(isinstance(dl.dataset, IterableDatasetShard) for dl in loaders)
+    seen = sorted(x for dl in loaders for batch in dl for x in batch["x"].tolist())
+    assert seen == list(range(10))
