@@ -22,9 +22,9 @@ Differences from Accelerate (names and defaults kept):
   ``checkpoint.json`` manifest; ``load_state`` refuses a directory without one (so it does not
   read checkpoints written by Accelerate itself). Dataloader generator states and the epoch
   are saved too, so a resumed run (mid-epoch with ``skip_first_batches``) is bit-identical.
-* A shuffling DataLoader's generator is seeded from the global RNG (``set_seed`` controls the
-  order) instead of torch's fixed default seed, and iterating a prepared loader does not draw
-  from the global RNG.
+* Prepared loaders draw from the global RNG exactly where Accelerate's do (same seed, same
+  batches and models), and keep their shuffling generator, so a checkpoint records the
+  epoch's order; a ``skip_first_batches`` copy (resuming mid-epoch) draws nothing.
 * Tied weights are saved once, as Accelerate does, but the dropped names are recorded and
   restored by ``load_state`` / ``checkpointing.load_model_state_dict``.
 * ``rng_types`` is accepted and ignored (each rank's generators are seeded by ``set_seed``

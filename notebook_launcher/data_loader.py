@@ -17,10 +17,15 @@ While a :class:`DataLoaderShard` is iterated it registers itself with ``Gradient
 ``accelerator.gradient_state.active_dataloader`` / ``end_of_dataloader`` work, nested loaders
 included); it looks one batch ahead to know when the current batch is the last.
 
-Shuffling: every rank must draw the same permutation. A ``RandomSampler`` gets a generator
-(seeded from the global torch RNG if it had none) whose state rank 0 broadcasts at the start of
-every epoch; ``use_seedable_sampler=True`` instead uses :class:`SeedableRandomSampler`, whose
-order depends only on ``(seed, epoch)``.
+Shuffling: every rank must draw the same permutation. A ``RandomSampler`` keeps (or gets) a
+generator whose state rank 0 broadcasts at the start of every epoch and which checkpoints
+record; ``use_seedable_sampler=True`` instead uses :class:`SeedableRandomSampler`, whose
+order depends only on ``(seed, epoch)``. The global RNG is drawn from exactly where
+Accelerate draws: each epoch's iterator draws torch's worker base seed, and a sampler without
+a generator is seeded from it at prepare time (several processes) or at each epoch start
+(one process, where ``RandomSampler`` would draw), so a seeded run gives the same batches and
+models with either package. A ``skip_first_batches`` copy, which resumes an epoch begun
+before a checkpoint, draws nothing, so the resumed run continues the same random stream.
 
 Example::
 
