@@ -913,7 +913,7 @@ class Accelerator(ProcessControl):
         """
         config = self.project_configuration
         output_dir = checkpointing.checkpoint_dir(config, output_dir, loading=False)
-        self.wait_for_everyone()
+        self._same_directory_everywhere("save_state", output_dir)
         if self.is_main_process:
             checkpointing.start_staging(output_dir)
             if config.automatic_checkpoint_naming and config.total_limit is not None:
@@ -965,6 +965,7 @@ class Accelerator(ProcessControl):
         """
         config = self.project_configuration
         input_dir = checkpointing.checkpoint_dir(config, input_dir, loading=True)
+        self._same_directory_everywhere("load_state", input_dir)
         manifest = checkpointing.load_accelerator_state(
             input_dir,
             models=[self.unwrap_model(m) for m in self._models],
@@ -983,6 +984,22 @@ class Accelerator(ProcessControl):
             self.step = step
         if config.automatic_checkpoint_naming:
             config.iteration = int(manifest.get("iteration", 0)) + 1
+
+    def _same_directory_everywhere(self, method: str, directory: str) -> None:
+        """A checkpoint is one directory for the whole job (written atomically, with one
+        manifest): every rank must name the same one. Also the barrier before saving."""
+        if not self.use_distributed:
+            return
+        from .utils.operations import gather_object
+
+        paths = gather_object([os.path.abspath(directory)])
+        if len(set(paths)) > 1:
+            listed = ", ".join(f"rank {i}: {p}" for i, p in enumerate(paths))
+            raise ValueError(
+                f"{method} got a different directory on each rank ({listed}). A checkpoint is "
+                "one directory for the whole job: pass the same path on every rank (create it "
+                "on the main process and share it, e.g. with broadcast_object_list)."
+            )
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
         """``hook(models, state_dicts, output_dir)`` runs before models are saved."""

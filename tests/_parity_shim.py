@@ -2,14 +2,16 @@
 
 Three pieces, each usable on its own:
 
-* :func:`accelerate_sources` fetches the ``accelerate==1.15.0`` wheel with
-  ``pip download --no-deps`` into a cache outside the repository (``$NOTEBOOK_LAUNCHER_CACHE``
-  or ``~/.cache/notebook_launcher``) and unpacks only ``accelerate/test_utils/``: their test
-  scripts and helpers, never installed, never vendored.
+* :func:`accelerate_sources` fetches the ``accelerate==1.15.0`` source distribution with
+  ``pip download --no-deps --no-binary=:all:`` into a cache outside the repository
+  (``$NOTEBOOK_LAUNCHER_CACHE`` or ``~/.cache/notebook_launcher``) and unpacks only
+  ``src/accelerate/test_utils/`` (their test scripts and helpers) and ``tests/`` (their unit
+  tests): never installed, never vendored.
 * :class:`AccelerateShim`, an import hook named ``accelerate``: ``accelerate``,
   ``accelerate.utils.operations`` and the other modules Accelerate's scripts import resolve to
   notebook_launcher's own modules (the same objects), ``accelerate.test_utils.*`` to the
-  unpacked wheel files, and anything else raises ``ModuleNotFoundError`` naming the module, so a
+  unpacked files, the modules this package leaves to Accelerate (``accelerate.hooks``...) to
+  its ``AccelerateOnlyError`` (or stand-ins raising it when used), and anything else raises ``ModuleNotFoundError`` naming the module, so a
   missing piece shows as such. It is installed only inside the processes that run the scripts
   (the ranks, or a child acting as the notebook kernel), never in the pytest process, where
   the real ``accelerate`` stays importable.
@@ -73,7 +75,7 @@ ALIASES = {
 _HELPERS = "accelerate.test_utils"
 
 
-# ------------------------------------------------------------------------------ the wheel
+# ------------------------------------------------------------------------------ the sources
 
 
 def cache_dir() -> Path:
