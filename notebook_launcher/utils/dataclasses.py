@@ -175,9 +175,10 @@ class DataLoaderConfiguration:
             ``(seed, epoch)``, so results are reproducible across runs and resumptions.
         data_seed: the seed of that sampler (default: the global seed at prepare time).
         non_blocking: pass ``non_blocking=True`` when moving batches to the device.
-        use_stateful_dataloader: Accelerate's switch to ``torchdata``'s ``StatefulDataLoader``.
-            ``prepare`` raises Accelerate's ``ImportError`` without ``torchdata`` >= 0.8 and
-            ``NotImplementedError`` with it: resume mid-epoch with ``skip_first_batches``.
+        use_stateful_dataloader: prepared loaders are also ``torchdata``'s
+            ``StatefulDataLoader``: ``state_dict()`` mid-epoch records the position and
+            ``save_state``/``load_state`` resume there. ``prepare`` raises Accelerate's
+            ``ImportError`` without ``torchdata`` >= 0.8.
 
     Example::
 
