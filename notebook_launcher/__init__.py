@@ -28,10 +28,12 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator
+    from .checkpointing import load_checkpoint_in_model
     from .cluster import AgentCluster, SlurmCluster
     from .data_loader import skip_first_batches
     from .errors import SessionBroken
     from .launcher import notebook_launcher
+    from .launchers import debug_launcher
     from .session import Session, start
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
     from .tracking import log
@@ -42,7 +44,12 @@ if TYPE_CHECKING:
         DistributedDataParallelKwargs,
         GradientAccumulationPlugin,
         GradScalerKwargs,
+        InitProcessGroupKwargs,
+        ProfileKwargs,
+        ProjectConfiguration,
+        TorchDynamoPlugin,
     )
+    from .utils.memory import find_executable_batch_size
     from .utils.random import synchronize_rng_states
 
 __version__ = "0.1.0"
@@ -62,6 +69,13 @@ _LAZY = {
     "GradientAccumulationPlugin": "notebook_launcher.utils.dataclasses",
     "GradScalerKwargs": "notebook_launcher.utils.dataclasses",
     "skip_first_batches": "notebook_launcher.data_loader",
+    "debug_launcher": "notebook_launcher.launchers",
+    "find_executable_batch_size": "notebook_launcher.utils.memory",
+    "load_checkpoint_in_model": "notebook_launcher.checkpointing",
+    "InitProcessGroupKwargs": "notebook_launcher.utils.dataclasses",
+    "ProfileKwargs": "notebook_launcher.utils.dataclasses",
+    "ProjectConfiguration": "notebook_launcher.utils.dataclasses",
+    "TorchDynamoPlugin": "notebook_launcher.utils.dataclasses",
     "notebook_launcher": "notebook_launcher.launcher",
     "start": "notebook_launcher.session",
     "Session": "notebook_launcher.session",
@@ -74,6 +88,10 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        from ._accelerate_only import ACCELERATE_ONLY, error_for
+
+        if name in ACCELERATE_ONLY:
+            raise error_for(name)
         raise AttributeError(f"module 'notebook_launcher' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # after importing: the submodule import rebinds nothing here
@@ -113,18 +131,25 @@ __all__ = [
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",
+    "InitProcessGroupKwargs",
     "LaunchError",
     "PartialState",
     "PreflightError",
     "ProcessGroupMismatch",
+    "ProfileKwargs",
+    "ProjectConfiguration",
     "RankFailedError",
     "RendezvousError",
     "SerializationError",
     "Session",
     "SessionBroken",
     "SlurmCluster",
+    "TorchDynamoPlugin",
     "WorkerDied",
     "__version__",
+    "debug_launcher",
+    "find_executable_batch_size",
+    "load_checkpoint_in_model",
     "log",
     "notebook_launcher",
     "skip_first_batches",

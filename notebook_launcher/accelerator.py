@@ -22,13 +22,14 @@ Differences from Accelerate (names and defaults kept):
   ``checkpoint.json`` manifest; ``load_state`` refuses a directory without one (so it does not
   read checkpoints written by Accelerate itself). Dataloader generator states and the epoch
   are saved too, so a resumed run (mid-epoch with ``skip_first_batches``) is bit-identical.
-* A shuffling DataLoader's generator is seeded from the global RNG (``set_seed`` controls the
-  order) instead of torch's fixed default seed, and iterating a prepared loader does not draw
-  from the global RNG.
+* Prepared loaders draw from the global RNG exactly where Accelerate's do (same seed, same
+  batches and models), and keep their shuffling generator, so a checkpoint records the
+  epoch's order; a ``skip_first_batches`` copy (resuming mid-epoch) draws nothing.
 * Tied weights are saved once, as Accelerate does, but the dropped names are recorded and
   restored by ``load_state`` / ``checkpointing.load_model_state_dict``.
-* ``rng_types``, ``log_with`` and ``dynamo_backend`` are accepted and ignored; DeepSpeed,
-  FSDP and Megatron plugins are refused.
+* ``rng_types`` is accepted and ignored (each rank's generators are seeded by ``set_seed``
+  and the loaders' own generators); DeepSpeed, FSDP and Megatron plugins are refused.
+* ``end_training`` finishes the trackers but leaves the process group to the launcher.
 
 Example::
 
@@ -67,15 +68,21 @@ from .data_loader import skip_first_batches as _skip_first_batches
 from .optimizer import AcceleratedOptimizer
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, DistributedType, GradientState, PartialState, ProcessControl
+from .trackers import GeneralTracker, filter_trackers
 from .utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
+    DynamoBackend,
     GradientAccumulationPlugin,
     GradScalerKwargs,
+    InitProcessGroupKwargs,
     KwargsHandler,
+    ProfileKwargs,
     ProjectConfiguration,
+    TorchDynamoPlugin,
 )
+from .utils.other import extract_model_from_parallel, is_compiled_module
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +158,7 @@ class Accelerator(ProcessControl):
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: list[KwargsHandler] | None = None,
         dynamo_backend: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
         even_batches: bool | None = None,
         dispatch_batches: bool | None = None,
         use_seedable_sampler: bool | None = None,
@@ -167,6 +175,8 @@ class Accelerator(ProcessControl):
         self.ddp_handler: DistributedDataParallelKwargs | None = None
         self.scaler_handler: GradScalerKwargs | None = None
         self.autocast_handler: AutocastKwargs | None = None
+        self.init_handler: InitProcessGroupKwargs | None = None
+        self.profile_handler: ProfileKwargs | None = None
         for handler in kwargs_handlers or []:
             if not isinstance(handler, KwargsHandler):
                 raise TypeError(f"unsupported kwargs handler: {handler!r}")
@@ -174,6 +184,8 @@ class Accelerator(ProcessControl):
                 ("ddp_handler", DistributedDataParallelKwargs),
                 ("scaler_handler", GradScalerKwargs),
                 ("autocast_handler", AutocastKwargs),
+                ("init_handler", InitProcessGroupKwargs),
+                ("profile_handler", ProfileKwargs),
             ):
                 if isinstance(handler, cls):
                     if getattr(self, attr) is not None:
@@ -183,13 +195,24 @@ class Accelerator(ProcessControl):
             else:
                 raise TypeError(f"unsupported kwargs handler: {type(handler).__name__}")
 
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ValueError(
+                "You cannot pass in both `dynamo_plugin` and `dynamo_backend`, please only pass in one."
+            )
+        if dynamo_plugin is None:
+            dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
+        init_kwargs: dict[str, Any] = {}
+        if self.init_handler is not None and self.init_handler.timeout is not None:
+            init_kwargs["timeout"] = self.init_handler.timeout
         self.state = AcceleratorState(
             mixed_precision=mixed_precision,
             cpu=cpu,
+            dynamo_plugin=dynamo_plugin,
             deepspeed_plugin=deepspeed_plugin,
             fsdp_plugin=fsdp_plugin,
             megatron_lm_plugin=megatron_lm_plugin,
             _from_accelerator=True,
+            **init_kwargs,
         )
 
         if gradient_accumulation_plugin is not None:
@@ -226,8 +249,8 @@ class Accelerator(ProcessControl):
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types
-        self.log_with = log_with
-        self.dynamo_backend = dynamo_backend
+        self.log_with = filter_trackers(log_with, self.logging_dir)
+        self.trackers: list[GeneralTracker] = []
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
 
@@ -398,6 +421,12 @@ class Accelerator(ProcessControl):
         """
         if device_placement is None:
             device_placement = self.device_placement
+        if getattr(model, "_is_accelerate_prepared", False):
+            # Prepared already (a second prepare, find_executable_batch_size's retry): not
+            # wrapped again, registered once (save_state would write it twice otherwise).
+            if not any(m is model for m in self._models):
+                self._models.append(model)
+            return model
         self._models.append(model)
         if device_placement:
             model = model.to(self.device)
@@ -420,7 +449,16 @@ class Accelerator(ProcessControl):
             model = DistributedDataParallel(model, **kwargs)
             if self.ddp_handler is not None:
                 self.ddp_handler.register_comm_hook(model)
-            self._models[-1] = model
+        dynamo = self.state.dynamo_plugin
+        if (
+            dynamo is not None
+            and dynamo.backend != DynamoBackend.NO
+            and not is_compiled_module(model)
+        ):
+            # Last, as in Accelerate: compile(DDP(module)); unwrap_model sees through both.
+            model = torch.compile(model, **dynamo.to_kwargs())  # type: ignore[assignment]
+        self._models[-1] = model
+        model.__dict__["_is_accelerate_prepared"] = True
         return model
 
     def prepare_optimizer(
@@ -432,13 +470,16 @@ class Accelerator(ProcessControl):
 
             optimizer = accelerator.prepare_optimizer(torch.optim.AdamW(model.parameters()))
         """
-        if isinstance(optimizer, AcceleratedOptimizer):
-            return optimizer
+        if getattr(optimizer, "_is_accelerate_prepared", False):
+            if not any(o is optimizer for o in self._optimizers):
+                self._optimizers.append(optimizer)  # type: ignore[arg-type]
+            return optimizer  # type: ignore[return-value]
         if device_placement is None:
             device_placement = self.device_placement
         wrapped = AcceleratedOptimizer(
             optimizer, device_placement=device_placement, scaler=self.scaler
         )
+        wrapped._is_accelerate_prepared = True  # type: ignore[attr-defined]
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -449,7 +490,9 @@ class Accelerator(ProcessControl):
 
             scheduler = accelerator.prepare_scheduler(StepLR(optimizer, step_size=10))
         """
-        if isinstance(scheduler, AcceleratedScheduler):
+        if getattr(scheduler, "_is_accelerate_prepared", False):
+            if not any(s is scheduler for s in self._schedulers):
+                self._schedulers.append(scheduler)
             return scheduler
         optimizer = getattr(scheduler, "optimizer", None)
         optimizers = [
@@ -461,6 +504,7 @@ class Accelerator(ProcessControl):
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
         )
+        wrapped._is_accelerate_prepared = True  # type: ignore[attr-defined]
         self._schedulers.append(wrapped)
         return wrapped
 
@@ -473,13 +517,13 @@ class Accelerator(ProcessControl):
 
             loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=16))
         """
-        if isinstance(data_loader, DataLoaderShard):
-            return data_loader
+        if getattr(data_loader, "_is_accelerate_prepared", False):
+            if not any(d is data_loader for d in self._dataloaders):
+                self._dataloaders.append(data_loader)
+            return data_loader  # type: ignore[return-value]
         if device_placement is None:
             device_placement = self.device_placement
         config = self.dataloader_config
-        if config.use_stateful_dataloader:
-            _refuse_stateful_dataloader()
         prepared = prepare_data_loader(
             data_loader,
             device=self.device,
@@ -492,7 +536,9 @@ class Accelerator(ProcessControl):
             use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
         )
+        prepared._is_accelerate_prepared = True
         self._dataloaders.append(prepared)
         return prepared
 
@@ -765,25 +811,17 @@ class Accelerator(ProcessControl):
         keep_fp32_wrapper: bool = True,
         keep_torch_compile: bool = True,
     ) -> torch.nn.Module:
-        """The user's module: without DDP (and ``torch.compile``, and autocast if asked).
+        """The user's module: without DDP and ``torch.compile`` (in either order; with
+        ``keep_torch_compile`` the compiled module around it stays), and without the
+        mixed-precision forward if ``keep_fp32_wrapper=False``.
 
         Example::
 
             torch.save(accelerator.unwrap_model(model).state_dict(), "weights.pt")
         """
-        while isinstance(model, DistributedDataParallel):
-            model = model.module
-        if not keep_torch_compile and hasattr(model, "_orig_mod"):
-            model = model._orig_mod  # type: ignore[assignment]
-        inner = getattr(model, "_orig_mod", model)
-        while isinstance(inner, DistributedDataParallel):
-            inner = inner.module
-        if not keep_fp32_wrapper and "_original_forward" in inner.__dict__:
-            original = inner.__dict__.pop("_original_forward")
-            inner.__dict__.pop("forward", None)
-            if getattr(original, "__func__", None) is not getattr(type(inner), "forward", None):
-                inner.__dict__["forward"] = original
-        return model
+        return extract_model_from_parallel(
+            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The state dict of the (unwrapped) model."""
@@ -846,10 +884,13 @@ class Accelerator(ProcessControl):
             o for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
         ]
         if bad:
-            raise ValueError(
-                "register_for_checkpointing needs objects with state_dict() and "
-                f"load_state_dict(); got {[type(o).__name__ for o in bad]}"
+            err = (
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be "
+                "stored. The following inputs are invalid:"
             )
+            for index, obj in enumerate(bad):
+                err += f"\n\t- Item at index {index}, `{type(obj).__name__}`"
+            raise ValueError(err)
         self._custom_objects.extend(objects)
 
     def save_state(
@@ -872,7 +913,7 @@ class Accelerator(ProcessControl):
         """
         config = self.project_configuration
         output_dir = checkpointing.checkpoint_dir(config, output_dir, loading=False)
-        self.wait_for_everyone()
+        self._same_directory_everywhere("save_state", output_dir)
         if self.is_main_process:
             checkpointing.start_staging(output_dir)
             if config.automatic_checkpoint_naming and config.total_limit is not None:
@@ -924,6 +965,7 @@ class Accelerator(ProcessControl):
         """
         config = self.project_configuration
         input_dir = checkpointing.checkpoint_dir(config, input_dir, loading=True)
+        self._same_directory_everywhere("load_state", input_dir)
         manifest = checkpointing.load_accelerator_state(
             input_dir,
             models=[self.unwrap_model(m) for m in self._models],
@@ -942,6 +984,22 @@ class Accelerator(ProcessControl):
             self.step = step
         if config.automatic_checkpoint_naming:
             config.iteration = int(manifest.get("iteration", 0)) + 1
+
+    def _same_directory_everywhere(self, method: str, directory: str) -> None:
+        """A checkpoint is one directory for the whole job (written atomically, with one
+        manifest): every rank must name the same one. Also the barrier before saving."""
+        if not self.use_distributed:
+            return
+        from .utils.operations import gather_object
+
+        paths = gather_object([os.path.abspath(directory)])
+        if len(set(paths)) > 1:
+            listed = ", ".join(f"rank {i}: {p}" for i, p in enumerate(paths))
+            raise ValueError(
+                f"{method} got a different directory on each rank ({listed}). A checkpoint is "
+                "one directory for the whole job: pass the same path on every rank (create it "
+                "on the main process and share it, e.g. with broadcast_object_list)."
+            )
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
         """``hook(models, state_dicts, output_dir)`` runs before models are saved."""
@@ -979,24 +1037,117 @@ class Accelerator(ProcessControl):
         return self.free_memory(*objects)
 
     def end_training(self) -> None:
-        """Accelerate compatibility: finish trackers (none here) and wait for every rank."""
+        """Finish every tracker (on the ranks that run it), then wait for every rank.
+
+        Unlike Accelerate's, it does not destroy the process group: the launcher owns it
+        (and a session keeps it for the next cell).
+        """
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
         self.wait_for_everyone()
 
-    @property
-    def trackers(self) -> list[Any]:
-        """Experiment trackers: none (``log_with`` is not supported)."""
-        return []
-
     def init_trackers(
-        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: Any = None
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, dict[str, Any]] | None = None,
     ) -> None:
-        """Accelerate compatibility: no trackers here, so nothing to start."""
+        """Start a run named ``project_name`` in every tracker of ``log_with`` (on the main
+        process), recording ``config`` as its hyperparameters; ``init_kwargs`` maps a tracker
+        name to keyword arguments for its constructor.
 
-    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: Any = None) -> None:
-        """Accelerate's tracker API: every rank's values go to the dashboard's live plots."""
+        Example::
+
+            accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
+            accelerator.init_trackers("run1", config={"lr": 1e-3},
+                                      init_kwargs={"tensorboard": {"flush_secs": 5}})
+        """
+        if not self.is_main_process:
+            return
+        from .trackers import LOGGER_TYPE_TO_CLASS
+
+        init_kwargs = init_kwargs or {}
+        for tracker in self.log_with:
+            if isinstance(tracker, GeneralTracker):
+                self.trackers.append(tracker)
+                continue
+            cls = LOGGER_TYPE_TO_CLASS[str(tracker)]
+            kwargs = init_kwargs.get(str(tracker), {})
+            if cls.requires_logging_directory:
+                self.trackers.append(cls(project_name, self.logging_dir, **kwargs))  # type: ignore[call-arg,arg-type]
+            else:
+                self.trackers.append(cls(project_name, **kwargs))  # type: ignore[arg-type]
+        for started in self.trackers:
+            started.start()
+        if config is not None:
+            for started in self.trackers:
+                started.store_init_configuration(config)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its underlying run object with ``unwrap=True``).
+
+        On a rank that runs no tracker (not the main process) it returns a tracker that does
+        nothing, so the same code runs on every rank. Raises ``ValueError`` for a name that
+        is not among the started trackers.
+
+        Example::
+
+            writer = accelerator.get_tracker("tensorboard", unwrap=True)   # a SummaryWriter
+        """
+        if self.trackers:
+            for tracker in self.trackers:
+                if tracker.name == name:
+                    return tracker.tracker if unwrap else tracker  # type: ignore[attr-defined]
+            raise ValueError(f"{name} is not an available tracker stored inside the `Accelerator`.")
+        return GeneralTracker(_blank=True)
+
+    def log(
+        self,
+        values: dict[str, Any],
+        step: int | None = None,
+        log_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Log ``values`` at ``step``: to the trackers (main process; ``log_kwargs`` maps a
+        tracker name to extra keyword arguments for its ``log``), and every rank's numbers to
+        the dashboard's live plot.
+
+        Example::
+
+            accelerator.log({"loss": loss.item(), "lr": scheduler.get_last_lr()[0]}, step=step)
+        """
         from .tracking import log
 
         log(values, step=step)
+        if not self.is_main_process:
+            return
+        log_kwargs = log_kwargs or {}
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the block with ``torch.profiler`` (settings: ``profile_handler``, else the
+        ``ProfileKwargs`` of ``kwargs_handlers``); yields the profiler. With
+        ``output_trace_dir`` each rank also writes its Chrome trace there, as
+        ``trace_rank{process_index}.json``.
+
+        Example::
+
+            with accelerator.profile() as prof:
+                train_step()
+            accelerator.print(prof.key_averages().table(row_limit=10))
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is None:
+            return
+        os.makedirs(handler.output_trace_dir, exist_ok=True)
+        profiler.export_chrome_trace(
+            os.path.join(handler.output_trace_dir, f"trace_rank{self.process_index}.json")
+        )
+        self.wait_for_everyone()
 
     def __repr__(self) -> str:
         return (
@@ -1017,23 +1168,6 @@ class _Handle:
     def remove(self) -> None:
         if self._hook in self._hooks:
             self._hooks.remove(self._hook)
-
-
-def _refuse_stateful_dataloader() -> None:
-    """``use_stateful_dataloader``: Accelerate's ImportError without torchdata; with it, a
-    clear refusal (this package resumes mid-epoch with ``skip_first_batches`` instead)."""
-    from .utils.imports import is_torchdata_stateful_dataloader_available
-
-    if not is_torchdata_stateful_dataloader_available():
-        raise ImportError(
-            "StatefulDataLoader is not available. Please install torchdata version 0.8.0 or "
-            "higher to use it."
-        )
-    raise NotImplementedError(
-        "DataLoaderConfiguration(use_stateful_dataloader=True) is not supported by "
-        "notebook_launcher: save_state()/load_state() record the epoch and the sampler's "
-        "state; resume mid-epoch with accelerator.skip_first_batches(loader, done_batches)."
-    )
 
 
 def _is_scheduler(obj: Any) -> bool:

@@ -202,7 +202,13 @@ def dedupe_shared_tensors(
             t = t.clone()
         tensors[name] = t.to("cpu").contiguous()
     if aliases:
-        logger.info("Saved shared tensors once; aliases restored on load: %s", aliases)
+        logger.warning(
+            "Removed shared tensor %s while saving (each is stored once, under %s). "
+            "notebook_launcher's loaders (load_state, load_checkpoint_in_model) restore them; "
+            "a plain safetensors load_file returns the kept names only.",
+            sorted(aliases),
+            sorted(set(aliases.values())),
+        )
     return tensors, aliases
 
 
@@ -363,6 +369,17 @@ def load_model_state_dict(path: str) -> dict[str, torch.Tensor]:
 
         model.load_state_dict(load_model_state_dict("out"))
     """
+    if path.endswith(".index.json") and os.path.isfile(path):
+        # the index of a sharded checkpoint (as Accelerate and Transformers accept it)
+        with open(path) as f:
+            index = json.load(f)
+        folder = os.path.dirname(path)
+        merged: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            part, _ = _load_file(os.path.join(folder, shard))
+            merged.update(part)
+        aliases = json.loads(index.get("metadata", {}).get(ALIASES_KEY, "{}"))
+        return _restore_aliases(merged, aliases)
     if os.path.isdir(path):
         for index_name, weights_name in (
             (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME),
@@ -396,14 +413,55 @@ def _restore_aliases(
     return state
 
 
-def load_checkpoint_in_model(model: torch.nn.Module, checkpoint: str, strict: bool = True) -> Any:
-    """Load weights saved by ``save_model`` (file or directory, sharded or not) into ``model``.
+def load_checkpoint_in_model(
+    model: torch.nn.Module,
+    checkpoint: str | os.PathLike[str],
+    device_map: Mapping[str, Any] | None = None,
+    offload_folder: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    strict: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """Load weights saved by ``save_model`` into ``model``: a weights file, a directory
+    (sharded or not) or the ``*.index.json`` of a sharded checkpoint. Tied weights are
+    restored. Returns ``load_state_dict``'s result (missing and unexpected keys).
+
+    ``device_map`` (module name -> device, ``""`` for the whole model) places each module's
+    weights on its device; ``dtype`` casts floating-point weights. Offloading (``"disk"``,
+    ``offload_folder`` and Accelerate's other offload options) is big-model inference, which
+    is Accelerate's own: they raise ``AccelerateOnlyError``. ``strict`` defaults to True here
+    (Accelerate: False): a checkpoint that does not fit the model is an error, not a warning.
 
     Example::
 
-        load_checkpoint_in_model(model, "out")   # strict, tied weights restored
+        load_checkpoint_in_model(model, "out/model.safetensors.index.json", device_map={"": "cpu"})
     """
-    return model.load_state_dict(load_model_state_dict(checkpoint), strict=strict)
+    from ._accelerate_only import error_for
+
+    offloading = [k for k, v in kwargs.items() if k.startswith("offload") and v]
+    if (
+        offload_folder is not None
+        or offloading
+        or any(str(d) == "disk" for d in (device_map or {}).values())
+    ):
+        raise error_for("load_offloaded_weights")
+    state = load_model_state_dict(os.fspath(checkpoint))
+    if dtype is not None:
+        target = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        state = {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
+    if device_map:
+        prefixes = sorted(device_map, key=len, reverse=True)
+        placed = {}
+        for name, tensor in state.items():
+            module = next(
+                (p for p in prefixes if p == "" or name == p or name.startswith(p + ".")), None
+            )
+            placed[name] = tensor if module is None else tensor.to(device_map[module])
+        state = placed
+        for prefix in prefixes:  # the module's own tensors go where its weights go
+            target_module = model.get_submodule(prefix) if prefix else model
+            target_module.to(device_map[prefix])
+    return model.load_state_dict(state, strict=strict)
 
 
 # ------------------------------------------------------------------------- training state

@@ -17,10 +17,15 @@ While a :class:`DataLoaderShard` is iterated it registers itself with ``Gradient
 ``accelerator.gradient_state.active_dataloader`` / ``end_of_dataloader`` work, nested loaders
 included); it looks one batch ahead to know when the current batch is the last.
 
-Shuffling: every rank must draw the same permutation. A ``RandomSampler`` gets a generator
-(seeded from the global torch RNG if it had none) whose state rank 0 broadcasts at the start of
-every epoch; ``use_seedable_sampler=True`` instead uses :class:`SeedableRandomSampler`, whose
-order depends only on ``(seed, epoch)``.
+Shuffling: every rank must draw the same permutation. A ``RandomSampler`` keeps (or gets) a
+generator whose state rank 0 broadcasts at the start of every epoch and which checkpoints
+record; ``use_seedable_sampler=True`` instead uses :class:`SeedableRandomSampler`, whose
+order depends only on ``(seed, epoch)``. The global RNG is drawn from exactly where
+Accelerate draws: each epoch's iterator draws torch's worker base seed, and a sampler without
+a generator is seeded from it at prepare time (several processes) or at each epoch start
+(one process, where ``RandomSampler`` would draw), so a seeded run gives the same batches and
+models with either package. A ``skip_first_batches`` copy, which resumes an epoch begun
+before a checkpoint, draws nothing, so the resumed run continues the same random stream.
 
 Example::
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
@@ -81,8 +87,8 @@ def _check_split(batch_size: int, num_processes: int) -> None:
     """``split_batches`` cuts each batch into one equal piece per process."""
     if batch_size % num_processes != 0:
         raise ValueError(
-            f"split_batches=True needs the batch size ({batch_size}) to be a multiple of the "
-            f"number of processes ({num_processes}); use a batch size of "
+            f"split_batches=True needs the batch size ({batch_size}) to be a round multiple of "
+            f"the number of processes ({num_processes}); use a batch size of "
             f"{num_processes * math.ceil(batch_size / num_processes)}"
         )
 
@@ -157,11 +163,6 @@ class BatchSamplerShard(BatchSampler):
             if self.batch_size is None:
                 raise ValueError("split_batches=True needs a batch sampler with a batch_size")
             _check_split(self.batch_size, num_processes)
-        if self.batch_size is None and even_batches and not self.drop_last:
-            raise ValueError(
-                "even_batches=True needs a batch sampler with a batch_size (to pad the last "
-                "batch); pass DataLoaderConfiguration(even_batches=False)"
-            )
 
     @property
     def total_batch_size(self) -> int | None:
@@ -239,11 +240,14 @@ class BatchSamplerShard(BatchSampler):
         n, r, bs = self.num_processes, self.process_index, self.batch_size
         group: list[list[int]] = []
         head: list[int] = []
-        keep_head = bs is not None and self.even_batches and not self.drop_last
+        first_batches: list[list[int]] = []  # batches of varying size: pad with whole ones
+        keep_head = self.even_batches and not self.drop_last
         for batch in self.batch_sampler:
             batch = list(batch)
             if keep_head and bs is not None and len(head) < n * bs:
                 head.extend(batch[: n * bs - len(head)])
+            if keep_head and bs is None and len(first_batches) < n:
+                first_batches.append(batch)
             group.append(batch)
             if len(group) == n and (bs is None or len(batch) == bs):
                 yield group[r]
@@ -254,7 +258,11 @@ class BatchSamplerShard(BatchSampler):
             if r < len(group):
                 yield group[r]
             return
-        assert bs is not None
+        if bs is None:  # the missing batches of the last step: the epoch's first ones
+            yield (
+                group[r] if r < len(group) else first_batches[(r - len(group)) % len(first_batches)]
+            )
+            return
         flat = self._pad([i for b in group for i in b], head, n * bs)
         yield flat[r * bs : (r + 1) * bs]
 
@@ -372,7 +380,60 @@ class SkipBatchSampler(BatchSampler):
         return max(0, len(self.batch_sampler) - self.skip_batches)  # type: ignore[arg-type]
 
 
-class DataLoaderShard(DataLoader):
+class DataLoaderStateMixin:
+    """What a prepared loader tells ``GradientState`` while it is iterated (Accelerate's
+    mixin): ``end_of_dataloader`` (the last batch is being processed), ``remainder`` (real
+    samples in the last global step, ``-1`` when unknown) and ``begin()`` / ``end()`` around
+    an epoch. ``gradient_state`` is the shared :class:`~notebook_launcher.state.GradientState`.
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+
+    @property
+    def gradient_state(self) -> Any:
+        from .state import GradientState
+
+        return GradientState()
+
+    def reset(self) -> None:
+        self.end_of_dataloader = False
+
+    def begin(self) -> None:
+        self.reset()
+        self.gradient_state._add_dataloader(self)
+
+    def end(self) -> None:
+        self.gradient_state._remove_dataloader(self)
+
+
+_STATEFUL_CLASSES: dict[type, type] = {}
+
+
+def _stateful_class(cls: type) -> type:
+    """``cls`` combined with torchdata's ``StatefulDataLoader`` (for
+    ``use_stateful_dataloader=True``): an instance of both, named in this module so that it
+    pickles."""
+    found = _STATEFUL_CLASSES.get(cls)
+    if found is None:
+        from .utils.imports import is_torchdata_stateful_dataloader_available
+
+        if not is_torchdata_stateful_dataloader_available():
+            raise ImportError(
+                "StatefulDataLoader is not available. Please install torchdata version 0.8.0 "
+                "or higher to use it."
+            )
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        name = f"_Stateful{cls.__name__}"
+        namespace = {"__module__": __name__, "__qualname__": name, "_stateful": True}
+        found = type(name, (cls, StatefulDataLoader), namespace)
+        _STATEFUL_CLASSES[cls] = found
+        globals()[name] = found
+    return found
+
+
+class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     """A DataLoader over this rank's share, that tells ``GradientState`` where it stands.
 
     Attributes:
@@ -381,6 +442,9 @@ class DataLoaderShard(DataLoader):
             last step is complete or was not padded).
         iteration: the epoch counter, passed to ``set_epoch`` of the sampler at each epoch.
         device: where batches are moved (``None``: left where the collate function put them).
+        use_stateful_dataloader: the loader is also a torchdata ``StatefulDataLoader``:
+            ``state_dict()`` mid-epoch records the position (the batch being processed is
+            the last one counted), and ``load_state_dict`` resumes after it.
 
     Iterating a shuffled loader starts with a broadcast of rank 0's generator state: iterate
     prepared training loaders on every rank.
@@ -393,6 +457,12 @@ class DataLoaderShard(DataLoader):
             ...   # GradientState().end_of_dataloader is True for the last batch
     """
 
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        target = cls
+        if use_stateful_dataloader and not getattr(cls, "_stateful", False):
+            target = _stateful_class(cls)
+        return super().__new__(target)
+
     def __init__(
         self,
         dataset: Any,
@@ -402,9 +472,16 @@ class DataLoaderShard(DataLoader):
         non_blocking: bool = False,
         remainder: int = -1,
         total_batch_size: int | None = None,
+        use_stateful_dataloader: bool = False,
+        reseed_generator: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        # seed synchronized_generator from the global RNG at each epoch start (see
+        # prepare_data_loader); a skip_first_batches copy continues an epoch and does not
+        self._reseed_generator = reseed_generator
+        self.use_stateful_dataloader = self._is_stateful()
+        self._stateful_snapshot: dict[str, Any] | None = None
         self.device = device
         self.synchronized_generator = synchronized_generator
         self.skip_batches = skip_batches
@@ -416,9 +493,33 @@ class DataLoaderShard(DataLoader):
         self.in_progress = False
         # generator states at the start of the current epoch (what a checkpoint saves mid-epoch)
         self._epoch_start_states: dict[str, torch.Tensor] = {}
-        self._base_kwargs = kwargs
+        self._base_kwargs = {**kwargs, "use_stateful_dataloader": self.use_stateful_dataloader}
         # the loader a skip_first_batches copy stands in for: it takes over the epoch count
         self._parent: DataLoaderShard | None = None
+
+    def _is_stateful(self) -> bool:
+        return bool(getattr(type(self), "_stateful", False))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "base_dataloader":  # Accelerate's adapter attribute: the loader itself
+            return self
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _snapshot(self) -> None:
+        """Record the stateful position now: only the batches handed out are counted."""
+        if self.use_stateful_dataloader:
+            self._stateful_snapshot = super().state_dict()  # type: ignore[misc]
+
+    def _base_iter(self) -> Iterator[Any]:
+        return super().__iter__()
+
+    def _reseed(self) -> None:
+        """After the epoch's iterator drew its base seed: seed the sampler's generator from
+        the global RNG, as a RandomSampler without a generator does when it starts."""
+        gen = self.synchronized_generator
+        if self._reseed_generator and gen is not None:
+            gen.manual_seed(_seed_from_global_rng())
+            self._epoch_start_states = {k: g.get_state() for k, g in self._generators().items()}
 
     # ----------------------------------------------------------------- state tracking
     @property
@@ -433,29 +534,32 @@ class DataLoaderShard(DataLoader):
         return len(dataset)
 
     def begin(self) -> None:
-        from .state import GradientState
-
-        self.end_of_dataloader = False
         self.in_progress = True
-        GradientState()._add_dataloader(self)
+        super().begin()
 
     def end(self) -> None:
-        from .state import GradientState
-
         self.in_progress = False
-        GradientState()._remove_dataloader(self)
+        super().end()
 
     def set_epoch(self, epoch: int) -> None:
-        """Pass ``epoch`` to the sampler (or dataset) so it can reshuffle per epoch."""
+        """Pass ``epoch`` to everything that reshuffles per epoch: the batch sampler (a custom
+        one too), the batch samplers it wraps (sharding, skipping), their samplers, and the
+        dataset -- each once."""
         self.iteration = epoch
-        batches = self.batch_sampler if self.batch_sampler is not None else self.sampler
-        sampler = getattr(batches, "sampler", None)
-        inner = getattr(getattr(batches, "batch_sampler", None), "sampler", None)
-        for candidate in (sampler, inner):
-            if candidate is not None and hasattr(candidate, "set_epoch"):
-                candidate.set_epoch(epoch)
-                return
-        if hasattr(self.dataset, "set_epoch"):
+        seen: set[int] = set()
+        pending: list[Any] = [
+            self.batch_sampler if self.batch_sampler is not None else self.sampler
+        ]
+        while pending:
+            obj = pending.pop(0)
+            if obj is None or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if hasattr(obj, "set_epoch"):
+                obj.set_epoch(epoch)
+            pending.append(getattr(obj, "batch_sampler", None))
+            pending.append(getattr(obj, "sampler", None))
+        if id(self.dataset) not in seen and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -489,7 +593,8 @@ class DataLoaderShard(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._sync_generator()
         self.set_epoch(self.iteration)
-        base = super().__iter__()
+        base = self._base_iter()
+        self._reseed()
         self.begin()
         try:
             try:
@@ -499,6 +604,7 @@ class DataLoaderShard(DataLoader):
             index = 0
             while True:
                 current = self._to_device(current)
+                self._snapshot()
                 try:
                     upcoming = next(base)
                 except StopIteration:
@@ -522,7 +628,13 @@ class DataLoaderShard(DataLoader):
 
         Saved mid-epoch, the generators' states are those of the start of the epoch, so that a
         resumed run replays the same order and ``skip_first_batches`` skips what was done.
+        A stateful loader (``use_stateful_dataloader``) returns torchdata's state instead,
+        at the batch being processed.
         """
+        if self.use_stateful_dataloader:
+            if self._stateful_snapshot is not None:  # also after a loop left with break
+                return dict(self._stateful_snapshot)
+            return super().state_dict()  # type: ignore[misc]
         if self.in_progress:
             generators = dict(self._epoch_start_states)
         else:
@@ -530,10 +642,35 @@ class DataLoaderShard(DataLoader):
         return {"iteration": self.iteration, "generators": generators}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.use_stateful_dataloader:
+            super().load_state_dict(state)  # type: ignore[misc]
+            self._stateful_snapshot = None
+            return
         self.iteration = int(state["iteration"])
         for name, gen in self._generators().items():
             if name in state.get("generators", {}):
                 gen.set_state(state["generators"][name])
+
+
+class SkipDataLoader(DataLoaderShard):
+    """A DataLoader that skips the first ``skip_batches`` batches of each epoch (Accelerate's
+    name; :func:`skip_first_batches` builds one from a prepared loader).
+
+    >>> [b.tolist() for b in SkipDataLoader(list(range(8)), batch_size=2, skip_batches=3)]
+    [[6, 7]]
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, skip_batches=skip_batches, **kwargs)
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.skip_batches)
 
 
 # ------------------------------------------------------------------------------ dispatching
@@ -563,6 +700,8 @@ def _batch_len(batch: Any) -> int:
 
 def _cat(parts: list[Any]) -> Any:
     first = parts[0]
+    if len(parts) == 1:
+        return first  # as Accelerate's concatenate: one batch is returned as it is
     if isinstance(first, torch.Tensor):
         return torch.cat(parts, dim=0)
     if _is_leaf_list(first):
@@ -573,7 +712,12 @@ def _cat(parts: list[Any]) -> Any:
         return type(first)(*(_cat([p[i] for p in parts]) for i in range(len(first))))
     if isinstance(first, (list, tuple)):
         return type(first)(_cat([p[i] for p in parts]) for i in range(len(first)))
-    raise TypeError(f"dispatch_batches cannot join batches of {type(first).__name__}")
+    if all(p == first for p in parts[1:]):
+        return first  # a per-batch constant (a name, a flag) that every batch shares
+    raise TypeError(
+        f"dispatch_batches cannot join batches whose {type(first).__name__} values differ "
+        f"({parts[0]!r}, {parts[1]!r}...): collate them into tensors or lists"
+    )
 
 
 def _slice(batch: Any, start: int, stop: int) -> Any:
@@ -679,13 +823,16 @@ class DataLoaderDispatcher(DataLoaderShard):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._sync_generator()
         self.set_epoch(self.iteration)
-        it = DataLoader.__iter__(self) if self.process_index == 0 else None
+        it = self._base_iter() if self.process_index == 0 else None
+        if it is not None:
+            self._reseed()
         first: list[Any] = []
         self.begin()
         try:
             current = self._fetch(it, first)
             index = 0
             while current is not None:
+                self._snapshot()
                 upcoming = self._fetch(it, first)
                 batch, real = current
                 if upcoming is None:
@@ -736,6 +883,7 @@ def prepare_data_loader(
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
 ) -> DataLoaderShard:
     """Return a :class:`DataLoaderShard` yielding this rank's share of ``dataloader``.
 
@@ -754,20 +902,25 @@ def prepare_data_loader(
         num_processes = state.num_processes if num_processes is None else num_processes
         process_index = state.process_index if process_index is None else process_index
     assert num_processes is not None and process_index is not None
+    # The global RNG is drawn from exactly where Accelerate draws (so a seeded run gives the
+    # same models and batches with either package): each epoch's iterator draws its worker
+    # base seed (torch's DataLoader, no generator of ours); a shuffling sampler without a
+    # generator gets one, seeded from the global RNG here when several processes must agree
+    # on its order, or at each epoch start, where RandomSampler itself would draw, in one
+    # process. Keeping the generator makes the epoch's order part of a checkpoint.
     kwargs = _loader_kwargs(dataloader)
-    if kwargs.get("generator") is None:
-        # Every new iterator draws a worker base seed from the loader's generator, or from the
-        # global RNG without one. A private generator (seeded from the global RNG, saved in
-        # checkpoints) keeps that draw out of the global stream, so a run resumed mid-epoch
-        # sees the same global RNG (dropout...) as the uninterrupted run.
-        kwargs["generator"] = torch.Generator().manual_seed(_seed_from_global_rng())
+    reseed = False
     dataset = dataloader.dataset
     synchronized: torch.Generator | None = None
     remainder = -1
     total_batch_size: int | None
     if dispatch_batches is None:
-        dispatch_batches = isinstance(dataset, IterableDataset)  # Accelerate's default
-    if dispatch_batches and num_processes > 1:
+        # Accelerate's default: rank 0 reads iterables, when batches go to the device
+        dispatch_batches = put_on_device and isinstance(dataset, IterableDataset)
+    if use_stateful_dataloader:
+        _stateful_class(DataLoaderShard)  # Accelerate's ImportError without torchdata
+        kwargs["use_stateful_dataloader"] = True
+    if dispatch_batches:
         return _dispatcher(
             dataloader,
             kwargs,
@@ -779,10 +932,56 @@ def prepare_data_loader(
             non_blocking,
         )
 
+    if isinstance(dataset, IterableDataset) and num_processes == 1 and not split_batches:
+        # one process: nothing to shard (the loader's own batching, batch_size=None included)
+        try:
+            length = len(dataset)  # type: ignore[arg-type]
+            batch = dataloader.batch_size
+            remainder = 0 if dataloader.drop_last or not batch else length % batch
+        except TypeError:
+            remainder = -1
+        return DataLoaderShard(
+            dataset,
+            device=device if put_on_device else None,
+            non_blocking=non_blocking,
+            remainder=remainder,
+            total_batch_size=dataloader.batch_size,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            **kwargs,
+        )
+    streaming = getattr(sys.modules.get("datasets"), "IterableDataset", None)
+    if (
+        streaming is not None
+        and isinstance(dataset, streaming)
+        and not split_batches
+        and getattr(dataset, "n_shards", 0) >= num_processes
+    ):
+        # a Hugging Face streaming dataset with a shard (file) per rank at least: each rank
+        # reads its own shards, as Accelerate does, instead of every rank reading everything.
+        # Shards of different sizes give ranks different numbers of batches.
+        local = dataset.shard(num_shards=num_processes, index=process_index)
+        return DataLoaderShard(
+            local,
+            device=device if put_on_device else None,
+            non_blocking=non_blocking,
+            remainder=-1,
+            total_batch_size=None
+            if dataloader.batch_size is None
+            else dataloader.batch_size * num_processes,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            **kwargs,
+        )
     if isinstance(dataset, IterableDataset):
-        batch_size = dataloader.batch_size
-        if batch_size is None:
-            raise ValueError("an iterable dataset needs a DataLoader with a batch_size to shard")
+        # batch_size=None: the dataset yields whole batches; each is one "sample" here
+        unbatched = dataloader.batch_size is None
+        if unbatched and split_batches:
+            raise ValueError(
+                "split_batches=True needs a DataLoader with a batch_size to split; this one "
+                "has batch_size=None (its dataset yields whole batches)"
+            )
+        batch_size = 1 if dataloader.batch_size is None else dataloader.batch_size
         shard = IterableDatasetShard(
             dataset,
             batch_size=batch_size,
@@ -804,8 +1003,8 @@ def prepare_data_loader(
             non_blocking=non_blocking,
             remainder=remainder,
             total_batch_size=total_batch_size,
-            batch_size=total_batch_size // num_processes,
-            drop_last=dataloader.drop_last,
+            batch_size=None if unbatched else total_batch_size // num_processes,
+            drop_last=False if unbatched else dataloader.drop_last,
             **kwargs,
         )
         return new
@@ -827,7 +1026,11 @@ def prepare_data_loader(
             batch_sampler = _rebuild_batch_sampler(batch_sampler, seeded)
         elif not use_seedable_sampler:
             if sampler.generator is None:
-                sampler.generator = torch.Generator().manual_seed(_seed_from_global_rng())
+                sampler.generator = torch.Generator()
+                if num_processes > 1:
+                    sampler.generator.manual_seed(_seed_from_global_rng())
+                else:
+                    reseed = True
             synchronized = sampler.generator
 
     if num_processes > 1 or split_batches:
@@ -861,6 +1064,7 @@ def prepare_data_loader(
         non_blocking=non_blocking,
         remainder=remainder,
         total_batch_size=total_batch_size,
+        reseed_generator=reseed,
         **_sampling(shard_sampler, sampler_is_batch_sampler),
         **kwargs,
     )
@@ -896,6 +1100,7 @@ def _dispatcher(
     non_blocking: bool,
 ) -> DataLoaderDispatcher:
     synchronized: torch.Generator | None = None
+    reseed = False
     if isinstance(dataloader.dataset, IterableDataset):
         loader_kwargs: dict[str, Any] = {
             "batch_size": dataloader.batch_size,
@@ -905,7 +1110,8 @@ def _dispatcher(
         batch_sampler = dataloader.batch_sampler
         sampler = getattr(batch_sampler, "sampler", None)
         if isinstance(sampler, RandomSampler) and sampler.generator is None:
-            sampler.generator = torch.Generator().manual_seed(_seed_from_global_rng())
+            sampler.generator = torch.Generator()  # seeded each epoch, on rank 0 (it samples)
+            reseed = True
         if isinstance(sampler, RandomSampler):
             synchronized = sampler.generator
         loader_kwargs = {"batch_sampler": batch_sampler}
@@ -918,6 +1124,7 @@ def _dispatcher(
         device=device,
         synchronized_generator=synchronized,
         non_blocking=non_blocking,
+        reseed_generator=reseed,
         **loader_kwargs,
         **kwargs,
     )
@@ -930,6 +1137,16 @@ def _rebuild_batch_sampler(batch_sampler: Any, sampler: Sampler[int]) -> Any:
         "use_seedable_sampler=True needs a DataLoader built with shuffle=True (a plain "
         f"BatchSampler), got a {type(batch_sampler).__name__}"
     )
+
+
+def _continuation_kwargs(dataloader: DataLoaderShard) -> dict[str, Any]:
+    """Loader arguments for a copy that continues an epoch already started: it draws nothing
+    from the global RNG (the original epoch drew its seeds before the checkpoint), so a run
+    resumed mid-epoch sees the same global random stream as the uninterrupted one."""
+    kwargs = dict(dataloader._base_kwargs)
+    if kwargs.get("generator") is None:
+        kwargs["generator"] = torch.Generator()  # worker base seeds, without a global draw
+    return kwargs
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
@@ -954,7 +1171,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             synchronized_generator=dataloader.synchronized_generator,
             skip_batches=num_batches,
             non_blocking=dataloader.non_blocking,
-            **dataloader._base_kwargs,
+            **_continuation_kwargs(dataloader),
         )
         disp.iteration = dataloader.iteration
         disp._parent = dataloader
@@ -969,10 +1186,10 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
                 non_blocking=dataloader.non_blocking,
                 remainder=dataloader.remainder,
                 total_batch_size=dataloader.total_batch_size,
-                **dataloader._base_kwargs,
+                **_continuation_kwargs(dataloader),
             )
         else:
-            kwargs = dict(dataloader._base_kwargs)
+            kwargs = _continuation_kwargs(dataloader)
             as_sampler = dataloader.batch_sampler is None
             batches = dataloader.sampler if as_sampler else dataloader.batch_sampler
             kwargs.update(_sampling(SkipBatchSampler(batches, num_batches), as_sampler))  # type: ignore[arg-type]
@@ -1009,6 +1226,8 @@ __all__ = [
     "BatchSamplerShard",
     "DataLoaderDispatcher",
     "DataLoaderShard",
+    "DataLoaderStateMixin",
+    "SkipDataLoader",
     "IterableDatasetShard",
     "SeedableRandomSampler",
     "SkipBatchSampler",

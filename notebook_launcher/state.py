@@ -55,6 +55,7 @@ import math
 import os
 import re
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -558,12 +559,21 @@ def _build_partial_state(
             dtype = DistributedType.MULTI_GPU
         else:
             device = torch.device("cpu")
-            dtype = DistributedType.MULTI_CPU
+            # Accelerate's rule: one CPU process is not distributed (no DDP wrapping), even
+            # with a process group of one
+            dtype = DistributedType.MULTI_CPU if world > 1 else DistributedType.NO
     else:
         rank, world, local = 0, 1, 0
         backend_name = None
         device = torch.device("cuda") if cuda else torch.device("cpu")
         dtype = DistributedType.NO
+    forced = os.environ.get("ACCELERATE_TORCH_DEVICE")
+    if forced:
+        # Accelerate's override of the device (e.g. "cuda:1", "xpu:0"): used as given
+        device = torch.device(forced)
+        set_device = getattr(getattr(torch, device.type, None), "set_device", None)
+        if device.index is not None and callable(set_device):
+            set_device(device)
     if mixed_precision is not None:
         mp = _check_mixed_precision(mixed_precision, device.type == "cuda", "mixed_precision=")
     else:
@@ -964,8 +974,9 @@ class AcceleratorState(ProcessControl):
         return self._view("debug").debug
 
     def destroy_process_group(self, group: Any = None) -> None:
-        """See :meth:`PartialState.destroy_process_group`."""
-        self._view("destroy_process_group").destroy_process_group(group)
+        """See :meth:`PartialState.destroy_process_group` (works after ``_reset_state()``, as
+        Accelerate's does: the process group outlives the state objects)."""
+        PartialState().destroy_process_group(group)
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
@@ -1020,9 +1031,8 @@ class GradientState:
     _shared_state: dict[str, Any] = {}
 
     sync_gradients: bool
-    active_dataloader: Any
-    dataloader_references: list[Any]
     plugin_kwargs: dict[str, Any]
+    _dataloader_refs: list[Any]
 
     def __init__(self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None):
         self.__dict__ = self._shared_state
@@ -1031,8 +1041,9 @@ class GradientState:
             self._shared_state.update(
                 {
                     "sync_gradients": True,
-                    "active_dataloader": None,
-                    "dataloader_references": [None],
+                    # weak references: a loader dropped mid-epoch (an iterator abandoned
+                    # in a notebook) is freed, not kept alive by this singleton
+                    "_dataloader_refs": [None],
                     "plugin_kwargs": kwargs,
                     "_is_xla_gradients_synced": False,
                 }
@@ -1092,17 +1103,27 @@ class GradientState:
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self._shared_state["sync_gradients"] = sync_gradients
 
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """The loaders being iterated, outermost first, after a leading ``None``."""
+        live = [None if r is None else r() for r in self._dataloader_refs]
+        return [None] + [d for d in live[1:] if d is not None]
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The innermost prepared loader being iterated, or ``None``."""
+        return self.dataloader_references[-1]
+
     def _add_dataloader(self, dataloader: Any) -> None:
-        self._shared_state["active_dataloader"] = dataloader
-        self.dataloader_references.append(dataloader)
+        self._dataloader_refs.append(weakref.ref(dataloader))
 
     def _remove_dataloader(self, dataloader: Any) -> None:
-        refs = self.dataloader_references
-        for i in range(len(refs) - 1, -1, -1):
-            if refs[i] is dataloader:
+        refs = self._dataloader_refs
+        for i in range(len(refs) - 1, 0, -1):
+            if refs[i]() is dataloader:
                 del refs[i]
                 break
-        self._shared_state["active_dataloader"] = refs[-1] if refs else None
+        refs[1:] = [r for r in refs[1:] if r() is not None]
 
     @staticmethod
     def _reset_state() -> None:

@@ -1,35 +1,73 @@
-"""Metrics for the dashboard's live plots: ``log({"loss": 0.3}, step=10)`` in a rank.
+"""Experiment trackers (Accelerate's ``accelerate.tracking``) and the dashboard's live plots.
 
-Inside a rank started by :func:`notebook_launcher.notebook_launcher`, every call sends one
-:class:`~notebook_launcher._events.MetricsLogged` event to the kernel, where the dashboard
-draws one line per rank for each metric (so a rank that diverges stands out). Anywhere
-else (a plain script, ``torchrun``, the notebook's own process) it does nothing.
-``Accelerator.log`` calls it, so Accelerate's tracker API feeds the same plots.
+Two consumers of the same ``accelerator.log({...}, step=...)`` call:
 
-Values may be Python numbers or anything with ``.item()`` (a one-element tensor, a numpy
-scalar); others (strings, images) are skipped. Without ``step``, each rank counts its own
-calls (0, 1, 2...). Every call is one small event (about as costly as a ``print``): log
-every step of a fast loop if you like, the kernel keeps a bounded, thinned-out history.
+* the **dashboard**: inside a rank started by :func:`notebook_launcher.notebook_launcher`,
+  every rank's call sends one :class:`~notebook_launcher._events.MetricsLogged` event to the
+  kernel, where the dashboard draws one line per rank for each metric (so a rank that
+  diverges stands out). Anywhere else (a plain script, ``torchrun``) that part does nothing.
+  :func:`log` is that part alone.
+* the **trackers** named by ``Accelerator(log_with=...)``: TensorBoard (torch's
+  ``SummaryWriter``), W&B, MLflow, Comet, Aim, ClearML, DVCLive, SwanLab and Trackio, each
+  through its own package, or your own :class:`GeneralTracker` subclass. As in Accelerate
+  they start in ``accelerator.init_trackers(project, config)``, receive ``accelerator.log``
+  on the main process only (unless a tracker sets ``main_process_only = False``) and finish
+  in ``accelerator.end_training()``. Asking for a tracker whose package is not installed
+  raises ``ImportError`` at ``Accelerator(...)`` (Accelerate skips it silently, losing the
+  logs).
+
+For the dashboard, values may be Python numbers or anything with ``.item()`` (a one-element
+tensor, a numpy scalar); others (strings, images) are skipped. Without ``step``, each rank
+counts its own calls (0, 1, 2...). Every call is one small event (about as costly as a
+``print``): log every step of a fast loop if you like, the kernel keeps a bounded,
+thinned-out history.
 
 Example (in the launched function)::
 
-    import notebook_launcher
+    accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
+    accelerator.init_trackers("my_run", config={"lr": 1e-3})
     for step, batch in enumerate(loader):
         loss = train_step(batch)
-        notebook_launcher.log({"loss": loss.item()}, step=step)
+        accelerator.log({"loss": loss.item()}, step=step)   # TensorBoard + dashboard
+    accelerator.end_training()
 
-This module runs in ranks: it imports only the event definitions and the worker runtime.
+    notebook_launcher.log({"loss": 0.3}, step=10)         # the dashboard alone
+
+This module runs in ranks and stays light (the event definitions and the worker runtime:
+``from notebook_launcher import log`` imports no torch); the tracker classes live in
+:mod:`notebook_launcher.trackers` and are reachable here by name, on first use, as
+Accelerate's ``accelerate.tracking`` offers them.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._events import MetricsLogged
 from ._worker import runtime
+
+if TYPE_CHECKING:
+    from .trackers import (
+        LOGGER_TYPE_TO_CLASS,
+        AimTracker,
+        ClearMLTracker,
+        CometMLTracker,
+        DVCLiveTracker,
+        GeneralTracker,
+        MLflowTracker,
+        SwanLabTracker,
+        TensorBoardTracker,
+        TrackioTracker,
+        WandBTracker,
+        filter_trackers,
+        get_available_trackers,
+        on_main_process,
+        register_tracker_class,
+    )
 
 _next_step: int = 0
 
@@ -80,4 +118,49 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
     runtime.emit(MetricsLogged(rank=rank, step=int(step), values=tuple(pairs), time=time.time()))
 
 
-__all__ = ["log"]
+_TRACKER_NAMES = frozenset(
+    {
+        "LOGGER_TYPE_TO_CLASS",
+        "AimTracker",
+        "ClearMLTracker",
+        "CometMLTracker",
+        "DVCLiveTracker",
+        "GeneralTracker",
+        "MLflowTracker",
+        "SwanLabTracker",
+        "TensorBoardTracker",
+        "TrackioTracker",
+        "WandBTracker",
+        "filter_trackers",
+        "get_available_trackers",
+        "on_main_process",
+        "register_tracker_class",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    # Accelerate's tracker names at Accelerate's module path, without making log() heavy.
+    if name in _TRACKER_NAMES:
+        return getattr(importlib.import_module("notebook_launcher.trackers"), name)
+    raise AttributeError(f"module 'notebook_launcher.tracking' has no attribute {name!r}")
+
+
+__all__ = [
+    "log",
+    "AimTracker",
+    "ClearMLTracker",
+    "CometMLTracker",
+    "DVCLiveTracker",
+    "GeneralTracker",
+    "LOGGER_TYPE_TO_CLASS",
+    "MLflowTracker",
+    "SwanLabTracker",
+    "TensorBoardTracker",
+    "TrackioTracker",
+    "WandBTracker",
+    "filter_trackers",
+    "get_available_trackers",
+    "on_main_process",
+    "register_tracker_class",
+]

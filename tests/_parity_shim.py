@@ -2,14 +2,16 @@
 
 Three pieces, each usable on its own:
 
-* :func:`accelerate_sources` fetches the ``accelerate==1.15.0`` wheel with
-  ``pip download --no-deps`` into a cache outside the repository (``$NOTEBOOK_LAUNCHER_CACHE``
-  or ``~/.cache/notebook_launcher``) and unpacks only ``accelerate/test_utils/``: their test
-  scripts and helpers, never installed, never vendored.
+* :func:`accelerate_sources` fetches the ``accelerate==1.15.0`` source distribution with
+  ``pip download --no-deps --no-binary=:all:`` into a cache outside the repository
+  (``$NOTEBOOK_LAUNCHER_CACHE`` or ``~/.cache/notebook_launcher``) and unpacks only
+  ``src/accelerate/test_utils/`` (their test scripts and helpers) and ``tests/`` (their unit
+  tests): never installed, never vendored.
 * :class:`AccelerateShim`, an import hook named ``accelerate``: ``accelerate``,
   ``accelerate.utils.operations`` and the other modules Accelerate's scripts import resolve to
   notebook_launcher's own modules (the same objects), ``accelerate.test_utils.*`` to the
-  unpacked wheel files, and anything else raises ``ModuleNotFoundError`` naming the module, so a
+  unpacked files, the modules this package leaves to Accelerate (``accelerate.hooks``...) to
+  its ``AccelerateOnlyError`` (or stand-ins raising it when used), and anything else raises ``ModuleNotFoundError`` naming the module, so a
   missing piece shows as such. It is installed only inside the processes that run the scripts
   (the ranks, or a child acting as the notebook kernel), never in the pytest process, where
   the real ``accelerate`` stays importable.
@@ -31,13 +33,13 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
 import traceback
 import unittest
 import warnings
-import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,13 +54,20 @@ ALIASES = {
     "accelerate.accelerator": "notebook_launcher.accelerator",
     "accelerate.checkpointing": "notebook_launcher.checkpointing",
     "accelerate.data_loader": "notebook_launcher.data_loader",
-    "accelerate.launchers": "notebook_launcher.launcher",
+    "accelerate.launchers": "notebook_launcher.launchers",
+    "accelerate.local_sgd": "notebook_launcher.local_sgd",
+    "accelerate.logging": "notebook_launcher.logging",
+    "accelerate.tracking": "notebook_launcher.tracking",
     "accelerate.optimizer": "notebook_launcher.optimizer",
     "accelerate.scheduler": "notebook_launcher.scheduler",
     "accelerate.state": "notebook_launcher.state",
     "accelerate.utils": "notebook_launcher.utils",
     "accelerate.utils.constants": "notebook_launcher.utils.constants",
     "accelerate.utils.dataclasses": "notebook_launcher.utils.dataclasses",
+    "accelerate.utils.environment": "notebook_launcher.utils.environment",
+    "accelerate.utils.memory": "notebook_launcher.utils.memory",
+    "accelerate.utils.modeling": "notebook_launcher.utils.modeling",
+    "accelerate.utils.other": "notebook_launcher.utils.other",
     "accelerate.utils.imports": "notebook_launcher.utils.imports",
     "accelerate.utils.operations": "notebook_launcher.utils.operations",
     "accelerate.utils.random": "notebook_launcher.utils.random",
@@ -66,20 +75,23 @@ ALIASES = {
 _HELPERS = "accelerate.test_utils"
 
 
-# ------------------------------------------------------------------------------ the wheel
+# ------------------------------------------------------------------------------ the sources
 
 
 def cache_dir() -> Path:
     root = os.environ.get("NOTEBOOK_LAUNCHER_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "notebook_launcher"
     )
-    return Path(root) / f"accelerate-{ACCELERATE_VERSION}"
+    return Path(root) / f"accelerate-{ACCELERATE_VERSION}-sdist"
 
 
 def accelerate_sources() -> Path:
-    """Directory holding ``accelerate/test_utils/`` of the released wheel (fetched once)."""
+    """Directory holding ``accelerate/test_utils/`` and ``tests/`` of the released source
+    distribution (fetched once): their test scripts and helpers, and their unit tests."""
     root = cache_dir()
-    if (root / "accelerate" / "test_utils" / "scripts" / "test_ops.py").is_file():
+    if (root / "accelerate" / "test_utils" / "scripts" / "test_ops.py").is_file() and (
+        root / "tests" / "test_accelerator.py"
+    ).is_file():
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
@@ -90,7 +102,7 @@ def accelerate_sources() -> Path:
                 "pip",
                 "download",
                 "--no-deps",
-                "--only-binary=:all:",
+                "--no-binary=:all:",
                 "--disable-pip-version-check",
                 "-q",
                 "-d",
@@ -101,11 +113,22 @@ def accelerate_sources() -> Path:
             timeout=300,
             capture_output=True,
         )
-        (wheel,) = Path(tmp).glob("accelerate-*.whl")
+        (sdist,) = Path(tmp).glob("accelerate-*.tar.gz")
         unpacked = Path(tmp) / "unpacked"
-        with zipfile.ZipFile(wheel) as archive:
-            members = [n for n in archive.namelist() if n.startswith("accelerate/test_utils/")]
-            archive.extractall(unpacked, members)
+        top = f"accelerate-{ACCELERATE_VERSION}/"
+        wanted = {
+            top + "src/accelerate/test_utils/": "accelerate/test_utils/",
+            top + "tests/": "tests/",
+        }
+        with tarfile.open(sdist) as archive:
+            for member in archive.getmembers():
+                for prefix, target in wanted.items():
+                    if member.isfile() and member.name.startswith(prefix):
+                        dest = unpacked / target / member.name[len(prefix) :]
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        source = archive.extractfile(member)
+                        assert source is not None
+                        dest.write_bytes(source.read())
         try:
             os.replace(unpacked, root)  # atomic: a half-unpacked cache never looks complete
         except OSError:
@@ -117,11 +140,50 @@ def accelerate_sources() -> Path:
 # ------------------------------------------------------------------------------ the shim
 
 
+#: Accelerate's modules that notebook_launcher deliberately leaves to Accelerate itself (see
+#: notebook_launcher/_accelerate_only.py): importing them raises its AccelerateOnlyError, or,
+#: with ``stand_in_accelerate_only``, gives a stand-in module (see :func:`install`).
+ACCELERATE_ONLY_MODULES = {
+    "accelerate.big_modeling": "big_modeling",
+    "accelerate.hooks": "hooks",
+    "accelerate.inference": "inference",
+    "accelerate.commands": "commands",
+    "accelerate.commands.merge": "commands",
+    "accelerate.utils.launch": "launch",
+}
+
+
+def _stand_in(name: str, fallback: str) -> Callable[..., Any]:
+    """A stand-in for an Accelerate-only name: raises the package's error when used."""
+    from notebook_launcher._accelerate_only import ACCELERATE_ONLY, error_for
+
+    key = name if name in ACCELERATE_ONLY else fallback
+
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        raise error_for(key)
+
+    stand_in.__name__ = stand_in.__qualname__ = name
+    return stand_in
+
+
+class _StandInModule(ModuleType):
+    def __init__(self, name: str, key: str) -> None:
+        super().__init__(name)
+        self.__path__: list[str] = []  # a package: its submodules are stand-ins too
+        self._key = key
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _stand_in(attr, self._key)
+
+
 class AccelerateShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """``import accelerate...`` answered by notebook_launcher (see the module docstring)."""
 
-    def __init__(self, sources: Path) -> None:
+    def __init__(self, sources: Path, stand_in_accelerate_only: bool = False) -> None:
         self.sources = sources
+        self.stand_in = stand_in_accelerate_only
         self._specs: dict[str, Any] = {}
 
     def find_spec(
@@ -129,7 +191,7 @@ class AccelerateShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != "accelerate" and not fullname.startswith("accelerate."):
             return None
-        if fullname in ALIASES:
+        if fullname in ALIASES or fullname in ACCELERATE_ONLY_MODULES:
             return importlib.util.spec_from_loader(fullname, self)
         if fullname == _HELPERS or fullname.startswith(_HELPERS + "."):
             base = self.sources.joinpath(*fullname.split("."))
@@ -145,21 +207,61 @@ class AccelerateShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         )
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        if spec.name in ACCELERATE_ONLY_MODULES:
+            key = ACCELERATE_ONLY_MODULES[spec.name]
+            if self.stand_in:
+                return _StandInModule(spec.name, key)
+            from notebook_launcher._accelerate_only import error_for
+
+            raise error_for(key)
         module = importlib.import_module(ALIASES[spec.name])
         self._specs[spec.name] = module.__spec__  # the import system overwrites it next
         return module
 
     def exec_module(self, module: ModuleType) -> None:
+        if isinstance(module, _StandInModule):
+            return
         # Our module is already executed; give it back its own spec.
         module.__spec__ = self._specs.pop(module.__spec__.name)  # type: ignore[union-attr]
 
 
-def install(sources: Path) -> AccelerateShim:
-    """Make ``import accelerate`` mean notebook_launcher in this process (for good)."""
+def _stand_in_package_names() -> None:
+    """``from accelerate import init_empty_weights`` binds a stand-in instead of raising
+    (our packages' ``__getattr__`` raise AccelerateOnlyError for those names)."""
+    from notebook_launcher._accelerate_only import AccelerateOnlyError
+
+    for name in (
+        "notebook_launcher",
+        "notebook_launcher.utils",
+        "notebook_launcher.utils.modeling",
+    ):
+        module = importlib.import_module(name)
+        original = module.__getattr__
+
+        def lookup(attr: str, original: Callable[[str], Any] = original) -> Any:
+            try:
+                return original(attr)
+            except AccelerateOnlyError:
+                return _stand_in(attr, attr)
+
+        module.__getattr__ = lookup  # type: ignore[method-assign]
+
+
+def install(sources: Path, stand_in_accelerate_only: bool = False) -> AccelerateShim:
+    """Make ``import accelerate`` mean notebook_launcher in this process (for good).
+
+    ``stand_in_accelerate_only``: the names and modules notebook_launcher leaves to Accelerate
+    (big-model inference, FSDP/DeepSpeed, the command line) import as stand-ins that raise the
+    package's AccelerateOnlyError when used, instead of at the import. For their unit-test
+    files, which import such names at the top next to the training API: the tests that use
+    them fail at that error, the others run.
+    """
     for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
         del sys.modules[name]  # a real Accelerate imported earlier (a forked rank inherits it)
-    shim = AccelerateShim(sources)
+    shim = AccelerateShim(sources, stand_in_accelerate_only)
     sys.meta_path.insert(0, shim)
+    if stand_in_accelerate_only:
+        _stand_in_package_names()
     return shim
 
 

@@ -698,17 +698,27 @@ def test_join_warns_outside_ddp() -> None:
         assert len(messages) == 1 and "only supported for multi-GPU" in messages[0]
 
 
-def test_stateful_dataloader_needs_torchdata_as_in_accelerate() -> None:
+def test_stateful_dataloader_uses_torchdata_as_in_accelerate() -> None:
     from notebook_launcher.utils.imports import is_torchdata_stateful_dataloader_available
 
     acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
-    loader = DataLoader(TensorDataset(torch.ones(4)), batch_size=2)
-    if is_torchdata_stateful_dataloader_available():
-        with pytest.raises(NotImplementedError, match="skip_first_batches"):
-            acc.prepare(loader)
-    else:
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2)
+    if not is_torchdata_stateful_dataloader_available():
         with pytest.raises(ImportError, match="Please install torchdata version 0.8.0"):
             acc.prepare(loader)
+        return
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    prepared = acc.prepare(loader)
+    assert isinstance(prepared, StatefulDataLoader)
+    seen = []
+    for i, (batch,) in enumerate(prepared):
+        seen.append(batch.tolist())
+        if i == 1:
+            state = prepared.state_dict()  # after two batches handed out
+    again = acc.prepare(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2))
+    again.load_state_dict(state)
+    assert [b.tolist() for (b,) in again] == seen[2:]
 
 
 def test_a_second_accelerator_updates_gradient_accumulation() -> None:

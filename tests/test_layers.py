@@ -12,7 +12,8 @@ Module paths say where code runs:
   ``data_loader``, ``checkpointing``, ``utils/`` -- runs in ranks: never the kernel side
   or the UI;
 * ``tracking`` -- ``log()`` for the live metric plots, called in ranks (``Accelerator.log``):
-  only ``_events`` and the worker runtime;
+  only ``_events`` and the worker runtime (the experiment trackers are ``trackers``, worker
+  API, reached from ``tracking`` by name on first use);
 * ``ui/`` -- views over plain events: only ``_events`` and ``errors``, never torch;
 * orchestrators -- ``launcher`` and the kernel's entry points -- where they meet.
 """
@@ -42,6 +43,10 @@ BOTTOM = (
     "_settings",
     "_accelerate_env",
     "_wire",
+    # Accelerate's names left to Accelerate, and the modules that only raise their error
+    "_accelerate_only",
+    "big_modeling",
+    "hooks",
 )
 WORKER_API = (
     "state",
@@ -52,6 +57,9 @@ WORKER_API = (
     "checkpointing",
     "utils",
     "tracking",
+    "trackers",
+    "logging",
+    "local_sgd",
 )
 #: layer -> the layers (top-level names under the package) it may import
 ALLOWED: dict[str, tuple[str, ...]] = {
@@ -203,6 +211,7 @@ def test_every_module_has_a_layer_or_is_an_orchestrator() -> None:
         "__main__",
         "_demo",
         "_kernelspec",
+        "launchers",  # Accelerate's module: notebook_launcher and debug_launcher
     }
     extra = {m for m, _ in modules() if layer_of(m) is None} - orchestrators
     assert not extra, f"modules without a layer (add them to tests/test_layers.py): {extra}"

@@ -302,7 +302,8 @@ def test_torchrun_style_env_creates_and_reset_destroys_the_group(
         monkeypatch.setenv(key, value)
     state = PartialState(timeout=30)
     assert dist.is_initialized()
-    assert state.distributed_type is DistributedType.MULTI_CPU
+    # Accelerate's rule: one CPU process is not distributed, even in a group of one
+    assert state.distributed_type is DistributedType.NO
     assert (state.backend, state.num_processes, state.use_distributed) == ("gloo", 1, False)
     state.wait_for_everyone()  # a real barrier on a 1-rank group
     _reset_state()

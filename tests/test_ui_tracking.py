@@ -65,8 +65,23 @@ def test_log_outside_a_launched_rank_does_nothing() -> None:
 
 
 def test_accelerator_log_feeds_the_same_plots(sent: list[Any]) -> None:
+    """One ``accelerator.log`` call: the dashboard's plot and the trackers of ``log_with``."""
     from notebook_launcher.accelerator import Accelerator
+    from notebook_launcher.trackers import GeneralTracker
 
-    Accelerator.log(None, {"loss": Item(0.75)}, step=5)  # type: ignore[arg-type]
+    class Keep(GeneralTracker):
+        name = "keep"
+        requires_logging_directory = False
+        tracker = None
+        logged: list[Any] = []
+
+        def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+            self.logged.append((values, step))
+
+    keep = Keep()
+    accelerator = Accelerator(log_with=keep)
+    accelerator.init_trackers("run")
+    accelerator.log({"loss": Item(0.75)}, step=5)
     (event,) = sent
     assert (event.step, event.values) == (5, (("loss", 0.75),))
+    assert [(v["loss"].value, s) for v, s in keep.logged] == [(0.75, 5)]

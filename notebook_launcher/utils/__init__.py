@@ -22,11 +22,16 @@ from .dataclasses import (
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
     DistributedType,
+    DynamoBackend,
     GradientAccumulationPlugin,
     GradScalerKwargs,
+    InitProcessGroupKwargs,
     KwargsHandler,
+    LoggerType,
+    ProfileKwargs,
     ProjectConfiguration,
     RNGType,
+    TorchDynamoPlugin,
 )
 from .imports import (
     check_cuda_fp8_capability,
@@ -80,12 +85,30 @@ from .imports import (
 )
 
 if TYPE_CHECKING:
+    from ..checkpointing import load_checkpoint_in_model, save
     from ..errors import DistributedOperationException
     from ..state import parse_flag_from_env
+    from .environment import (
+        check_os_kernel,
+        clear_environment,
+        convert_dict_to_env_variables,
+        get_int_from_env,
+        patch_environment,
+        purge_accelerate_environment,
+    )
+    from .memory import (
+        clear_device_cache,
+        find_executable_batch_size,
+        release_memory,
+        should_reduce_batch_size,
+    )
     from .operations import (
+        CannotPadNestedTensorWarning,
         broadcast,
         broadcast_object_list,
         concatenate,
+        convert_outputs_to_fp32,
+        convert_to_fp32,
         copy_tensor_to_devices,
         find_batch_size,
         find_device,
@@ -96,18 +119,28 @@ if TYPE_CHECKING:
         is_torch_tensor,
         listify,
         pad_across_processes,
+        pad_input_tensors,
         recursively_apply,
         reduce,
         send_to_device,
         slice_tensors,
         wait_for_everyone,
     )
+    from .other import (
+        extract_model_from_parallel,
+        get_model_tp_size,
+        has_compiled_regions,
+        is_compiled_module,
+    )
     from .random import set_seed, synchronize_rng_state, synchronize_rng_states
 
 _OPERATIONS = (
+    "CannotPadNestedTensorWarning",
     "broadcast",
     "broadcast_object_list",
     "concatenate",
+    "convert_outputs_to_fp32",
+    "convert_to_fp32",
     "copy_tensor_to_devices",
     "find_batch_size",
     "find_device",
@@ -118,6 +151,7 @@ _OPERATIONS = (
     "is_torch_tensor",
     "listify",
     "pad_across_processes",
+    "pad_input_tensors",
     "recursively_apply",
     "reduce",
     "send_to_device",
@@ -126,6 +160,37 @@ _OPERATIONS = (
 )
 _LAZY: dict[str, str] = {
     **dict.fromkeys(_OPERATIONS, "notebook_launcher.utils.operations"),
+    **dict.fromkeys(
+        (
+            "check_os_kernel",
+            "clear_environment",
+            "convert_dict_to_env_variables",
+            "get_int_from_env",
+            "patch_environment",
+            "purge_accelerate_environment",
+        ),
+        "notebook_launcher.utils.environment",
+    ),
+    **dict.fromkeys(
+        (
+            "extract_model_from_parallel",
+            "get_model_tp_size",
+            "has_compiled_regions",
+            "is_compiled_module",
+        ),
+        "notebook_launcher.utils.other",
+    ),
+    **dict.fromkeys(
+        (
+            "clear_device_cache",
+            "find_executable_batch_size",
+            "release_memory",
+            "should_reduce_batch_size",
+        ),
+        "notebook_launcher.utils.memory",
+    ),
+    "load_checkpoint_in_model": "notebook_launcher.checkpointing",
+    "save": "notebook_launcher.checkpointing",
     "set_seed": "notebook_launcher.utils.random",
     "synchronize_rng_state": "notebook_launcher.utils.random",
     "synchronize_rng_states": "notebook_launcher.utils.random",
@@ -137,6 +202,10 @@ _LAZY: dict[str, str] = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        from .._accelerate_only import ACCELERATE_ONLY, error_for
+
+        if name in ACCELERATE_ONLY:
+            raise error_for(name)
         raise AttributeError(f"module 'notebook_launcher.utils' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
@@ -149,33 +218,51 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AutocastKwargs",
+    "CannotPadNestedTensorWarning",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "DynamoBackend",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
     "KwargsHandler",
+    "LoggerType",
     "PrecisionType",
+    "ProfileKwargs",
     "ProjectConfiguration",
     "RNGType",
+    "TorchDynamoPlugin",
     "broadcast",
     "broadcast_object_list",
     "check_cuda_fp8_capability",
+    "check_os_kernel",
+    "clear_device_cache",
+    "clear_environment",
     "compare_versions",
     "concatenate",
+    "convert_dict_to_env_variables",
+    "convert_outputs_to_fp32",
+    "convert_to_fp32",
     "copy_tensor_to_devices",
+    "extract_model_from_parallel",
     "find_batch_size",
     "find_device",
+    "find_executable_batch_size",
     "gather",
     "gather_object",
+    "get_int_from_env",
+    "get_model_tp_size",
+    "has_compiled_regions",
     "honor_type",
     "is_aim_available",
     "is_bf16_available",
     "is_bnb_available",
     "is_clearml_available",
     "is_comet_ml_available",
+    "is_compiled_module",
     "is_cuda_available",
     "is_datasets_available",
     "is_deepspeed_available",
@@ -219,12 +306,19 @@ __all__ = [
     "is_wandb_available",
     "is_xpu_available",
     "listify",
+    "load_checkpoint_in_model",
     "pad_across_processes",
+    "pad_input_tensors",
     "parse_flag_from_env",
+    "patch_environment",
+    "purge_accelerate_environment",
     "recursively_apply",
     "reduce",
+    "release_memory",
+    "save",
     "send_to_device",
     "set_seed",
+    "should_reduce_batch_size",
     "slice_tensors",
     "str_to_bool",
     "synchronize_rng_state",

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -110,7 +111,10 @@ class KwargsHandler:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
     def to_kwargs(self) -> dict[str, Any]:
-        default = self.__class__().to_dict()
+        from .environment import clear_environment
+
+        with clear_environment():  # defaults as documented, not as the environment sets them
+            default = self.__class__().to_dict()
         return {k: v for k, v in self.to_dict().items() if default[k] != v}
 
 
@@ -171,9 +175,10 @@ class DataLoaderConfiguration:
             ``(seed, epoch)``, so results are reproducible across runs and resumptions.
         data_seed: the seed of that sampler (default: the global seed at prepare time).
         non_blocking: pass ``non_blocking=True`` when moving batches to the device.
-        use_stateful_dataloader: Accelerate's switch to ``torchdata``'s ``StatefulDataLoader``.
-            ``prepare`` raises Accelerate's ``ImportError`` without ``torchdata`` >= 0.8 and
-            ``NotImplementedError`` with it: resume mid-epoch with ``skip_first_batches``.
+        use_stateful_dataloader: prepared loaders are also ``torchdata``'s
+            ``StatefulDataLoader``: ``state_dict()`` mid-epoch records the position and
+            ``save_state``/``load_state`` resume there. ``prepare`` raises Accelerate's
+            ``ImportError`` without ``torchdata`` >= 0.8.
 
     Example::
 
@@ -323,16 +328,216 @@ class AutocastKwargs(KwargsHandler):
     cache_enabled: bool | None = None
 
 
+@dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Arguments for ``torch.distributed.init_process_group`` when the ``Accelerator`` creates
+    the group (under ``torchrun``). Inside a launch the launcher created it already: then only
+    ``timeout`` is applied, to the collectives of the existing group.
+
+    Example::
+
+        Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=5))])
+    """
+
+    backend: str | None = "nccl"
+    init_method: str | None = None
+    timeout: Any = None
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and not hasattr(self.timeout, "total_seconds"):
+            from datetime import timedelta
+
+            self.timeout = timedelta(seconds=float(self.timeout))
+
+
+class DynamoBackend(str, enum.Enum):
+    """``torch.compile`` backends, as Accelerate names them (``NO``: do not compile)."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _env_flag(key: str) -> bool:
+    return os.environ.get(key, "false").strip().lower() in ("1", "true", "yes", "on", "y", "t")
+
+
+@dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """How :meth:`Accelerator.prepare` compiles models with ``torch.compile``.
+
+    ``backend="no"`` (the default, or env ``ACCELERATE_DYNAMO_BACKEND``) compiles nothing;
+    ``Accelerator(dynamo_backend="inductor")`` is a shorthand for this plugin. ``mode``,
+    ``fullgraph``, ``dynamic``, ``options`` and ``disable`` go to ``torch.compile``;
+    ``use_regional_compilation`` compiles each repeated block instead of the whole model.
+
+    Example::
+
+        Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="inductor", mode="reduce-overhead"))
+    """
+
+    backend: Any = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        prefix = "ACCELERATE_DYNAMO_"
+        if self.backend is None:
+            self.backend = os.environ.get(prefix + "BACKEND", "no")
+        backend = self.backend.value if isinstance(self.backend, DynamoBackend) else self.backend
+        try:
+            self.backend = DynamoBackend(str(backend).upper())
+        except ValueError:
+            known = ", ".join(b.value.lower() for b in DynamoBackend)
+            raise ValueError(f"unknown dynamo backend {backend!r}: use one of {known}") from None
+        if self.mode is None:
+            self.mode = os.environ.get(prefix + "MODE", "default")
+        if self.fullgraph is None:
+            self.fullgraph = _env_flag(prefix + "USE_FULLGRAPH")
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = _env_flag(prefix + "USE_REGIONAL_COMPILATION")
+        if self.dynamic is None and os.environ.get(prefix + "USE_DYNAMIC") is not None:
+            self.dynamic = _env_flag(prefix + "USE_DYNAMIC")
+
+    def to_dict(self) -> dict[str, Any]:
+        config = super().to_dict()
+        config["backend"] = self.backend.value.lower()
+        return config
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for ``torch.compile`` that differ from the defaults (as in
+        Accelerate), the backend always included unless it is ``"no"``."""
+        kwargs = super().to_kwargs()
+        kwargs.pop("use_regional_compilation", None)
+        if self.backend != DynamoBackend.NO:
+            kwargs["backend"] = self.backend.value.lower()
+        return kwargs
+
+
+class ProfilerActivity(str, enum.Enum):
+    CPU = "cpu"
+    XPU = "xpu"
+    MTIA = "mtia"
+    CUDA = "cuda"
+    HPU = "hpu"
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """Settings of :meth:`Accelerator.profile` (``torch.profiler.profile``).
+
+    ``activities`` (``["cpu", "cuda"]``; default: what the profiler picks), ``schedule_option``
+    (``wait``, ``warmup``, ``active``, ``repeat``, ``skip_first``: a ``torch.profiler.schedule``),
+    ``on_trace_ready``, ``record_shapes``, ``profile_memory``, ``with_stack``, ``with_flops``,
+    ``with_modules``; ``output_trace_dir``: also export each rank's Chrome trace there
+    (``trace_rank{n}.json``).
+
+    Example::
+
+        handler = ProfileKwargs(activities=["cpu"], record_shapes=True)
+        accelerator = Accelerator(kwargs_handlers=[handler])
+        with accelerator.profile() as prof:
+            train_step()
+        print(prof.key_averages().table(row_limit=5))
+    """
+
+    activities: list[Any] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Any = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def build(self) -> Any:
+        """The ``torch.profiler.profile`` these settings describe (not started)."""
+        import torch.profiler
+
+        activities = None
+        if self.activities is not None:
+            activities = []
+            for activity in self.activities:
+                name = activity.value if isinstance(activity, ProfilerActivity) else str(activity)
+                try:
+                    activities.append(getattr(torch.profiler.ProfilerActivity, name.upper()))
+                except AttributeError:
+                    raise ValueError(
+                        f"unknown profiler activity {activity!r}: use cpu, cuda, xpu, mtia or hpu"
+                    ) from None
+        schedule = None
+        if self.schedule_option is not None:
+            schedule = torch.profiler.schedule(**self.schedule_option)
+        return torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
+
+
+class LoggerType(str, enum.Enum):
+    """The experiment trackers ``Accelerator(log_with=...)`` knows by name."""
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+    TRACKIO = "trackio"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def list(cls) -> list[str]:
+        return [m.value for m in cls]
+
+
 __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "DynamoBackend",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
     "KwargsHandler",
+    "LoggerType",
     "PrecisionType",
+    "ProfileKwargs",
+    "ProfilerActivity",
     "ProjectConfiguration",
     "RNGType",
+    "TorchDynamoPlugin",
 ]

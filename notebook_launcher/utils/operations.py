@@ -37,8 +37,11 @@ Example::
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import pickle
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -140,8 +143,9 @@ def recursively_apply(
         return func(data, *args, **kwargs)
     if error_on_other_type:
         raise TypeError(
-            f"Unsupported type {type(data).__name__!r} passed to {getattr(func, '__name__', func)}:"
-            " only tensors in nested lists/tuples/dicts are accepted."
+            f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. "
+            "Only nested list/tuple/dicts of objects that are valid for `is_torch_tensor` "
+            "should be passed."
         )
     return data
 
@@ -837,6 +841,13 @@ def pad_across_processes(
     ps = _state.PartialState()
 
     def one(t: torch.Tensor) -> torch.Tensor:
+        if t.is_nested:
+            warnings.warn(
+                "pad_across_processes cannot pad a nested tensor: it is returned as is.",
+                CannotPadNestedTensorWarning,
+                stacklevel=4,
+            )
+            return t
         if ps.use_distributed:
             if t.ndim > _MAX_DIMS:
                 raise ValueError(f"pad_across_processes supports up to {_MAX_DIMS} dims")
@@ -879,6 +890,9 @@ def pad_across_processes(
 def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
     """Concatenate a list of same-structured nested tensors, leaf by leaf, along ``dim``.
 
+    A list of one element is returned as that element, whatever it is (as in Accelerate);
+    several non-tensor leaves raise ``TypeError``.
+
     Example::
 
         concatenate([{"x": torch.ones(1)}, {"x": torch.zeros(2)}])   # {"x": tensor([1., 0., 0.])}
@@ -892,9 +906,79 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
         )
     if isinstance(first, Mapping):
         return _rebuild_mapping(first, {k: concatenate([d[k] for d in data], dim) for k in first})
-    if not isinstance(first, torch.Tensor):
-        raise TypeError(f"concatenate joins tensors, got {type(first).__name__}")
-    return torch.cat(list(data), dim=dim)
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(data), dim=dim)
+    if len(data) == 1:
+        return first
+    raise TypeError(f"Can only concatenate tensors but got {type(first)}")
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """:func:`pad_across_processes` was given a nested tensor, which it returns unpadded."""
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Pad each tensor along ``dim`` with zeros to a multiple of ``num_processes`` rows (at
+    least ``num_processes``), so that every process gets a share of a batch of ``batch_size``.
+
+    >>> pad_input_tensors(torch.ones(3, 2), batch_size=3, num_processes=2).shape
+    torch.Size([4, 2])
+    """
+
+    def one(t: torch.Tensor) -> torch.Tensor:
+        target = max(num_processes, -(-batch_size // num_processes) * num_processes)
+        d = dim + t.ndim if dim < 0 else dim
+        if target <= t.shape[d]:
+            return t
+        shape = list(t.shape)
+        shape[d] = target
+        out = t.new_zeros(shape)
+        index = [slice(None)] * t.ndim
+        index[d] = slice(0, t.shape[d])
+        out[tuple(index)] = t
+        return out
+
+    return recursively_apply(one, tensor, error_on_other_type=True)
+
+
+def _to_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.float()
+
+
+def _is_half(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16)
+
+
+def convert_to_fp32(tensor: Any) -> Any:
+    """Every fp16/bf16 tensor of a nest converted to fp32; everything else unchanged.
+
+    >>> convert_to_fp32({"x": torch.ones(1, dtype=torch.bfloat16), "n": 3})["x"].dtype
+    torch.float32
+    """
+    return recursively_apply(_to_fp32, tensor, test_type=_is_half)
+
+
+class ConvertOutputsToFp32:
+    """Wraps a forward so that its half-precision outputs come back in fp32. A class, not a
+    closure, so that a model carrying it still pickles."""
+
+    def __init__(self, model_forward: Callable[..., Any]) -> None:
+        self.model_forward = model_forward
+        functools.update_wrapper(self, model_forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return convert_to_fp32(self.model_forward(*args, **kwargs))
+
+    def __getstate__(self) -> Any:
+        raise pickle.PicklingError(
+            "Cannot pickle a prepared model with automatic mixed precision, please unwrap the "
+            "model with `Accelerator.unwrap_model(model)` before pickling it."
+        )
+
+
+def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``model_forward`` whose half-precision outputs are converted to fp32."""
+    return ConvertOutputsToFp32(model_forward)
 
 
 def wait_for_everyone() -> None:
@@ -903,10 +987,14 @@ def wait_for_everyone() -> None:
 
 
 __all__ = [
+    "CannotPadNestedTensorWarning",
+    "ConvertOutputsToFp32",
     "DistributedOperationException",
     "broadcast",
     "broadcast_object_list",
     "concatenate",
+    "convert_outputs_to_fp32",
+    "convert_to_fp32",
     "copy_tensor_to_devices",
     "find_batch_size",
     "find_device",
@@ -917,6 +1005,7 @@ __all__ = [
     "is_torch_tensor",
     "listify",
     "pad_across_processes",
+    "pad_input_tensors",
     "recursively_apply",
     "reduce",
     "send_to_device",
