@@ -168,7 +168,7 @@ def notebook_launcher(
     """
     __tracebackhide__ = True  # IPython and pytest show the caller's frames, then the rank's
     if cluster is not None:
-        return _on_cluster(
+        launch = _on_cluster(
             cluster, function, args, kwargs, num_processes, mixed_precision, max_restarts,
             log_line_prefix_template, dashboard, grace_period, block, restart_on_exception,
             raise_child_failed,
@@ -176,6 +176,12 @@ def notebook_launcher(
                         rdzv_backend=(rdzv_backend, "static"), rdzv_endpoint=(rdzv_endpoint, ""),
                         start_method=(start_method, None)),
         )  # fmt: skip
+        if not block:
+            return _in_background(launch)
+        outcome = launch.run()
+        if isinstance(outcome, BaseException):
+            raise outcome  # here, so that the traceback shows the caller, then the rank
+        return outcome
     preflight.check_args(args, kwargs)
     preflight.check_dashboard(dashboard)
     del monitor_interval  # we wait on sentinels instead of polling
@@ -220,17 +226,16 @@ def notebook_launcher(
         raise
     elastic_name = getattr(function, "__name__", "function") if child_failed else None
     launch = _Launch(plan, task, view, policy, line_prefix, elastic_name)
-    return _run(launch, block)
+    if not block:
+        return _in_background(launch)
+    outcome = launch.run()
+    if isinstance(outcome, BaseException):
+        raise outcome  # here, so that the traceback shows the caller, then the rank
+    return outcome
 
 
-def _run(launch: _Launch, block: bool) -> Any:
-    """Run ``launch`` here (``block``), or in a thread of its own behind a handle."""
-    __tracebackhide__ = True
-    if block:
-        outcome = launch.run()
-        if isinstance(outcome, BaseException):
-            raise outcome  # here, so that the traceback shows the caller, then the rank
-        return outcome
+def _in_background(launch: _Launch) -> TaskHandle:
+    """A non-blocking launch: its ranks start here, a thread of its own pumps them."""
     launch.start()  # in this thread: the ranks die with the thread that started them
     handle = TaskHandle(launch.interrupt)
     # In this cell's context: what the thread shows belongs to this cell (ipykernel keeps
@@ -257,7 +262,7 @@ def _on_cluster(
     restart_on_exception: Any,
     raise_child_failed: bool | None,
     others: dict[str, tuple[Any, Any]],
-) -> Any:
+) -> _Launch:
     """A launch on a cluster's nodes: one controller, every rank of the job planned here."""
     __tracebackhide__ = True
     for name, (value, default) in others.items():
@@ -304,7 +309,7 @@ def _on_cluster(
         view.close()
         raise
     elastic_name = getattr(function, "__name__", "function") if child_failed else None
-    return _run(_Launch(plan, task, view, policy, line_prefix, elastic_name), block)
+    return _Launch(plan, task, view, policy, line_prefix, elastic_name)
 
 
 def _view(dashboard: bool | str | View, block: bool) -> View:
