@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._events import Event, LaunchFinished, LaunchRestarting, RendezvousStarted
-from ._launch import preflight, rendezvous
+from ._launch import preflight, rendezvous, stall
 from ._launch.diagnosis import (
     RestartPolicy,
     Verdict,
@@ -69,6 +69,7 @@ from ._launch.session import TaskHandle
 from .errors import LaunchError, LaunchFailure, RankFailedError
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
+from .ui.stall import Stacks
 
 
 def notebook_launcher(
@@ -99,6 +100,7 @@ def notebook_launcher(
     | tuple[type[BaseException], ...]
     | None = None,
     raise_child_failed: bool | None = None,
+    stall_after: float | None = stall.DEFAULT_STALL_AFTER,
 ) -> Any:
     """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
 
@@ -132,6 +134,12 @@ def notebook_launcher(
     the rank's own exception as its ``__cause__``: for code that catches ``ChildFailedError``.
     ``log_line_prefix_template`` (``"[${rank}]: "``; torch elastic's ``${rank}``,
     ``${local_rank}``, ``${role_name}``) replaces the ``[rankN]`` label of output lines.
+
+    ``stall_after`` (seconds, default 30; ``None``: off): when no rank made progress (no
+    event, output line or progress update) for that long, the dashboard (and the text
+    view) shows where every rank is -- each thread's Python stack, the odd rank(s) out
+    named -- until progress resumes. ``handle.stacks()`` shows it on demand for a
+    ``block=False`` launch, and an interrupted stuck launch says where each rank was.
 
     Extras beyond Accelerate: ``kwargs`` for the function, ``start_method``
     (``None`` chooses: fork unless CUDA is initialised here, then a forkserver),
@@ -201,13 +209,14 @@ def notebook_launcher(
         raise
     elastic_name = getattr(function, "__name__", "function") if child_failed else None
     launch = _Launch(plan, task, view, policy, line_prefix, elastic_name)
+    launch.watch.stall_after = stall.check_stall_after(stall_after)
     if block:
         outcome = launch.run()
         if isinstance(outcome, BaseException):
             raise outcome  # here, so that the traceback shows the caller, then the rank
         return outcome
     launch.start()  # in this thread: the ranks die with the thread that started them
-    handle = TaskHandle(launch.interrupt)
+    handle = TaskHandle(launch.interrupt, stacks=lambda: Stacks(launch.watch.take()))
     # In this cell's context: what the thread shows belongs to this cell (ipykernel keeps
     # the cell of an output in context variables), not to the cell that runs meanwhile.
     cell = contextvars.copy_context()
@@ -261,6 +270,10 @@ class _Launch:
         self._announced = False
         self._ended = False
         self.t0 = time.time()
+        #: where every rank is when nothing moves (fed events, ticked by the pump)
+        self.watch = stall.StallWatch(None, view.handle)
+        #: where each rank was when the user interrupted a stuck launch
+        self.interrupt_report: Any = None
 
     @property
     def world_size(self) -> int:
@@ -311,8 +324,11 @@ class _Launch:
         self.record = record = RunRecord([s.rank for s in specs])
         view = self.view
 
+        watch = self.watch
+
         def on_event(event: Event) -> None:
             record.on_event(event)
+            watch.saw(event)
             view.handle(event)
 
         def on_exit(proc: WorkerProcess) -> None:
@@ -330,6 +346,7 @@ class _Launch:
             self.plan.grace_period,
         )
         self._listen = None  # the group owns it now
+        self.watch.watch(stall.of_group(self.group))
         self.group.start()
 
     # -- run ---------------------------------------------------------------------------
@@ -340,8 +357,9 @@ class _Launch:
         self.start()
         try:
             self._attempts()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self._interrupted()
+            _add_note(exc, stall.note(self.interrupt_report))
             raise
         finally:
             self._end()
@@ -358,8 +376,9 @@ class _Launch:
         assert group is not None
         wake = link.wake_fd if link is not None and link.job.num_nodes > 1 else None
         while not group.finished:
-            group.pump(0.5, wake=wake)
+            group.pump(self.watch.timeout(0.5), wake=wake)
             self.view.tick()
+            self.watch.tick()
             if link is not None and wake is not None and not record.stopping:
                 reason = link.heard(self.attempt)
                 if reason is not None:  # collateral of another node's end
@@ -375,6 +394,8 @@ class _Launch:
 
     def interrupt(self) -> None:
         """Stop every rank (a non-blocking launch's ``cancel()``, or Ctrl-C on its result)."""
+        if not self.interrupted:
+            self.interrupt_report = self.watch.on_interrupt()
         self.interrupted = True
         self.record.stopping = self.record.interrupted = True
         if self.group is not None:
@@ -383,6 +404,10 @@ class _Launch:
     def _interrupted(self) -> None:
         """Ctrl-C: stop this node's ranks now; tell the other nodes (see
         :meth:`NodeLink.tell_interrupted`)."""
+        if not self.interrupted:
+            self.interrupt_report = self.watch.on_interrupt()
+            if self.interrupt_report is not None:
+                self.view.handle(self.interrupt_report)
         self.interrupted = True
         self.record.stopping = self.record.interrupted = True
         if self.group is not None:
@@ -452,6 +477,7 @@ class _Launch:
         if self._ended:
             return
         self._ended = True
+        self.watch.stop()
         try:
             if self.group is not None:
                 self.group.close()
@@ -489,7 +515,9 @@ class _Launch:
         assert self.verdict is not None
         ranks = record.ranks
         if self.interrupted or record.interrupted:
-            return KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
+            stopped = KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
+            _add_note(stopped, stall.note(self.interrupt_report))
+            return stopped
         cause = self.verdict.cause
         if cause is not None and cause.exc_type == "builtins.KeyboardInterrupt":  # elsewhere
             report = LaunchFailure(cause, list(self.verdict.failures), self.world_size)
@@ -508,6 +536,11 @@ class _Launch:
         if missing:  # cannot happen without a failure record; never return a short list
             return LaunchError(f"ranks {missing} ended without a result")
         return [record.results[r] for r in ranks]
+
+
+def _add_note(exc: BaseException, note: str | None) -> None:
+    if note and hasattr(exc, "add_note"):
+        exc.add_note(note)
 
 
 __all__ = ["notebook_launcher"]

@@ -40,6 +40,7 @@ BOTTOM = (
     "_settings",
     "_accelerate_env",
     "_wire",
+    "_stacks",
 )
 WORKER_API = (
     "state",
@@ -54,10 +55,19 @@ WORKER_API = (
 #: layer -> the layers (top-level names under the package) it may import
 ALLOWED: dict[str, tuple[str, ...]] = {
     "bottom": BOTTOM,
-    "ui": ("errors", "_events", "ui"),
+    # _stacks: a rank's stacks put into words, the same for the text view and the cell
+    "ui": ("errors", "_events", "_stacks", "ui"),
     "tracking": ("_events", "_worker.runtime"),
     "_worker": (*BOTTOM, "_worker"),
-    "worker_api": (*BOTTOM, *WORKER_API, "_worker.runtime", "_worker.barriers", "_worker.progress"),
+    # _worker.collectives: the package's collectives refuse to run in a cell on some ranks
+    "worker_api": (
+        *BOTTOM,
+        *WORKER_API,
+        "_worker.runtime",
+        "_worker.barriers",
+        "_worker.progress",
+        "_worker.collectives",
+    ),
     # fork runs the rank entry in the child: the kernel side's one crossing
     "_launch": (*BOTTOM, "_launch", "_worker.entry"),
 }

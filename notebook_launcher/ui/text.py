@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from .. import _stacks
 from .._events import (
     BarrierEnter,
     Event,
@@ -34,6 +35,8 @@ from .._events import (
     Output,
     ProgressUpdate,
     RendezvousStarted,
+    StacksTaken,
+    StallOver,
     WorkerExited,
     WorkerFailed,
     WorkerStopped,
@@ -77,6 +80,7 @@ class TextView:
         self._alerts_shown: set[str] = set()
         self._ticked = float("-inf")
         self._closed = False
+        self._stall_shown: tuple[object, ...] | None = None  # what the last stall report said
 
     @property
     def stream(self) -> TextIO:
@@ -102,6 +106,9 @@ class TextView:
         self.model.apply(event)
         if isinstance(event, LaunchFinished):
             self._finish()
+            return
+        if isinstance(event, (StacksTaken, StallOver)):  # shown with or without progress
+            self._stall(event)
             return
         if isinstance(event, RendezvousStarted):  # shown even without progress lines
             self._write(f"notebook_launcher: {self.model.waiting_text()}\n")
@@ -210,6 +217,28 @@ class TextView:
             self._last_line[rank] = now
             self._dirty.discard(rank)
             self._write(f"[rank{rank}] {self.rank_line(state, now)}\n")
+
+    def _stall(self, event: StacksTaken | StallOver) -> None:
+        """Where every rank is, once per change of the picture (a stall is looked at again
+        every few seconds; the same places are not printed again)."""
+        from .stall import stall_text
+
+        if isinstance(event, StallOver):
+            if self._stall_shown is not None:
+                self._write(
+                    f"notebook_launcher: progress again (the stall lasted "
+                    f"{fmt_duration(event.lasted)})\n"
+                )
+            self._stall_shown = None
+            return
+        if event.reason == "request":
+            return
+        seen = (event.reason, event.findings, tuple(_stacks.signature(r) for r in event.ranks))
+        if seen == self._stall_shown:
+            return
+        self._stall_shown = seen
+        self._write(stall_text(event))
+        self.stream.flush()
 
     def _show_alerts(self, now: float, final: bool = False) -> None:
         """Print "rank k left while others waited" once it held ``alert_delay`` seconds (or

@@ -51,6 +51,7 @@ from .model import (
     LaunchModel,
     fmt_clock,
 )
+from .stall import stall_html
 
 #: Widget messages per second, at most, for the whole dashboard.
 MAX_MESSAGES = 20.0
@@ -317,6 +318,7 @@ class WidgetView:
         self.plots_available = plots.available() if plot is None else plot
         self.header = W.HTML(value="<b>notebook_launcher</b> \u00b7 starting")
         self.alerts = W.HTML(value="")
+        self.stall = W.HTML(value="")  # where every rank is, while none makes progress
         self.ranks = W.HTML(value="")
         self.barriers = W.HTML(value="")
         self.picker = W.HTML(value="")
@@ -329,6 +331,7 @@ class WidgetView:
             [
                 self.header,
                 self.alerts,
+                self.stall,
                 self.ranks,
                 self.barriers,
                 self.picker,
@@ -342,6 +345,7 @@ class WidgetView:
             (self.root, self.id),
             (self.header, "nl-header"),
             (self.alerts, "nl-alerts"),
+            (self.stall, "nl-stall-box"),
             (self.ranks, "nl-ranks"),
             (self.barriers, "nl-barriers"),
             (self.picker, "nl-picker"),
@@ -385,6 +389,8 @@ class WidgetView:
                     self._dirty |= {"barriers", "alerts", "ranks"}
                 elif kind == "metrics":
                     self._dirty.add("plot")
+                elif kind == "stall":
+                    self._dirty.add("stall")
                 elif kind == "launch":
                     self._dirty |= {"header", "ranks", "structure"}
         now = self.clock()
@@ -445,6 +451,7 @@ class WidgetView:
             self.root,
             self.header,
             self.alerts,
+            self.stall,
             self.ranks,
             self.barriers,
             self.picker,
@@ -491,6 +498,8 @@ class WidgetView:
             dirty.discard("header")
         if "alerts" in dirty and self._set(self.alerts, H.alerts(m), final):
             dirty.discard("alerts")
+        if "stall" in dirty and self._set(self.stall, stall_html(m.stall), final):
+            dirty.discard("stall")
         if "barriers" in dirty and self._set(self.barriers, H.barriers(m, now, clock=clock), final):
             dirty.discard("barriers")
         due = final or now >= self._plot_due
