@@ -73,6 +73,8 @@ WAIT_CALLS = frozenset(
 _WAIT_MODULES = ("torch.distributed", "notebook_launcher", "accelerate")
 #: This package's own machinery: never where a rank "is".
 _MACHINERY = "notebook_launcher._worker"
+#: ... except for its wrappers of torch's collectives, whose frames have their names.
+_WRAPPERS = "notebook_launcher._worker.collectives"
 
 _HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
@@ -227,7 +229,7 @@ def _waited_call(frames: Sequence[StackFrame]) -> str:
     of torch.distributed, accelerate or this package's API with a known name."""
     for frame in frames:
         module = _module(frame)
-        if module is None or module.startswith(_MACHINERY):
+        if module is None or (module.startswith(_MACHINERY) and module != _WRAPPERS):
             continue
         if frame.function in WAIT_CALLS and module.startswith(_WAIT_MODULES):
             return frame.function

@@ -103,6 +103,7 @@ def nl_info(line: str = "") -> None:
 
 DIST_USAGE = """\
 %dist start [-n N] [--start-method M] [--mixed-precision P] [--dashboard D] [--port P]
+            [--stall-after SECONDS|off]   (where every rank is, after that long without progress)
 %dist status | restart | stop
 %dist stacks             where every rank is now (each thread's stack; the odd rank named)
 %dist auto on|off        every following cell runs on the ranks (until off)
@@ -164,7 +165,15 @@ def _dist_parser() -> Any:
     parser.add_argument("--dashboard", default="auto", type=_dashboard_choice)
     parser.add_argument("--use-port", "--use_port", "--port", default="auto")
     parser.add_argument("--ranks", default=None)
+    parser.add_argument(
+        "--stall-after", "--stall_after", default=argparse.SUPPRESS, type=_seconds_or_none
+    )
     return parser
+
+
+def _seconds_or_none(text: str) -> float | None:
+    """``--stall-after 10`` (seconds) or ``--stall-after off``."""
+    return None if text.lower() in ("none", "off", "no", "false") else float(text)
 
 
 class DistMagics:
@@ -240,6 +249,7 @@ class DistMagics:
             mixed_precision=args.mixed_precision,
             dashboard=args.dashboard,
             use_port=args.use_port,
+            **({"stall_after": args.stall_after} if hasattr(args, "stall_after") else {}),
         )
         return self.session.status()
 

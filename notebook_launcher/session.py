@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import linecache
 import sys
 import weakref
 from collections.abc import Callable
@@ -316,7 +317,10 @@ def _cell_name(source: str) -> str:
             return str(compiler.cache(source, count))
         except Exception:  # noqa: BLE001 - a nicer name is optional
             pass
-    return f"<distributed-cell-{next(_cells)}>"
+    name = f"<distributed-cell-{next(_cells)}>"
+    lines = source.splitlines(keepends=True)
+    linecache.cache[name] = (len(source), None, lines, name)  # the stall view shows its lines
+    return name
 
 
 def _close_all() -> None:

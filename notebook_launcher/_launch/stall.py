@@ -395,10 +395,10 @@ class StallWatch:
     def saw(self, event: object) -> None:
         """Progress: any event or output line of a rank."""
         now = self.clock()
-        self.last = now
+        self.last, self.next_look = now, None
         if self.stalled_since is not None:
             lasted = now - self.stalled_since
-            self.stalled_since, self.next_look, self.shown = None, None, None
+            self.stalled_since, self.shown = None, None
             self.show(StallOver(lasted, time.time()))
 
     def due(self) -> float | None:
@@ -427,10 +427,12 @@ class StallWatch:
             self.last = self.clock()  # nothing alive to look at
             return
         now = self.clock()
-        if self.stalled_since is None:
-            self.stalled_since = self.last
         found = report(procs, "stall", now - self.last)
         self.next_look = self.clock() + REFRESH
+        if all(r.error for r in found.ranks):  # still starting (or gone): nothing to show
+            return
+        if self.stalled_since is None:
+            self.stalled_since = self.last
         self.shown = found
         self.show(found)
 
