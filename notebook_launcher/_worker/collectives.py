@@ -134,10 +134,11 @@ def _wrap(name: str, original: Callable[..., Any], rank: int, quiet: float) -> C
     collective.__notebook_launcher_wrapped__ = original  # type: ignore[attr-defined]
     # Its frames carry the collective's name: a rank's stack says what it waits in even
     # while the check (not torch's own function) waits.
-    code = collective.__code__.replace(co_name=name)
+    function: Any = collective
+    code = function.__code__.replace(co_name=name)
     if hasattr(code, "co_qualname"):
         code = code.replace(co_qualname=name)
-    collective.__code__ = code
+    function.__code__ = code
     return collective
 
 
