@@ -226,6 +226,8 @@ class ThreadStack:
     ident: str
     frames: tuple[StackFrame, ...]
     main: bool = False
+    #: the dump stopped at its limit (100 frames): the outermost frames are missing
+    truncated: bool = False
 
 
 @dataclass(frozen=True)

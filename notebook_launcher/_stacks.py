@@ -90,17 +90,21 @@ def parse_dump(text: str, main_ident: str | None = None) -> tuple[ThreadStack, .
     threads: list[ThreadStack] = []
     ident: str | None = None
     frames: list[StackFrame] = []
+    cut = False
 
     def close() -> None:
         if ident is not None:
             main = main_ident is not None and int(ident, 16) == int(main_ident, 16)
-            threads.append(ThreadStack(ident, tuple(reversed(frames)), main))
+            threads.append(ThreadStack(ident, tuple(reversed(frames)), main, cut))
 
     for line in text.splitlines():
         header = _HEADER.match(line)
         if header:
             close()
-            ident, frames = header.group(1), []
+            ident, frames, cut = header.group(1), [], False
+            continue
+        if line.strip() == "..." and ident is not None:
+            cut = True
             continue
         frame = _FRAME.match(line)
         if frame and ident is not None:
@@ -139,7 +143,7 @@ def own_frames(thread: ThreadStack) -> ThreadStack:
     rest = list(frames[cut + 1 :])
     while len(rest) > 1 and (_module(rest[0]) or "").startswith(_MACHINERY):
         rest.pop(0)
-    return ThreadStack(thread.ident, tuple(rest), thread.main)
+    return ThreadStack(thread.ident, tuple(rest), thread.main, thread.truncated)
 
 
 # --- where a rank is ----------------------------------------------------------------------
@@ -202,9 +206,9 @@ def place_of(stacks: RankStacks) -> Place:
         (t for t in stacks.threads if t.main), stacks.threads[0] if stacks.threads else None
     )
     if main is None or not main.frames:
-        return Place(("empty",), "no Python frame", False, note="no Python frame")
+        return Place(("empty",), "no Python frame", False, note="has no Python frame")
     if stacks.idle or is_idle(main):
-        return Place(("idle",), "idle", False, note="idle (waits for the next task)")
+        return Place(("idle",), "idle", False, note="is idle (waits for the next task)")
     frames = main.frames
     users = [i for i, f in enumerate(frames) if is_users(f)]
     if not users:  # still starting, or in library code only: name the innermost call
@@ -212,16 +216,32 @@ def place_of(stacks: RankStacks) -> Place:
         called = _waited_call(frames)
         if called:
             return Place(("lib", called), called, True, inner)
+        imported = _importing(frames)
+        if imported:
+            return Place(("import", imported), f"import {imported}", False, inner)
         return Place(("lib", inner.filename, inner.lineno), f"{inner.function}()", False, inner)
     at = users[-1]
     frame = frames[at]
     called = _waited_call(frames[at + 1 :])
     if called:
         return Place((frame.filename, frame.lineno, called), called, True, frame)
-    what = frame.source or f"{frame.function}()"
+    imported = _importing(frames[at + 1 :])
+    what = f"import {imported}" if imported else frame.source or f"{frame.function}()"
     if len(what) > 60:
         what = what[:57] + "..."
     return Place((frame.filename, frame.lineno), what, False, frame)
+
+
+def _importing(frames: Sequence[StackFrame]) -> str:
+    """The module being imported, when a run of library frames is an import: the outermost
+    module whose top level runs under ``importlib``."""
+    if not any((_module(f) or "").startswith("importlib") for f in frames):
+        return ""
+    for frame in frames:
+        module = _module(frame)
+        if frame.function == "<module>" and module and not module.startswith("importlib"):
+            return module
+    return ""
 
 
 def _waited_call(frames: Sequence[StackFrame]) -> str:
@@ -292,13 +312,17 @@ def findings(ranks: Iterable[RankStacks]) -> tuple[tuple[str, ...], tuple[int, .
     return tuple(sentences), odd
 
 
+_PLURAL = {"is": "are", "has": "have", "was": "were"}
+
+
 def _sentence(who: str, place: Place, one: bool | None, last_file: str | None = None) -> str:
     """``rank 1 is in `x` at Cell In[3], line 9`` (``one``: singular verb; None: "every
     rank", singular too). ``at line 12`` when the file is the one named just before."""
     singular = one is None or one
-    if place.note:
-        verb = "is" if singular else "are"
-        return f"{who} {verb} {place.note}"
+    if place.note:  # a predicate: "is idle (...)", "did not answer ...", "has ended"
+        verb, _, rest = place.note.partition(" ")
+        verb = verb if singular else _PLURAL.get(verb, verb)
+        return f"{who} {verb} {rest}".rstrip()
     where = ""
     if place.frame is not None:
         if last_file is not None and place.frame.filename == last_file:
@@ -340,11 +364,18 @@ def traceback_text(frames: Sequence[StackFrame]) -> str:
     return "".join(out)
 
 
+#: Frames a fault handler dumps of one thread at most (the outermost are left out).
+MAX_DUMPED_FRAMES = 100
+
+
 def format_thread(thread: ThreadStack, collapse: bool = True) -> str:
     """One thread's stack as a rank's traceback is shown: cells named, library folded."""
     if not thread.frames:
         return "  <no Python frame>\n"
-    return format_remote_traceback(traceback_text(thread.frames), collapse=collapse)
+    text = format_remote_traceback(traceback_text(thread.frames), collapse=collapse)
+    if thread.truncated:
+        text = f"  [deeper than {MAX_DUMPED_FRAMES} frames: the outermost are not shown]\n" + text
+    return text
 
 
 def shown_threads(stacks: RankStacks) -> tuple[list[ThreadStack], int]:
@@ -381,7 +412,7 @@ def same_stacks(ranks: Iterable[RankStacks]) -> list[list[RankStacks]]:
 def format_rank(stacks: RankStacks, collapse: bool = True) -> str:
     """Every thread of one rank (and of its child processes), as text."""
     if stacks.error:
-        return f"  ({stacks.error})\n"
+        return f"  (rank {stacks.rank} {stacks.error})\n"
     out = []
     threads, hidden = shown_threads(stacks)
     for thread in threads:

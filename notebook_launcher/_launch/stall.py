@@ -52,6 +52,9 @@ INTERRUPT_QUIET = 1.0
 MAX_DUMP = 1 << 20
 
 _lock = threading.Lock()
+#: What a rank without stacks is (predicates of a sentence: "rank 1 is starting ...").
+STARTING = "is starting (no stacks yet)"
+ENDED = "has ended"
 
 
 def check_stall_after(value: Any) -> float | None:
@@ -194,11 +197,11 @@ def _take(
             dump = _open(rank, pid)
             if dump is None:
                 alive = os.path.exists(f"/proc/{pid}")
-                missing[rank] = "starting: no stacks yet" if alive else "ended"
+                missing[rank] = STARTING if alive else ENDED
                 continue
             dumps.append(dump)
             if not _signal(dump, pidfd):
-                missing[rank] = "ended"
+                missing[rank] = ENDED
             if children:
                 for child in descendants(pid):
                     kid = _open(rank, child)
@@ -228,7 +231,7 @@ def _take(
             dump = next(d for d in dumps if d.rank == rank)
             text = dump.data.decode("utf-8", "replace")
             if not text.strip():
-                why = f"did not answer within {timeout:g}s (stopped, or stuck in the kernel)"
+                why = f"did not answer within {timeout:g}s (stopped, or stuck in the OS kernel)"
                 out.append(RankStacks(rank, pid, error=why))
                 continue
             threads = _stacks.parse_dump(text, dump.main)
