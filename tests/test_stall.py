@@ -516,3 +516,52 @@ def test_the_flight_recorder_names_the_rank_behind(monkeypatch: pytest.MonkeyPat
         assert "flight recorder:" in seen.out.getvalue()
     finally:
         assert handle.cancel() is True
+
+
+# --- values compared across ranks ---------------------------------------------------------------
+
+
+def test_compare_says_which_ranks_differ_where_and_by_how_much(
+    shared: notebook_launcher.Session,
+) -> None:
+    shared.run_cell(
+        "torch.manual_seed(0); import random; random.seed(0)\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "ddp = torch.nn.parallel.DistributedDataParallel(model)\n"
+        "opt = torch.optim.Adam(model.parameters())\n"
+        "model(torch.ones(1, 4)).sum().backward(); opt.step()\n"
+        "cfg = {'lr': 0.1, 'shape': (2, 3)}\n"
+    )
+    same = shared.compare("model", "ddp", "opt", "cfg", "rng")
+    assert same.identical
+    assert str(same).splitlines() == [
+        "model: identical on ranks 0, 1 (2 entries)",
+        "ddp: identical on ranks 0, 1 (2 entries)",  # the wrapper is looked through
+        "opt: identical on ranks 0, 1 (17 entries)",
+        "cfg: identical on ranks 0, 1 (2 entries)",
+        "rng: identical on ranks 0, 1 (3 entries)",
+    ]
+    shared.run_cell(
+        "with torch.no_grad():\n"
+        "    model.bias[1] += 0.25 * rank\n"
+        "cfg['lr'] = 0.1 * (rank + 1)\n"
+        "opt.state_dict()  # (unchanged)\n"
+        "torch.manual_seed(rank)\n"
+    )
+    bias = [float(b) for b in shared.run_cell("model.bias[1].item()")]
+    found = str(shared.compare("ddp", "opt", "cfg", "rng"))
+    assert found.splitlines() == [
+        "ddp: ranks differ in 1 of 2 entries (1 identical)",
+        "  bias (float32 [2]): rank 1 differs from rank 0 in 1 of 2 elements; largest "
+        f"|difference| 0.25 at [1] ({bias[1]:.6g} vs {bias[0]:.6g})",
+        "opt: identical on ranks 0, 1 (17 entries)",
+        "cfg: ranks differ in 1 of 2 entries (1 identical)",
+        "  lr (0.1): rank 1 differs from rank 0 (0.2 vs 0.1)",
+        "rng: ranks differ in 1 of 3 entries (2 identical)",
+        "  torch: rank 1 differs from rank 0 (a different random state: seed every rank alike)",
+    ]
+    missing = str(shared.compare("not_there"))
+    assert (
+        missing
+        == "not_there: could not be read on ranks 0, 1 (NameError: name 'not_there' is not defined)"
+    )
