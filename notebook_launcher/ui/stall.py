@@ -47,7 +47,7 @@ def stall_html(report: StacksTaken | None, now: float | None = None, live: bool 
         return ""
     head = _stacks.headline(report)
     if report.reason == "stall" and live:
-        head += " (refreshed while it lasts)"
+        head = head.removesuffix(":") + " (refreshed while it lasts):"
     findings = "".join(
         f"<div class='nl-stall-finding' style='color:{ORANGE};font-weight:600;"
         f"white-space:normal'>{_esc(f)}</div>"
@@ -71,7 +71,7 @@ def stall_html(report: StacksTaken | None, now: float | None = None, live: bool 
         data_ranks = ",".join(str(r) for r in ranks)
         columns.append(
             f"<div class='nl-stall-col{' nl-stall-odd' if odd else ''}' "
-            f"data-ranks='{data_ranks}' style='flex:1 1 0;min-width:22em;max-width:100%;"
+            f"data-ranks='{data_ranks}' style='flex:1 1 0;width:0;min-width:min(22em,100%);"
             f"border:1px solid {border};border-radius:3px;overflow:hidden'>"
             f"<div title='{_attr(title)}' style='padding:2px 6px;font-weight:600;"
             f"white-space:nowrap;overflow:hidden;text-overflow:ellipsis'>{_esc(title)}{mark}"
@@ -79,10 +79,10 @@ def stall_html(report: StacksTaken | None, now: float | None = None, live: bool 
         )
     return (
         f"<div class='nl-stall' style='margin-top:4px;border-left:3px solid {ORANGE};"
-        "padding-left:6px'>"
-        f"<div style='font-weight:600'>\u23f8 {_esc(head)}</div>{findings}{flight}"
+        "padding-left:6px;max-width:100%;box-sizing:border-box;overflow:hidden'>"
+        f"<div style='font-weight:600'>{_esc(head)}</div>{findings}{flight}"
         "<div class='nl-stall-columns' style='display:flex;gap:6px;overflow-x:auto;"
-        f"margin-top:3px;align-items:flex-start'>{''.join(columns)}</div></div>"
+        f"width:100%;margin-top:3px;align-items:flex-start'>{''.join(columns)}</div></div>"
     )
 
 
