@@ -19,6 +19,14 @@
    Reported: the latency ``report - (last event + stall_after)``, median and worst of
    several launches, and how long reading the 8 ranks' stacks took. Target <= 0.5 s.
 
+3. **What checking collectives costs** (``_worker.collectives``: on in sessions, and in a
+   launch in debug mode): a 2-rank session runs a loop of small raw ``all_reduce`` calls and
+   of DDP steps, with the check off (``NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES=0``), with it on
+   (the default), and -- the alternative the issue names -- with torch's own
+   ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` instead (ranks started with ``spawn``, which reads it
+   when torch is imported). Reported: microseconds per ``all_reduce`` and milliseconds per
+   DDP step, and the ratios to "off".
+
 Run::
 
     python bench/stall.py                 # defaults: 6 pairs of launches, 5 stalls
@@ -186,6 +194,78 @@ def latency(stalls: int, stall_after: float) -> None:
           f"{max(reads) * 1e3:.1f} ms (the ranks' answer timeout is {stall.ANSWER_TIMEOUT:g} s)")  # fmt: skip
 
 
+def raw_collectives(n: int) -> float:
+    """Every rank: seconds per small raw all_reduce (as a cell calls it)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(4)
+    for _ in range(20):
+        dist.all_reduce(t)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dist.all_reduce(t)
+    return (time.perf_counter() - t0) / n
+
+
+def ddp_steps(n: int) -> float:
+    """Every rank: seconds per DDP step (or -1 if wrapping the model failed)."""
+    times = ddp_loop(n, 256)
+    return statistics.median(times)
+
+
+def checking(calls: int, steps: int, rounds: int) -> None:
+    import os
+
+    import notebook_launcher as nl
+
+    variants = {
+        "off": ({"NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES": "0"}, "fork"),
+        "our check (sessions' default)": ({}, "fork"),
+        "torch DETAIL (check off)": (
+            {"NOTEBOOK_LAUNCHER_CHECK_COLLECTIVES": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+            "spawn",
+        ),
+    }
+    results: dict[str, tuple[list[float], list[float] | str]] = {}
+    for name, (env, method) in variants.items():
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            session = nl.start(num_processes=2, start_method=method, dashboard=False)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        try:
+            per_call = [max(session.run(raw_collectives, calls)) for _ in range(rounds)]
+            try:
+                per_step: list[float] | str = [
+                    max(session.run(ddp_steps, steps)) for _ in range(rounds)
+                ]
+            except BaseException as exc:  # noqa: BLE001 - DETAIL crashed DDP here (SIGSEGV)
+                per_step = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            results[name] = (per_call, per_step)
+        finally:
+            session.close()
+    base_call = statistics.median(results["off"][0])
+    base_step = results["off"][1]
+    print(f"3. checking raw collectives in a session: 2 ranks, {calls} all_reduce([4]) and "
+          f"{steps} DDP steps, best of {rounds}")  # fmt: skip
+    for name, (per_call, per_step) in results.items():
+        call = statistics.median(per_call)
+        line = f"   {name:<30} all_reduce {call * 1e6:8.1f} us ({call / base_call:4.2f}x)"
+        if isinstance(per_step, str) or isinstance(base_step, str):
+            line += f", DDP step: {per_step if isinstance(per_step, str) else 'n/a'}"
+        else:
+            step = statistics.median(per_step)
+            ratio = step / statistics.median(base_step)
+            line += f", DDP step {step * 1e3:6.3f} ms ({ratio:4.2f}x)"
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=6)
@@ -193,9 +273,16 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--stalls", type=int, default=5)
     parser.add_argument("--stall-after", type=float, default=1.0)
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=["cost", "latency", "checking"], default=None)
     args = parser.parse_args()
-    cost(args.pairs, args.steps, args.hidden)
-    latency(args.stalls, args.stall_after)
+    if args.only in (None, "cost"):
+        cost(args.pairs, args.steps, args.hidden)
+    if args.only in (None, "latency"):
+        latency(args.stalls, args.stall_after)
+    if args.only in (None, "checking"):
+        checking(args.calls, args.steps, args.rounds)
 
 
 if __name__ == "__main__":

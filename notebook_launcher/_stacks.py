@@ -372,7 +372,13 @@ def format_thread(thread: ThreadStack, collapse: bool = True) -> str:
     """One thread's stack as a rank's traceback is shown: cells named, library folded."""
     if not thread.frames:
         return "  <no Python frame>\n"
-    text = format_remote_traceback(traceback_text(thread.frames), collapse=collapse)
+    frames, inner = list(thread.frames), 0
+    while collapse and len(frames) > 1 and (_module(frames[-1]) or "").startswith(_MACHINERY):
+        frames.pop()  # the package's own innermost frames (a collective's check, a wrapper)
+        inner += 1
+    text = format_remote_traceback(traceback_text(frames), collapse=collapse)
+    if inner:
+        text += f"  [... {inner} frame{'s' if inner > 1 else ''} in notebook_launcher]\n"
     if thread.truncated:
         text = f"  [deeper than {MAX_DUMPED_FRAMES} frames: the outermost are not shown]\n" + text
     return text
