@@ -108,5 +108,10 @@ def test_a_stalled_session_cell_the_interrupt_and_the_session_after(kernel: Kern
             r"the value \(float32 \[2\]\): rank 1 differs from rank 0 in 2 of 2", diff.result
         )
         assert "kept: ranks differ in 1 of 1 entries" in diff.result
+        code = "%%distributed\nt = torch.ones(4)\ndist.all_reduce(t) if rank == 0 else dist.broadcast(t, 0)"
+        mismatch = kernel.execute(code)
+        assert mismatch.ename == "DistributedOperationException", mismatch
+        _, n = ran(kernel, code)
+        assert f"Called at:\n  - Process 0: Cell In[{n}], line 2\n" in mismatch.text, mismatch.text
     finally:
         kernel.execute("%dist stop")

@@ -168,10 +168,9 @@ def install(rank: int, quiet: float = barriers.DEFAULT_QUIET, checked: bool = Fa
 
 def install_for_launch(rank: int) -> None:
     """A launch's ranks: checked collectives in debug mode (or when asked by env)."""
-    debug = any(
-        os.environ.get(k, "").strip().lower() in ("1", "true", "yes")
-        for k in ("NOTEBOOK_LAUNCHER_DEBUG", "ACCELERATE_DEBUG_MODE")
-    )
+    from .._accelerate_env import _DEBUG_FLAGS, _flag
+
+    debug = any(_flag(os.environ, key) for key in _DEBUG_FLAGS)
     if debug or os.environ.get(CHECK_ENV, "").strip() == "1":
         install(rank, barriers.quiet_from_env(), checked=True)
 
