@@ -38,28 +38,33 @@ FILE_PREFIX = "notebook_launcher-stacks-"
 #: The start of the names of the flight recorder's request pipe and answer file.
 FLIGHT_PREFIX = "notebook_launcher-flight-"
 
-#: What a rank can be said to *wait in*: the blocking calls of torch.distributed and of
-#: this package's API, when one of them is called from the user's innermost frame.
+#: torch.distributed's blocking collectives that need every rank of their group (the rank
+#: side wraps these, ``_worker.collectives``; a stack in one of them "waits in" it).
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "monitored_barrier",
+)
+#: What a rank can be said to *wait in*: those, point-to-point calls, and this package's API,
+#: when one of them is called from the user's innermost frame.
 WAIT_CALLS = frozenset(
     {
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
+        *COLLECTIVES,
         "all_gather_single",
-        "all_gather_object",
-        "all_to_all",
-        "all_to_all_single",
-        "barrier",
-        "monitored_barrier",
-        "broadcast",
-        "broadcast_object_list",
-        "gather",
-        "gather_object",
-        "reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "scatter",
-        "scatter_object_list",
         "send",
         "recv",
         "wait",
@@ -468,6 +473,7 @@ def format_report(report: StacksTaken, collapse: bool = True) -> str:
 
 
 __all__ = [
+    "COLLECTIVES",
     "FILE_PREFIX",
     "FLIGHT_PREFIX",
     "STACK_SIGNAL",

@@ -184,6 +184,7 @@ def test_ddp_where_one_rank_skips_a_layer_hangs_in_backward() -> None:
         )
         assert stacks.findings == (finding,)
         assert finding in str(stacks) and finding in seen.out.getvalue()
+        assert finding in seen.dashboard()  # what the live dashboard draws
         assert "[... 2 frames in torch]" in str(stacks)  # library frames folded
     finally:
         assert handle.cancel() is True
@@ -235,6 +236,7 @@ def test_a_thread_deadlock_in_one_rank_and_ctrl_c() -> None:
     (rank1,) = [r for r in report.ranks if r.rank == 1]
     assert [thread_label(t) for t in rank1.threads][0] == "main thread"
     assert any(thread_label(t).endswith("(grab)") for t in rank1.threads)
+    assert "nl-stall-odd' data-ranks='1'" in seen.dashboard()  # the saved one keeps it
     note = "\n".join(getattr(info.value, "__notes__", []))
     assert note.startswith("where each rank was when it was interrupted:")
     assert "rank 1 is in `with second:  # waits for the thread`" in note
@@ -289,6 +291,7 @@ def test_a_stuck_dataloader_worker() -> None:
         text = seen.out.getvalue()
         assert f"child process {child_pid}, main thread:" in text
         assert "    time.sleep(60)  # the worker is stuck here\n" in text
+        assert f"child process {child_pid}" in seen.dashboard()
     finally:
         assert handle.cancel() is True
 

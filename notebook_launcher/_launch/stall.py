@@ -430,8 +430,11 @@ class StallWatch:
             self.last = self.clock()  # nothing alive to look at
             return
         now = self.clock()
-        found = report(procs, "stall", now - self.last)
-        self.next_look = self.clock() + REFRESH
+        self.next_look = now + REFRESH
+        try:
+            found = report(procs, "stall", now - self.last)
+        except Exception:  # noqa: BLE001 - a look that fails must not stop the launch
+            return
         if all(r.error for r in found.ranks):  # still starting (or gone): nothing to show
             return
         if self.stalled_since is None:
@@ -452,8 +455,8 @@ class StallWatch:
             return None
         try:
             return report(procs, "interrupt", quiet, timeout=0.3)
-        except Exception:  # noqa: BLE001 - an interrupt must never fail for a report
-            return None
+        except BaseException:  # noqa: BLE001 - an interrupt must never fail for a report:
+            return None  # not even a second Ctrl-C while it is read (the first goes on)
 
     def stop(self) -> None:
         self.stopped = True

@@ -50,29 +50,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .._events import BarrierEnter
+from .._stacks import COLLECTIVES
 from ..errors import DistributedOperationException, ProcessGroupMismatch
 from . import barriers, runtime
 
-#: The blocking collectives that need every rank of the default group.
-COLLECTIVES = (
-    "all_reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "all_to_all",
-    "all_to_all_single",
-    "barrier",
-    "broadcast",
-    "broadcast_object_list",
-    "gather",
-    "gather_object",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "scatter",
-    "scatter_object_list",
-    "monitored_barrier",
-)
 #: Seconds the default group waits for a peer while a cell runs on some ranks only (see
 #: the module docstring): what needs an idle rank (DDP's all-reduce) fails this soon.
 PARTIAL_TIMEOUT = 1.0
