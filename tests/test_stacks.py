@@ -244,13 +244,23 @@ def test_the_report_as_html_and_in_the_model_and_snapshot() -> None:
 
 
 def test_the_text_view_prints_a_stall_once_per_change_and_its_end() -> None:
-    out = io.StringIO()
-    view = TextView(out)
+    out, clock = io.StringIO(), Clock()
+    view = TextView(out, clock=clock)
     view.handle(StallOver(1.0, 1.0))  # no stall shown: nothing to say
     found = report(rank(0, *REDUCES), rank(1, *SLEEPS))
     view.handle(found)
     view.handle(found)  # looked at again: the same places
     view.handle(report(rank(0, *REDUCES), rank(1, *SLEEPS), reason="request"))
+    moved = report(rank(0, *REDUCES), rank(1, *BACKWARD))
+    clock.now += 5
+    view.handle(moved)  # other places, but soon: not yet
+    assert "still no progress" not in out.getvalue()
+    clock.now += 30
+    view.handle(moved)
+    assert out.getvalue().endswith(
+        "notebook_launcher: still no progress (31.0s): rank 1 is in `loss.backward()` at "
+        "train.py:6; rank 0 waits in `all_reduce` at line 4\n"
+    )
     view.handle(StallOver(12.5, 2.0))
     view.handle(LaunchFinished(True, "ok", None, 1.0, 3.0))
     text = out.getvalue()

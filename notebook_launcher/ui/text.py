@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from .. import _stacks
 from .._events import (
     BarrierEnter,
     Event,
@@ -43,6 +42,8 @@ from .._events import (
 )
 from .model import WAITING, LaunchModel, RankState, fmt_duration, fmt_number
 
+#: Seconds between two lines about a stall that goes on (its places changed meanwhile).
+STALL_REPEAT = 30.0
 #: Seconds between two flushes of the stream by :meth:`TextView.tick`.
 FLUSH_INTERVAL = 0.2
 
@@ -81,6 +82,7 @@ class TextView:
         self._ticked = float("-inf")
         self._closed = False
         self._stall_shown: tuple[object, ...] | None = None  # what the last stall report said
+        self._stall_at = float("-inf")  # when it was printed
 
     @property
     def stream(self) -> TextIO:
@@ -219,8 +221,10 @@ class TextView:
             self._write(f"[rank{rank}] {self.rank_line(state, now)}\n")
 
     def _stall(self, event: StacksTaken | StallOver) -> None:
-        """Where every rank is, once per change of the picture (a stall is looked at again
-        every few seconds; the same places are not printed again)."""
+        """Where every rank is: the whole report when a stall begins (and when an interrupt
+        says where the ranks were); while it lasts, a line with the findings when they
+        change, at most every :data:`STALL_REPEAT` seconds (ranks that compute silently
+        change places at every look, and a terminal is not a live view)."""
         from .stall import stall_text
 
         if isinstance(event, StallOver):
@@ -233,11 +237,17 @@ class TextView:
             return
         if event.reason == "request":
             return
-        seen = (event.reason, event.findings, tuple(_stacks.signature(r) for r in event.ranks))
-        if seen == self._stall_shown:
+        now = self.clock()
+        if self._stall_shown is None or event.reason != "stall":
+            self._write(stall_text(event))
+        elif event.findings != self._stall_shown[0] and now - self._stall_at >= STALL_REPEAT:
+            findings = "; ".join(event.findings)
+            self._write(
+                f"notebook_launcher: still no progress ({fmt_duration(event.quiet)}): {findings}\n"
+            )
+        else:
             return
-        self._stall_shown = seen
-        self._write(stall_text(event))
+        self._stall_shown, self._stall_at = (event.findings,), now
         self.stream.flush()
 
     def _show_alerts(self, now: float, final: bool = False) -> None:
