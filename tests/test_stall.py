@@ -183,7 +183,7 @@ def test_ddp_where_one_rank_skips_a_layer_hangs_in_backward() -> None:
             f"rank 1 waits in `barrier` at line {barrier}"
         )
         assert stacks.findings == (finding,)
-        assert finding in str(stacks) and finding in seen.out.getvalue()
+        assert finding in str(stacks)
         assert finding in seen.dashboard()  # what the live dashboard draws
         assert "[... 2 frames in torch]" in str(stacks)  # library frames folded
     finally:

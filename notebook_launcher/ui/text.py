@@ -42,8 +42,6 @@ from .._events import (
 )
 from .model import WAITING, LaunchModel, RankState, fmt_duration, fmt_number
 
-#: Seconds between two lines about a stall that goes on (its places changed meanwhile).
-STALL_REPEAT = 30.0
 #: Seconds between two flushes of the stream by :meth:`TextView.tick`.
 FLUSH_INTERVAL = 0.2
 
@@ -82,7 +80,7 @@ class TextView:
         self._ticked = float("-inf")
         self._closed = False
         self._stall_shown: tuple[object, ...] | None = None  # what the last stall report said
-        self._stall_at = float("-inf")  # when it was printed
+        self._stall_last: tuple[str, ...] = ()  # the findings of the last look
 
     @property
     def stream(self) -> TextIO:
@@ -223,8 +221,8 @@ class TextView:
     def _stall(self, event: StacksTaken | StallOver) -> None:
         """Where every rank is: the whole report when a stall begins (and when an interrupt
         says where the ranks were); while it lasts, a line with the findings when they
-        change, at most every :data:`STALL_REPEAT` seconds (ranks that compute silently
-        change places at every look, and a terminal is not a live view)."""
+        changed and then held for two looks in a row (ranks that compute silently change
+        places at every look, and a terminal is not a live view)."""
         from .stall import stall_text
 
         if isinstance(event, StallOver):
@@ -237,17 +235,18 @@ class TextView:
             return
         if event.reason == "request":
             return
-        now = self.clock()
+        held = event.findings == self._stall_last
+        self._stall_last = event.findings
         if self._stall_shown is None or event.reason != "stall":
             self._write(stall_text(event))
-        elif event.findings != self._stall_shown[0] and now - self._stall_at >= STALL_REPEAT:
+        elif event.findings != self._stall_shown[0] and held:
             findings = "; ".join(event.findings)
             self._write(
                 f"notebook_launcher: still no progress ({fmt_duration(event.quiet)}): {findings}\n"
             )
         else:
             return
-        self._stall_shown, self._stall_at = (event.findings,), now
+        self._stall_shown = (event.findings,)
         self.stream.flush()
 
     def _show_alerts(self, now: float, final: bool = False) -> None:
