@@ -137,8 +137,11 @@ def _run(args: argparse.Namespace) -> int:
             dashboard="text",
             join_timeout=args.join_timeout,
             restart_on_exception=True if args.restart_on_exception else None,
+            stall_after=args.stall_after,
         )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        for note in getattr(exc, "__notes__", []):  # where each rank was, if they were stuck
+            print(note, file=sys.stderr)
         return 130
     except (PreflightError, RendezvousError) as exc:
         print(f"notebook_launcher run: {exc}", file=sys.stderr)
@@ -232,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="T",
         help="label of output lines, e.g. '[${rank}]:' (default [rankN])",
+    )
+    run.add_argument(
+        "--stall-after",
+        type=lambda v: None if v.lower() in ("none", "off") else float(v),
+        default=30.0,
+        metavar="SECONDS",
+        help="after that long without progress, print where every rank is ('off': never)",
     )
     run.add_argument("-m", "--module", action="store_true", help="TARGET is a module")
     run.add_argument("target", metavar="TARGET")

@@ -6,8 +6,9 @@ sees. Workers create most of them (a rank's first are :class:`WorkerPhase`, whil
 starts); the parent adds :class:`RendezvousStarted` (a launch
 across nodes waits for the others), :class:`LaunchStarted`, :class:`Output` (it reads the
 workers' stdout/stderr pipes itself), :class:`WorkerExited`, :class:`WorkerStopped`,
-:class:`LaunchRestarting` (``max_restarts``: every rank starts again) and
-:class:`LaunchFinished`.
+:class:`LaunchRestarting` (``max_restarts``: every rank starts again),
+:class:`StacksTaken` / :class:`StallOver` (no rank made progress for a while: where each
+rank is; ``_launch.stall``) and :class:`LaunchFinished`.
 
 ``time`` is always ``time.time()`` where the event was made (wall clock, so the
 parent can order events coming from different processes on one node).
@@ -247,6 +248,72 @@ class LaunchFinished:
     restarts: int = 0
 
 
+@dataclass(frozen=True)
+class StackFrame:
+    """One Python frame of a rank's thread, as its fault handler dumped it: file, line and
+    function (``source`` is the line's text, read in the kernel; empty when unknown)."""
+
+    filename: str
+    lineno: int
+    function: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread of a rank: ``frames`` outermost first (the order of a traceback).
+    ``ident`` is the thread's id as Python prints it (``0x7f...``); ``main`` marks the
+    rank's main thread, where its function or cell runs."""
+
+    ident: str
+    frames: tuple[StackFrame, ...]
+    main: bool = False
+    #: the dump stopped at its limit (100 frames): the outermost frames are missing
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class RankStacks:
+    """Every Python thread of one rank (and of the Python processes it started, such as
+    DataLoader workers: ``children``, pid -> threads). ``error`` says why there is nothing
+    to show (the rank did not answer, had ended, or was still starting)."""
+
+    rank: int
+    pid: int
+    threads: tuple[ThreadStack, ...] = ()
+    children: tuple[tuple[int, tuple[ThreadStack, ...]], ...] = ()
+    error: str = ""
+    #: a session's rank that runs no task: it waits for the next one
+    idle: bool = False
+
+
+@dataclass(frozen=True)
+class StacksTaken:
+    """Where every rank is, taken from their stacks (``_launch.stall``).
+
+    ``reason``: ``"stall"`` (no rank made progress for ``quiet`` seconds; taken again while
+    the stall lasts), ``"interrupt"`` (where each rank was when the user interrupted) or
+    ``"request"`` (``stacks()``). ``findings`` are sentences that name the odd rank(s) out
+    (``rank 1 is in `loss.backward()` at Cell In[3], line 9; ...``); ``odd`` their ranks;
+    ``flight`` one line per rank of the last collectives its flight recorder saw."""
+
+    reason: str
+    quiet: float
+    ranks: tuple[RankStacks, ...]
+    findings: tuple[str, ...]
+    odd: tuple[int, ...]
+    time: float
+    flight: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class StallOver:
+    """A rank made progress again after a stall: the stall view goes away."""
+
+    lasted: float
+    time: float
+
+
 Event = (
     RendezvousStarted
     | NodesWaiting
@@ -263,6 +330,8 @@ Event = (
     | WorkerExited
     | WorkerStopped
     | MetricsLogged
+    | StacksTaken
+    | StallOver
     | LaunchFinished
 )
 
@@ -278,7 +347,12 @@ __all__ = [
     "Output",
     "PHASES",
     "ProgressUpdate",
+    "RankStacks",
     "RendezvousStarted",
+    "StackFrame",
+    "StacksTaken",
+    "StallOver",
+    "ThreadStack",
     "WorkerExited",
     "WorkerFailed",
     "WorkerFinished",

@@ -86,7 +86,15 @@ class LargePayloadWarning(UserWarning):
 
 
 class DistributedOperationException(RuntimeError):
-    """Ranks called a collective with incompatible inputs (shapes, dtypes, order)."""
+    """Ranks called a collective with incompatible inputs (shapes, dtypes, order).
+
+    Raised on every rank; the message names each rank's call and call site (cells named
+    as IPython names them once the error reaches the notebook)."""
+
+    def __init__(self, *args: object) -> None:
+        if args and isinstance(args[0], str):
+            args = (name_cells(args[0]), *args[1:])
+        super().__init__(*args)
 
 
 @dataclass(frozen=True)
@@ -207,7 +215,12 @@ class WorkerDied(RankFailedError):
 
 
 class ProcessGroupMismatch(RankFailedError):
-    """A rank left the function while other ranks still waited for it in a collective."""
+    """A rank left the function while other ranks still waited for it in a collective, or
+    (in a session) a collective of the whole group was called in a cell that runs on some
+    ranks only. The message names the call site."""
+
+    def __init__(self, message: str, failure: LaunchFailure | None = None) -> None:
+        super().__init__(name_cells(message), failure)
 
 
 class RendezvousError(LaunchError):
@@ -242,6 +255,22 @@ def notebook_cell_name(filename: str) -> str | None:
     except Exception:  # noqa: BLE001 - a nicer name is optional
         return None
     return str(named[1]) if named else None
+
+
+_LOCATION = re.compile(r"(?P<path>(?:/[^\s:,()'\"]+|<[^\s>]+>)):(?P<line>\d+)")
+
+
+def name_cells(text: str) -> str:
+    """``... at /tmp/ipykernel_7/123.py:14 ...`` -> ``... at Cell In[2], line 14 ...`` for
+    every location in ``text`` that this process's IPython knows as a cell."""
+    if ":" not in text or "IPython" not in sys.modules:
+        return text
+
+    def named(match: re.Match[str]) -> str:
+        cell = notebook_cell_name(match.group("path"))
+        return f"Cell {cell}, line {match.group('line')}" if cell else match.group(0)
+
+    return _LOCATION.sub(named, text)
 
 
 @functools.lru_cache(maxsize=1)
@@ -355,6 +384,7 @@ __all__ = [
     "RendezvousError",
     "format_remote_traceback",
     "library_module",
+    "name_cells",
     "notebook_cell_name",
     "shorten",
     "SerializationError",

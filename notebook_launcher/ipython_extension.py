@@ -103,11 +103,14 @@ def nl_info(line: str = "") -> None:
 
 DIST_USAGE = """\
 %dist start [-n N] [--start-method M] [--mixed-precision P] [--dashboard D] [--port P]
+            [--stall-after SECONDS|off]   (where every rank is, after that long without progress)
 %dist status | restart | stop
+%dist stacks             where every rank is now (each thread's stack; the odd rank named)
 %dist auto on|off        every following cell runs on the ranks (until off)
 %dist push NAME [NAME...] [--ranks R]    notebook variables into every rank
 %dist pull NAME [--ranks R]              binds NAME to the per-rank list here
-%%distributed [--ranks 0,1] [--post-mortem]   a cell on the ranks (%%rank 1: on rank 1)"""
+%%distributed [--ranks 0,1] [--post-mortem]   a cell on the ranks (%%rank 1: on rank 1)
+%rankdiff NAME [NAME...] [--ranks R]     compare values across ranks ("rng": random state)"""
 
 
 class RankValues(list):
@@ -162,7 +165,15 @@ def _dist_parser() -> Any:
     parser.add_argument("--dashboard", default="auto", type=_dashboard_choice)
     parser.add_argument("--use-port", "--use_port", "--port", default="auto")
     parser.add_argument("--ranks", default=None)
+    parser.add_argument(
+        "--stall-after", "--stall_after", default=argparse.SUPPRESS, type=_seconds_or_none
+    )
     return parser
+
+
+def _seconds_or_none(text: str) -> float | None:
+    """``--stall-after 10`` (seconds) or ``--stall-after off``."""
+    return None if text.lower() in ("none", "off", "no", "false") else float(text)
 
 
 class DistMagics:
@@ -193,6 +204,8 @@ class DistMagics:
             return self._start(args)
         if command == "status":
             return self.session.status() if self.session is not None else "no session"
+        if command == "stacks":
+            return self._need_session().stacks()
         if command == "restart":
             self._need_session().restart()  # says that the variables are lost
             return None
@@ -236,6 +249,7 @@ class DistMagics:
             mixed_precision=args.mixed_precision,
             dashboard=args.dashboard,
             use_port=args.use_port,
+            **({"stall_after": args.stall_after} if hasattr(args, "stall_after") else {}),
         )
         return self.session.status()
 
@@ -254,6 +268,23 @@ class DistMagics:
         if not first or first.lstrip().startswith(("%", "!")):
             return lines
         return ["%%distributed\n", *lines]
+
+    def rankdiff(self, line: str) -> Any:
+        """``%rankdiff model optimizer [--ranks 0,1]``: :meth:`Session.compare`."""
+        __tracebackhide__ = True
+        import shlex
+
+        words = shlex.split(line)
+        ranks = None
+        if "--ranks" in words:
+            at = words.index("--ranks")
+            if at + 1 >= len(words):
+                raise UsageError("%rankdiff NAME [NAME...] [--ranks 0,1]")
+            ranks = parse_ranks(words[at + 1])
+            del words[at : at + 2]
+        if not words:
+            raise UsageError("%rankdiff NAME [NAME...]: which variables to compare")
+        return self._need_session().compare(*words, ranks=ranks)
 
     # %%distributed, %%rank -----------------------------------------------------------------
 
@@ -315,6 +346,7 @@ def load_ipython_extension(ip: Any) -> None:
     ip.register_magic_function(_magics.dist, magic_kind="line", magic_name="dist")
     ip.register_magic_function(_magics.distributed, magic_kind="cell", magic_name="distributed")
     ip.register_magic_function(_magics.rank, magic_kind="cell", magic_name="rank")
+    ip.register_magic_function(_magics.rankdiff, magic_kind="line", magic_name="rankdiff")
 
 
 def unload_ipython_extension(ip: Any) -> None:
@@ -323,6 +355,7 @@ def unload_ipython_extension(ip: Any) -> None:
     ip.magics_manager.magics["line"].pop("dist", None)
     ip.magics_manager.magics["cell"].pop("distributed", None)
     ip.magics_manager.magics["cell"].pop("rank", None)
+    ip.magics_manager.magics["line"].pop("rankdiff", None)
     if _magics is not None:
         _magics.auto_mode(False)
         if _magics.session is not None:

@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._events import Event, LaunchFinished, LaunchRestarting, RendezvousStarted
-from ._launch import preflight, rendezvous
+from ._launch import preflight, rendezvous, stall
 from ._launch.diagnosis import (
     RestartPolicy,
     Verdict,
@@ -70,6 +70,7 @@ from ._launch.session import TaskHandle
 from .errors import LaunchError, LaunchFailure, PreflightError, RankFailedError
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
+from .ui.stall import Stacks
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -104,6 +105,7 @@ def notebook_launcher(
     | None = None,
     raise_child_failed: bool | None = None,
     cluster: Cluster | None = None,
+    stall_after: float | None = stall.DEFAULT_STALL_AFTER,
 ) -> Any:
     """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
 
@@ -143,6 +145,12 @@ def notebook_launcher(
     is then the job's total, split evenly over its nodes (None: one per GPU of every
     node). The cluster starts with the first launch that needs it and stays for the next.
 
+    ``stall_after`` (seconds, default 30; ``None``: off): when no rank made progress (no
+    event, output line or progress update) for that long, the dashboard (and the text
+    view) shows where every rank is -- each thread's Python stack, the odd rank(s) out
+    named -- until progress resumes. ``handle.stacks()`` shows it on demand for a
+    ``block=False`` launch, and an interrupted stuck launch says where each rank was.
+
     Extras beyond Accelerate: ``kwargs`` for the function, ``start_method``
     (``None`` chooses: fork unless CUDA is initialised here, then a forkserver),
     ``dashboard`` (``"auto"``, ``True``, ``False``, or any object with the
@@ -167,6 +175,7 @@ def notebook_launcher(
                           master_addr="10.0.0.1", use_port=29500)
     """
     __tracebackhide__ = True  # IPython and pytest show the caller's frames, then the rank's
+    watch_after = stall.check_stall_after(stall_after)
     if cluster is not None:
         launch = _on_cluster(
             cluster, function, args, kwargs, num_processes, mixed_precision, max_restarts,
@@ -176,6 +185,7 @@ def notebook_launcher(
                         rdzv_backend=(rdzv_backend, "static"), rdzv_endpoint=(rdzv_endpoint, ""),
                         start_method=(start_method, None)),
         )  # fmt: skip
+        launch.watch.stall_after = watch_after
         if not block:
             return _in_background(launch)
         outcome = launch.run()
@@ -226,6 +236,7 @@ def notebook_launcher(
         raise
     elastic_name = getattr(function, "__name__", "function") if child_failed else None
     launch = _Launch(plan, task, view, policy, line_prefix, elastic_name)
+    launch.watch.stall_after = watch_after
     if not block:
         return _in_background(launch)
     outcome = launch.run()
@@ -237,7 +248,7 @@ def notebook_launcher(
 def _in_background(launch: _Launch) -> TaskHandle:
     """A non-blocking launch: its ranks start here, a thread of its own pumps them."""
     launch.start()  # in this thread: the ranks die with the thread that started them
-    handle = TaskHandle(launch.interrupt)
+    handle = TaskHandle(launch.interrupt, stacks=lambda: Stacks(launch.watch.take()))
     # In this cell's context: what the thread shows belongs to this cell (ipykernel keeps
     # the cell of an output in context variables), not to the cell that runs meanwhile.
     cell = contextvars.copy_context()
@@ -356,6 +367,10 @@ class _Launch:
         self._announced = False
         self._ended = False
         self.t0 = time.time()
+        #: where every rank is when nothing moves (fed events, ticked by the pump)
+        self.watch = stall.StallWatch(None, view.handle)
+        #: where each rank was when the user interrupted a stuck launch
+        self.interrupt_report: Any = None
 
     @property
     def world_size(self) -> int:
@@ -406,8 +421,11 @@ class _Launch:
         self.record = record = RunRecord([s.rank for s in specs])
         view = self.view
 
+        watch = self.watch
+
         def on_event(event: Event) -> None:
             record.on_event(event)
+            watch.saw(event)
             view.handle(event)
 
         def on_exit(proc: WorkerProcess) -> None:
@@ -419,6 +437,7 @@ class _Launch:
             specs, self.task, self._listen, on_event, on_exit, attempt=self.attempt
         )
         self._listen = None  # the group owns it now
+        self.watch.watch(stall.of_group(self.group))
         self.group.start()
 
     # -- run ---------------------------------------------------------------------------
@@ -429,8 +448,9 @@ class _Launch:
         self.start()
         try:
             self._attempts()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             self._interrupted()
+            _add_note(exc, stall.note(self.interrupt_report))
             raise
         finally:
             self._end()
@@ -447,8 +467,9 @@ class _Launch:
         assert group is not None
         wake = link.wake_fd if link is not None and link.job.num_nodes > 1 else None
         while not group.finished:
-            group.pump(0.5, wake=wake)
+            group.pump(self.watch.timeout(0.5), wake=wake)
             self.view.tick()
+            self.watch.tick()
             if link is not None and wake is not None and not record.stopping:
                 reason = link.heard(self.attempt)
                 if reason is not None:  # collateral of another node's end
@@ -464,6 +485,8 @@ class _Launch:
 
     def interrupt(self) -> None:
         """Stop every rank (a non-blocking launch's ``cancel()``, or Ctrl-C on its result)."""
+        if not self.interrupted:
+            self.interrupt_report = self.watch.on_interrupt()
         self.interrupted = True
         self.record.stopping = self.record.interrupted = True
         if self.group is not None:
@@ -472,6 +495,10 @@ class _Launch:
     def _interrupted(self) -> None:
         """Ctrl-C: stop this node's ranks now; tell the other nodes (see
         :meth:`NodeLink.tell_interrupted`)."""
+        if not self.interrupted:
+            self.interrupt_report = self.watch.on_interrupt()
+            if self.interrupt_report is not None:
+                self.view.handle(self.interrupt_report)
         self.interrupted = True
         self.record.stopping = self.record.interrupted = True
         if self.group is not None:
@@ -541,6 +568,7 @@ class _Launch:
         if self._ended:
             return
         self._ended = True
+        self.watch.stop()
         try:
             if self.group is not None:
                 self.group.close()
@@ -578,7 +606,9 @@ class _Launch:
         assert self.verdict is not None
         ranks = record.ranks
         if self.interrupted or record.interrupted:
-            return KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
+            stopped = KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
+            _add_note(stopped, stall.note(self.interrupt_report))
+            return stopped
         cause = self.verdict.cause
         if cause is not None and cause.exc_type == "builtins.KeyboardInterrupt":  # elsewhere
             report = LaunchFailure(cause, list(self.verdict.failures), self.world_size)
@@ -597,6 +627,11 @@ class _Launch:
         if missing:  # cannot happen without a failure record; never return a short list
             return LaunchError(f"ranks {missing} ended without a result")
         return [record.results[r] for r in ranks]
+
+
+def _add_note(exc: BaseException, note: str | None) -> None:
+    if note and hasattr(exc, "add_note"):
+        exc.add_note(note)
 
 
 __all__ = ["notebook_launcher"]

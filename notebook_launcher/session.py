@@ -24,19 +24,23 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import linecache
 import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._launch import preflight
+from ._launch import compare as compare_values
+from ._launch import preflight, stall
 from ._launch.plan import plan_launch
 from ._launch.session import SessionCore, TaskHandle
 from ._serialization import dumps_checked
+from ._worker import compare as rank_compare
 from ._worker import session as rank_side
 from .ui import View, view_for
 from .ui.lazy import InCell, LazyView
+from .ui.stall import Stacks
 
 _live: weakref.WeakSet[Session] = weakref.WeakSet()
 _cells = itertools.count(1)
@@ -51,10 +55,12 @@ def start(
     start_method: str | None = None,
     dashboard: bool | str | View = "auto",
     grace_period: float = 1.0,
+    stall_after: float | None = stall.DEFAULT_STALL_AFTER,
 ) -> Session:
     """Start ``num_processes`` ranks that stay until :meth:`Session.close`.
 
-    The options are :func:`notebook_launcher`'s. Call it from the notebook's own thread
+    The options are :func:`notebook_launcher`'s (``stall_after``: a task that makes no
+    progress for that many seconds shows where every rank is; None: off). Call it from the notebook's own thread
     (the ranks die with the thread that started them). Also a context manager::
 
         with notebook_launcher.start(num_processes=2) as session:
@@ -68,6 +74,7 @@ def start(
         start_method=start_method,
         dashboard=dashboard,
         grace_period=grace_period,
+        stall_after=stall_after,
     )
 
 
@@ -106,6 +113,9 @@ class Session:
 
     def __init__(self, num_processes: int | None, **options: Any) -> None:
         preflight.check_dashboard(options.get("dashboard", "auto"))
+        options["stall_after"] = stall.check_stall_after(
+            options.get("stall_after", stall.DEFAULT_STALL_AFTER)
+        )
         self._num_processes = num_processes
         self._options = options
         self._core: SessionCore | None = None
@@ -116,8 +126,9 @@ class Session:
     def _start(self) -> None:
         options = dict(self._options)
         dashboard = options.pop("dashboard")
+        stall_after = options.pop("stall_after")
         plan = plan_launch(None, self._num_processes, **options)
-        core = SessionCore(plan)
+        core = SessionCore(plan, stall_after)
         core.start(self._view(dashboard))
         self._core = core
         if not _live:
@@ -185,7 +196,9 @@ class Session:
         preflight.check_function(fn)
         data = dumps_checked((fn, args, kwargs), "the function and its args")
         label = getattr(fn, "__qualname__", type(fn).__name__)
-        return self.core.submit(data, self._ranks(ranks), self._view(), label=label)
+        return self.core.submit(
+            data, self._ranks(ranks), self._view(), label=label, stacks=self.stacks
+        )
 
     def run(
         self, fn: Callable[..., Any], *args: Any, ranks: list[int] | None = None, **kwargs: Any
@@ -222,6 +235,46 @@ class Session:
     def interrupt(self) -> None:
         """Interrupt the task that runs (what the notebook's interrupt button does)."""
         self.core.interrupt()
+
+    def stacks(self) -> Stacks:
+        """Where every rank is now: each thread's Python stack (cells as ``Cell In[3],
+        line 12``, library frames folded), the odd rank(s) out named; ranks between tasks
+        say they are idle. Works while a task runs (from another thread, or for a task
+        started with :meth:`submit`) as well as between tasks.
+
+        Example::
+
+            handle = session.submit(train)
+            session.stacks()      # rank 1 is in `loss.backward()` at Cell In[3], line 9; ...
+        """
+        return Stacks(self.core.stacks())
+
+    def compare(self, *names: str, ranks: list[int] | None = None) -> compare_values.Comparison:
+        """Compare values across ranks: for each name in the ranks' namespaces (a tensor, a
+        module's parameters and buffers, an optimizer's state, a dict or list of them, a
+        plain value; ``"rng"``: the random state; ``"model.module"``: an attribute), say
+        whether every rank has the same, and where not, which entries differ on which
+        ranks, in how many elements and by how much at most. Digests first: only the
+        entries that differ are sent whole. ``%rankdiff model optimizer`` does the same.
+
+        Example::
+
+            session.compare("model", "optimizer", "rng")
+            # model: ranks differ in 1 of 2 entries (1 identical)
+            #   weight (float32 [2, 4]): rank 1 differs from rank 0 in 8 of 8 elements; ...
+            # optimizer: identical on ranks 0, 1 (4 entries)
+        """
+        __tracebackhide__ = True
+        if not names:
+            raise ValueError("compare(): name at least one variable, e.g. compare('model')")
+        asked = sorted(self._ranks(ranks))
+        rows = self.run(rank_compare.digests, list(names), ranks=asked)
+        found = compare_values.compare(dict(zip(asked, rows, strict=True)), names)
+        want = compare_values.wanted(found)
+        if want:
+            values = self.run(rank_compare.values, want, ranks=asked)
+            compare_values.details(found, dict(zip(asked, values, strict=True)))
+        return found
 
     def status(self) -> SessionStatus:
         core = self._core
@@ -264,7 +317,10 @@ def _cell_name(source: str) -> str:
             return str(compiler.cache(source, count))
         except Exception:  # noqa: BLE001 - a nicer name is optional
             pass
-    return f"<distributed-cell-{next(_cells)}>"
+    name = f"<distributed-cell-{next(_cells)}>"
+    lines = source.splitlines(keepends=True)
+    linecache.cache[name] = (len(source), None, lines, name)  # the stall view shows its lines
+    return name
 
 
 def _close_all() -> None:

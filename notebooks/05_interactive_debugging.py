@@ -197,6 +197,91 @@ assert torch.equal(weights[0], weights[1])
 assert all(sum(r[-8:]) / 8 < sum(r[:5]) / 5 for r in losses)  # it learned
 
 # %% [markdown]
+# ## A hang: find it with the stall view, and fix it
+#
+# The worst distributed bug makes no error at all: one rank waits for something another
+# rank only does later, and nothing moves. Here rank 0 saves a file for everyone, but only
+# *after* a barrier, while rank 1 waits for the file *before* the barrier.
+#
+# In your own notebook you would just run the cell: once no rank made progress for
+# `stall_after` seconds (30 by default) the cell's dashboard shows every rank's Python stack,
+# side by side, and names the odd rank out; the interrupt button then stops the cell, says
+# where each rank was, and keeps the session. Here the task runs in the background
+# (`session.submit`) so that the next cells can look at it, on a session of its own that
+# calls a stall after 2 seconds.
+
+# %% tags=["nbval-ignore-output"]
+import os
+import tempfile
+
+import notebook_launcher
+
+session = notebook_launcher.start(num_processes=2, stall_after=2)
+shared_dir = tempfile.mkdtemp()
+
+
+def save_then_load(path):
+    """Rank 0 saves a tensor for everyone; every rank loads it."""
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.barrier()  # wait until everyone is ready...
+        torch.save(torch.ones(3), path)  # ...then save
+    else:
+        while not os.path.exists(path):  # BUG: waits for the file before the barrier
+            time.sleep(0.1)
+        dist.barrier()
+    return torch.load(path).sum().item()
+
+
+handle = session.submit(save_then_load, os.path.join(shared_dir, "ones.pt"))
+
+# %% [markdown]
+# Two seconds later the dashboard above shows the stall view. `session.stacks()` (or
+# `%dist stacks` for the `%dist` session, or `handle.stacks()`) says the same on demand:
+# where each rank is, the odd one first.
+
+# %%
+import time
+
+time.sleep(3)
+stacks = session.stacks()
+print("\n".join(stacks.findings))
+print("the odd rank out:", stacks.odd)
+
+# %% tags=["nbval-ignore-output"]
+display(stacks)  # every thread of every rank, the library frames folded
+
+# %% [markdown]
+# Rank 1 waits for the file in its loop (line 23); rank 0 waits in the barrier (line 19)
+# for rank 1, which will never come. Stop the task (the session lives on), move the save
+# before the barrier, and run it again.
+
+# %%
+handle.cancel()
+
+
+def save_then_load(path):
+    """Rank 0 saves a tensor for everyone; every rank loads it once it is there."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        torch.save(torch.ones(3), path)
+    dist.barrier()  # past this line the file exists, for every rank
+    return torch.load(path).sum().item()
+
+
+session.run(save_then_load, os.path.join(shared_dir, "ones.pt"))
+
+# %%
+session.close()
+
+# %% [markdown]
 # ## Stop the ranks
 #
 # `%dist stop` ends them (closing the kernel does too). The same from Python:
@@ -215,3 +300,5 @@ assert all(sum(r[-8:]) / 8 < sum(r[:5]) / 5 for r in losses)  # it learned
 #   session survives it, even while another rank waits in a collective.
 # * `%%rank N` looks at one rank; `--post-mortem` looks inside the frame that failed.
 # * Fix the data or the code in place, and continue: no relaunch, nothing recomputed.
+# * A hang shows itself: after `stall_after` seconds without progress the dashboard shows
+#   where every rank is and names the odd one out; `stacks()` says it on demand.

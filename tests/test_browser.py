@@ -582,3 +582,65 @@ def test_saving_a_lesson_in_jupyterlab_changes_no_source(lab: dict[str, Any]) ->
     changed = sorted(name for name in before if after[name] != before[name])
     assert changed == ["01_quickstart.ipynb"], changed  # the edit is saved, no source changed
     assert len(nbformat.read(lessons / "01_quickstart.ipynb", 4).cells) == len(nb.cells) + 1
+
+
+#: The stall view of the live dashboard: its findings, and each column's ranks and oddness.
+STALL_VIEW = """() => {
+    const s = document.querySelector('.jp-OutputArea-output .nl-dashboard .nl-stall');
+    if (!s || !s.offsetParent) return null;
+    const area = s.closest('.jp-OutputArea-output').getBoundingClientRect();
+    return {findings: Array.from(s.querySelectorAll('.nl-stall-finding')).map(f => f.textContent),
+            columns: Array.from(s.querySelectorAll('.nl-stall-col')).map(c => ({
+                ranks: c.dataset.ranks, odd: c.classList.contains('nl-stall-odd'),
+                text: c.querySelector('pre').textContent,
+                width: c.getBoundingClientRect().width,
+                inside: c.getBoundingClientRect().right <= area.right + 1}))};
+}"""
+
+STALL_CELLS = [
+    "from notebook_launcher import notebook_launcher\n"
+    "\n"
+    "def train():\n"
+    "    import time\n"
+    "    import torch.distributed as dist\n"
+    "    if dist.get_rank() == 1:\n"
+    "        time.sleep(12)  # rank 1 is late\n"
+    "    dist.barrier()\n"
+    "    return dist.get_rank()\n"
+    "\n"
+    "notebook_launcher(train, num_processes=3, stall_after=1.5)",
+    "print('STALL DONE')",
+]
+
+
+@pytest.mark.timeout(150)
+def test_the_stall_view_in_jupyterlab(lab: dict[str, Any]) -> None:
+    """A launch whose rank 1 is late while ranks 0 and 2 wait in a barrier: the live
+    dashboard shows the stall view (rank 1 named, its column marked, ranks 0 and 2 in one
+    column side by side with it, the cell's line), and it is gone once the launch ends."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(c) for c in STALL_CELLS]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    path = Path(lab["root"]) / "stall.ipynb"
+    nbformat.write(notebook, path)
+    with _notebook_page(lab, path) as (page, errors, info):
+        assert info["kernel"] == "python3" and info["status"] == "idle", info
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        page.wait_for_function(STALL_VIEW, timeout=60_000)
+        view = page.evaluate(STALL_VIEW)
+        stall = page.locator(".jp-OutputArea-output .nl-dashboard .nl-stall").first
+        _shot(page, "stall_view_1280x800.png", stall)
+        assert view["findings"] == [
+            "rank 1 is in `time.sleep(12)  # rank 1 is late` at Cell In[1], line 7; "
+            "ranks 0, 2 wait in `barrier` at line 8"
+        ], view
+        assert [(c["ranks"], c["odd"]) for c in view["columns"]] == [("0,2", False), ("1", True)]
+        assert "Cell In[1], line 7, in train" in view["columns"][1]["text"], view
+        # side by side, readable, and inside the cell's output (not cut at its edge)
+        assert all(c["width"] > 200 and c["inside"] for c in view["columns"]), view
+        outputs = _wait_for_output(page, 1, "STALL DONE")
+        assert "STALL DONE" in outputs[1], outputs
+        final = page.evaluate(DASHBOARDS)
+        assert [v["live"] for v in final] == [False], final
+        assert page.evaluate(STALL_VIEW) is None  # it resolved: no stall view is kept
+        assert not errors, errors

@@ -47,6 +47,7 @@ BOTTOM = (
     "_accelerate_only",
     "big_modeling",
     "hooks",
+    "_stacks",
 )
 WORKER_API = (
     "state",
@@ -64,10 +65,19 @@ WORKER_API = (
 #: layer -> the layers (top-level names under the package) it may import
 ALLOWED: dict[str, tuple[str, ...]] = {
     "bottom": BOTTOM,
-    "ui": ("errors", "_events", "ui"),
+    # _stacks: a rank's stacks put into words, the same for the text view and the cell
+    "ui": ("errors", "_events", "_stacks", "ui"),
     "tracking": ("_events", "_worker.runtime"),
     "_worker": (*BOTTOM, "_worker"),
-    "worker_api": (*BOTTOM, *WORKER_API, "_worker.runtime", "_worker.barriers", "_worker.progress"),
+    # _worker.collectives: the package's collectives refuse to run in a cell on some ranks
+    "worker_api": (
+        *BOTTOM,
+        *WORKER_API,
+        "_worker.runtime",
+        "_worker.barriers",
+        "_worker.progress",
+        "_worker.collectives",
+    ),
     # fork runs the rank entry in the child: the kernel side's one crossing
     "_launch": (*BOTTOM, "_launch", "_worker.entry"),
     "_agent": (*BOTTOM, "_agent", "_launch"),

@@ -266,10 +266,13 @@ def test_post_mortem_runs_in_the_failing_frame(shared: Session) -> None:
 
 def test_a_collective_on_some_ranks_fails_fast_naming_its_call_site(shared: Session) -> None:
     shared.run_cell("kept = rank")
+    generation = shared.status().generation
     with pytest.raises(ProcessGroupMismatch) as info:
         shared.run_cell("y = 1\ndist.all_reduce(torch.ones(1))", ranks=[0])
     message = str(info.value)
-    assert "rank 0 waits in all_reduce at <distributed-cell-" in message
+    # refused before anything was sent: the group needs no re-forming
+    assert shared.status().generation == generation
+    assert "rank 0 calls all_reduce at <distributed-cell-" in message
     assert ":2, which needs every rank" in message  # the cell's line 2
     assert "ranks [1] do not run it" in message
     assert shared.pull("kept") == [0, 1]
@@ -279,7 +282,7 @@ def test_a_collective_on_some_ranks_fails_fast_naming_its_call_site(shared: Sess
 
         dist.barrier()  # the call site the error names
 
-    with pytest.raises(ProcessGroupMismatch, match=r"rank 1 waits in barrier at test_session.py:"):
+    with pytest.raises(ProcessGroupMismatch, match=r"rank 1 calls barrier at test_session.py:"):
         shared.run(barrier_on_one_rank, ranks=[1])
 
 

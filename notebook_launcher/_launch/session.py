@@ -58,6 +58,7 @@ from ..errors import (
     SessionBroken,
     notebook_cell_name,
 )
+from . import stall
 from .diagnosis import exception_for, summary_line
 from .group import WorkerGroup, WorkerProcess
 from .plan import LaunchPlan
@@ -102,10 +103,20 @@ class TaskHandle(Future[Any]):
     ``concurrent.futures.wait`` and the done-callbacks told once, by the public API.
     """
 
-    def __init__(self, interrupt: Callable[[], None]) -> None:
+    def __init__(
+        self, interrupt: Callable[[], None], stacks: Callable[[], Any] | None = None
+    ) -> None:
         super().__init__()
         self._interrupt = interrupt
+        self._stacks = stacks
         self._cancelling = False
+
+    def stacks(self) -> Any:
+        """Where every rank is now: each thread's Python stack, the odd rank(s) out named
+        (``_launch.stall``), while the task runs or after."""
+        if self._stacks is None:
+            raise RuntimeError("this handle cannot take its ranks' stacks")
+        return self._stacks()
 
     def running(self) -> bool:
         return not self.done()
@@ -158,8 +169,19 @@ class TaskHandle(Future[Any]):
 class TaskRun:
     """One task: its ranks, its record, its view, and where its unwinding stands."""
 
-    def __init__(self, task_id: int, ranks: list[int], view: _View, handle: TaskHandle) -> None:
+    def __init__(
+        self,
+        task_id: int,
+        ranks: list[int],
+        view: _View,
+        handle: TaskHandle,
+        watch: stall.StallWatch | None = None,
+    ) -> None:
         self.id = task_id
+        #: where every rank is when the task makes no progress (fed and ticked by the pump)
+        self.watch = watch or stall.StallWatch(None, view.handle)
+        #: where each rank was when the user interrupted it while it was stuck
+        self.interrupt_report: Any = None
         self.ranks = ranks
         self.view = view
         self.handle = handle
@@ -190,8 +212,9 @@ class TaskRun:
 class SessionCore:
     """The ranks of a session and the thread that listens to them."""
 
-    def __init__(self, plan: LaunchPlan) -> None:
+    def __init__(self, plan: LaunchPlan, stall_after: float | None = None) -> None:
         self.plan = plan
+        self.stall_after = stall_after
         self.world = [s.rank for s in plan.specs]
         self.group: WorkerGroup | None = None
         self.task: TaskRun | None = None
@@ -282,7 +305,14 @@ class SessionCore:
 
     # -- tasks ---------------------------------------------------------------------------
 
-    def submit(self, data: bytes, ranks: list[int], view: _View, label: str = "") -> TaskHandle:
+    def submit(
+        self,
+        data: bytes,
+        ranks: list[int],
+        view: _View,
+        label: str = "",
+        stacks: Callable[[], Any] | None = None,
+    ) -> TaskHandle:
         """Run cloudpickled ``(fn, args, kwargs)`` on ``ranks``; returns at once."""
         __tracebackhide__ = True  # SessionBroken & co. end at the caller's line
         with self._lock:
@@ -302,8 +332,9 @@ class SessionCore:
             if unknown or not ranks:
                 raise ValueError(f"ranks must be some of {self.world}, got {ranks}")
             self.tasks_run += 1
-            handle = TaskHandle(self.interrupt)
-            task = TaskRun(self.tasks_run, sorted(set(ranks)), view, handle)
+            handle = TaskHandle(self.interrupt, stacks)
+            watch = stall.StallWatch(self.stall_after, view.handle, stall.of_group(self.group))
+            task = TaskRun(self.tasks_run, sorted(set(ranks)), view, handle, watch)
             self.task = task
             started = self.plan.started_event()
             view.handle(
@@ -320,12 +351,15 @@ class SessionCore:
                     view.handle(line)
             self.idle_output.clear()
             for rank in task.ranks:
-                self.group.send(self.group.proc(rank), Run(task.id, data))
+                self.group.send(self.group.proc(rank), Run(task.id, data, tuple(task.ranks)))
         self._wake()
         return handle
 
     def interrupt(self) -> None:
         """Interrupt the running task (the notebook's interrupt button, ``cancel()``)."""
+        task = self.task
+        if task is not None and not task.user_interrupt and task.interrupt_report is None:
+            task.interrupt_report = task.watch.on_interrupt()  # where it was stuck
         with self._lock:
             task = self.task
             if task is None:
@@ -372,6 +406,7 @@ class SessionCore:
                     self.idle_output.append(event)
                 return
             task.record.on_event(event)
+            task.watch.saw(event)
             task.view.handle(event)
             if isinstance(event, WorkerStarted):
                 task.started.add(event.rank)
@@ -456,10 +491,9 @@ class SessionCore:
             with self._lock:
                 task = self.task
                 deadline = task.next_deadline() if task is not None else None
-            if task is None:
-                timeout = None  # idle: sleep until a rank says something, or we are woken
-            else:
-                timeout = TICK
+            timeout: float | None = None  # idle: sleep until a rank speaks, or we are woken
+            if task is not None:
+                timeout = task.watch.timeout(TICK) or 0.0
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - time.monotonic()))
             try:
@@ -469,9 +503,12 @@ class SessionCore:
                 except BlockingIOError:
                     pass
                 with self._lock:
-                    if self.task is not None:
-                        self.task.view.tick()
+                    task = self.task
+                    if task is not None:
+                        task.view.tick()
                     self._advance()
+                if task is not None and self.task is task:
+                    task.watch.tick()  # (this thread owns the view; the lock is not needed)
             except Exception as exc:  # noqa: BLE001 - the pump must never die silently
                 with self._lock:
                     self._break(f"the session's pump failed: {exc!r}", kill=True)
@@ -514,6 +551,7 @@ class SessionCore:
 
     def _finish(self, task: TaskRun) -> None:
         self.task = None
+        task.watch.stop()
         record = task.record
         verdict = record.verdict()
         n = len(task.ranks)
@@ -550,6 +588,9 @@ class SessionCore:
             exc = SessionBroken(f"interrupted, but the session broke: {self.broken}")
         elif interrupted:
             exc = KeyboardInterrupt(f"interrupted: ranks {task.ranks} stopped their task")
+            where = stall.note(task.interrupt_report)
+            if where:
+                notes.insert(0, where)
         elif not verdict.ok:
             exc = exception_for(verdict, len(self.world), record.exc_data)  # "rank 1 of 2"
             if verdict.cause is not None and task.local_vars.get(verdict.cause.rank):
@@ -629,6 +670,13 @@ class SessionCore:
     @property
     def closed(self) -> bool:
         return self._closing
+
+    def stacks(self) -> Any:
+        """Where every rank is now (a :class:`~notebook_launcher._events.StacksTaken`),
+        while a task runs or between tasks."""
+        if self.group is None or self._closing:
+            raise LaunchError("this session is closed; start a new one")
+        return stall.report(stall.of_group(self.group)(), "request")
 
 
 #: ``pidfd_send_signal`` flag (Linux 6.9): to the thread the pidfd names, not the process.

@@ -54,10 +54,12 @@ class Task:
 @dataclass(frozen=True)
 class Run:
     """A session's task: call cloudpickled ``(fn, args, kwargs)``; ``fn`` may take the
-    rank's namespace (see ``_worker.session``)."""
+    rank's namespace (see ``_worker.session``). ``ranks``: the ranks that run it (empty:
+    every rank); a collective of the whole group on fewer ranks fails at once."""
 
     task: int
     data: bytes
+    ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,15 @@ class _Watch:
             _Watch._instance = None
 
 
+def _entered(exc: BaseException) -> bool:
+    """Whether a call that raised ``exc`` had entered its collective: not when it was
+    refused before (a cell on some ranks), nor when the ranks' calls did not match (the
+    check runs first, and nothing was sent)."""
+    from ..errors import DistributedOperationException, ProcessGroupMismatch
+
+    return not isinstance(exc, (ProcessGroupMismatch, DistributedOperationException))
+
+
 T = TypeVar("T")
 _inside = threading.local()
 
@@ -204,11 +213,14 @@ def _reported(wait: Callable[[], T], rank: int, kind: str, quiet: float) -> T:
         watch.wake.set()
     try:
         value = wait()
-    except BaseException:
+    except BaseException as exc:
         with watch.lock:
             watch.pending = None
             reported = pending.location
-        if reported is None:  # failed fast (a peer left): still say where we waited
+        if not _entered(exc):  # refused or mismatched: nothing is left in flight
+            if reported is not None:
+                runtime.emit(BarrierExit(rank, pending.index, reported, time.time()))
+        elif reported is None:  # failed fast (a peer left): still say where we waited
             runtime.emit(
                 BarrierEnter(rank, pending.index, caller_location(), kind, pending.entered)
             )

@@ -31,7 +31,7 @@ from .._posix import die_with_parent, guard_process_group, lead_own_process_grou
 from .._serialization import dump_exception, dumps, exception_to_failure, load_task
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Returned, Setup, Task
-from . import progress, runtime
+from . import collectives, progress, runtime, stacks
 
 TaskTuple = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
@@ -216,6 +216,8 @@ def _serve(
 ) -> int:
     runtime.install(channel.send)
     _set_environment(spec)
+    stacks.install()  # the kernel can see where this rank is, from now on
+    stacks.install_flight(spec.backend)
     runtime.run_start_hooks()  # forget what a forked rank inherited (e.g. the state)
     pid = os.getpid()
 
@@ -242,6 +244,8 @@ def _serve(
             _settings.apply(spec.settings, spec.local_rank if spec.backend == "nccl" else None)
         runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, device, time.time()))
         progress.install(spec.rank)
+        if not spec.session:
+            collectives.install_for_launch(spec.rank)  # debug mode: checked collectives
         if spec.session:  # stay, and serve the session's tasks
             from . import session
 

@@ -97,7 +97,7 @@ class RankSession:
         global _current
         _current = self
         signal.signal(signal.SIGINT, self._on_sigint)
-        collectives.install(self.spec.rank)
+        collectives.install(self.spec.rank, checked=True)
         self._join(0)  # a group whose connections this rank knows (see _reform)
         self._send(Reformed(0))  # serving, in group generation 0: the session is ready
         while True:
@@ -138,7 +138,11 @@ class RankSession:
             try:
                 if self.interrupt_pending:
                     raise KeyboardInterrupt
-                result = fn(*args, **kwargs)
+                # a cell on some ranks: a collective of the whole group fails at once
+                with collectives.task_scope(
+                    message.ranks, spec.world_size, spec.backend, spec.pg_timeout_s
+                ):
+                    result = fn(*args, **kwargs)
             finally:
                 self.running = False
             data = _dumps_result(result, spec.rank)

@@ -39,6 +39,7 @@ from .model import (
     fmt_number,
     notebook_cell_traceback,
 )
+from .stall import stall_html
 
 STATUS_COLOURS = {
     STARTING: "#757575",
@@ -562,7 +563,7 @@ def snapshot(
     ``lines_per_rank`` lines of each rank (fewer with many ranks)."""
     many = len(m.ranks) > COMPACT_ROWS_MAX
     limit = max(10, lines_per_rank // 4) if many else lines_per_rank
-    parts = [header(m, now), alerts(m), ranks_html(m, now)]
+    parts = [header(m, now), alerts(m), stall_html(m.stall, live=False), ranks_html(m, now)]
     if many:
         rows = "".join(rank_row(m.ranks[r], now) for r in m.rank_ids)
         parts.append(

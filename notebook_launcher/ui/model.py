@@ -42,6 +42,8 @@ from .._events import (
     Output,
     ProgressUpdate,
     RendezvousStarted,
+    StacksTaken,
+    StallOver,
     WorkerExited,
     WorkerFailed,
     WorkerFinished,
@@ -487,6 +489,9 @@ class LaunchModel:
         #: metric name -> rank -> its points (names in the order first logged)
         self.metrics: dict[str, dict[int, MetricSeries]] = {}
         self.metrics_logged = 0  # MetricsLogged events folded in (views redraw on change)
+        #: where every rank is while no rank makes progress (or was, when interrupted):
+        #: the stall view; None once progress resumed
+        self.stall: StacksTaken | None = None
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -941,6 +946,18 @@ class LaunchModel:
         self.metrics_logged += 1
         return [("metrics",)]
 
+    def _on_StacksTaken(self, e: StacksTaken) -> list[Change]:
+        """A stall (or an interrupt of stuck ranks): where every rank is. Reports asked
+        for on demand are shown where they were asked, not here."""
+        if e.reason == "request":
+            return []
+        self.stall = e
+        return [("stall",)]
+
+    def _on_StallOver(self, e: StallOver) -> list[Change]:
+        self.stall = None
+        return [("stall",)]
+
     def _on_LaunchFinished(self, e: LaunchFinished) -> list[Change]:
         self.finished = e
         changes: list[Change] = [("launch",)]
@@ -974,6 +991,8 @@ HANDLERS: dict[type, Callable[[LaunchModel, Any], list[Change]]] = {
     WorkerExited: LaunchModel._on_WorkerExited,
     WorkerStopped: LaunchModel._on_WorkerStopped,
     MetricsLogged: LaunchModel._on_MetricsLogged,
+    StacksTaken: LaunchModel._on_StacksTaken,
+    StallOver: LaunchModel._on_StallOver,
     LaunchFinished: LaunchModel._on_LaunchFinished,
 }
 

@@ -36,6 +36,8 @@ from .._events import (
     Output,
     ProgressUpdate,
     RendezvousStarted,
+    StacksTaken,
+    StallOver,
     WorkerExited,
     WorkerFailed,
     WorkerStopped,
@@ -79,6 +81,8 @@ class TextView:
         self._alerts_shown: set[str] = set()
         self._ticked = float("-inf")
         self._closed = False
+        self._stall_shown: tuple[object, ...] | None = None  # what the last stall report said
+        self._stall_last: tuple[str, ...] = ()  # the findings of the last look
 
     @property
     def stream(self) -> TextIO:
@@ -104,6 +108,9 @@ class TextView:
         self.model.apply(event)
         if isinstance(event, LaunchFinished):
             self._finish()
+            return
+        if isinstance(event, (StacksTaken, StallOver)):  # shown with or without progress
+            self._stall(event)
             return
         if isinstance(event, (RendezvousStarted, NodesWaiting)):  # even without progress
             self._write(f"notebook_launcher: {self.model.waiting_text()}\n")
@@ -223,6 +230,37 @@ class TextView:
             self._last_line[rank] = now
             self._dirty.discard(rank)
             self._write(f"{self.model.line_label(rank)} {self.rank_line(state, now)}\n")
+
+    def _stall(self, event: StacksTaken | StallOver) -> None:
+        """Where every rank is: the whole report when a stall begins (and when an interrupt
+        says where the ranks were); while it lasts, a line with the findings when they
+        changed and then held for two looks in a row (ranks that compute silently change
+        places at every look, and a terminal is not a live view)."""
+        from .stall import stall_text
+
+        if isinstance(event, StallOver):
+            if self._stall_shown is not None:
+                self._write(
+                    f"notebook_launcher: progress again (the stall lasted "
+                    f"{fmt_duration(event.lasted)})\n"
+                )
+            self._stall_shown = None
+            return
+        if event.reason == "request":
+            return
+        held = event.findings == self._stall_last
+        self._stall_last = event.findings
+        if self._stall_shown is None or event.reason != "stall":
+            self._write(stall_text(event))
+        elif event.findings != self._stall_shown[0] and held:
+            findings = "; ".join(event.findings)
+            self._write(
+                f"notebook_launcher: still no progress ({fmt_duration(event.quiet)}): {findings}\n"
+            )
+        else:
+            return
+        self._stall_shown = (event.findings,)
+        self.stream.flush()
 
     def _show_alerts(self, now: float, final: bool = False) -> None:
         """Print "rank k left while others waited" once it held ``alert_delay`` seconds (or

@@ -58,6 +58,7 @@ from .model import (
     LaunchModel,
     fmt_clock,
 )
+from .stall import stall_html
 
 #: Widget messages per second, at most, for the whole dashboard.
 MAX_MESSAGES = 20.0
@@ -355,6 +356,7 @@ class WidgetView:
         self.plots_available = plots.available() if plot is None else plot
         self.header = W.HTML(value="<b>notebook_launcher</b> \u00b7 starting")
         self.alerts = W.HTML(value="")
+        self.stall = W.HTML(value="")  # where every rank is, while none makes progress
         self.ranks = W.HTML(value="")
         #: the parts under the rank table (``html.SECTIONS``), by name
         self.sections = {section.name: W.HTML(value="") for section in H.SECTIONS}
@@ -369,6 +371,7 @@ class WidgetView:
             [
                 self.header,
                 self.alerts,
+                self.stall,
                 self.ranks,
                 *self.sections.values(),
                 self.picker,
@@ -382,6 +385,7 @@ class WidgetView:
             (self.root, self.id),
             (self.header, "nl-header"),
             (self.alerts, "nl-alerts"),
+            (self.stall, "nl-stall-box"),
             (self.ranks, "nl-ranks"),
             *((widget, f"nl-{name}") for name, widget in self.sections.items()),
             (self.picker, "nl-picker"),
@@ -432,6 +436,8 @@ class WidgetView:
                     self._dirty |= self._redraws[kind]
                 elif kind == "metrics":
                     self._dirty.add("plot")
+                elif kind == "stall":
+                    self._dirty.add("stall")
                 elif kind == "launch":
                     self._dirty |= {"header", "ranks", "structure"}
         now = self.clock()
@@ -501,6 +507,7 @@ class WidgetView:
             self.root,
             self.header,
             self.alerts,
+            self.stall,
             self.ranks,
             *self.sections.values(),
             self.picker,
@@ -551,6 +558,8 @@ class WidgetView:
             dirty.discard("header")
         if "alerts" in dirty and self._set(self.alerts, H.alerts(m), final):
             dirty.discard("alerts")
+        if "stall" in dirty and self._set(self.stall, stall_html(m.stall), final):
+            dirty.discard("stall")
         for section in H.SECTIONS:
             if section.name in dirty and self._set(
                 self.sections[section.name], section.render(m, now, clock), final

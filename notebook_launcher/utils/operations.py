@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from .. import state as _state
+from .._worker import barriers, collectives
 from ..errors import DistributedOperationException
 
 # torch >= 2.10 renamed all_gather_into_tensor (which now warns) to all_gather_single.
@@ -290,6 +291,11 @@ def _raise_mismatch(op: str, descriptions: list[Any], what: str = "shapes") -> N
     lines = [headline, "", f"Operation: `notebook_launcher.utils.operations.{op}`"]
     lines.append("Input shapes:" if what == "shapes" else f"Inputs ({what}):")
     lines += [f"  - Process {i}: {_format_description(d[1])}" for i, d in enumerate(descriptions)]
+    if any(len(d) > 2 for d in descriptions):  # each rank's call site (named cells in the kernel)
+        lines.append("Called at:")
+        lines += [
+            f"  - Process {i}: {d[2] if len(d) > 2 else '?'}" for i, d in enumerate(descriptions)
+        ]
     raise DistributedOperationException("\n".join(lines))
 
 
@@ -297,7 +303,8 @@ def _verify_debug(op: str, description: Any, key: Any = None, what: str = "shape
     """Debug mode: every rank's full description, compared before the collective runs."""
     ps = _state.PartialState()
     mine_key = (op, description if key is None else key)
-    everything = _all_gather_objects((mine_key, (op, description)), ps.num_processes)
+    mine = (op, description, barriers.caller_location())
+    everything = _all_gather_objects((mine_key, mine), ps.num_processes)
     if any(k != mine_key for k, _ in everything):
         _raise_mismatch(op, [item for _, item in everything], what)
 
@@ -440,7 +447,8 @@ def _small_finish(op: str, extra: Any, t: torch.Tensor, sent: tuple[_Packets, An
         def describe() -> Any:
             return _describe(t) if extra is None else (_describe(t), extra)
 
-        _raise_mismatch(op, _all_gather_objects((op, describe()), packets.world))
+        mine = (op, describe(), barriers.caller_location())
+        _raise_mismatch(op, _all_gather_objects(mine, packets.world))
 
 
 def _offsets(leaves: list[torch.Tensor]) -> tuple[list[int], int]:
@@ -491,7 +499,8 @@ def _packet(
         packets.recv.copy_(on_device)
         agreed = all(d == digest for d in packets.digests.tolist())
     if not agreed:
-        _raise_mismatch(op, _all_gather_objects((op, describe()), world), what)
+        mine = (op, describe(), barriers.caller_location())
+        _raise_mismatch(op, _all_gather_objects(mine, world), what)
     return packets.rows if fits else None
 
 
@@ -575,6 +584,8 @@ def gather(tensor: Any) -> Any:
 
         gather(torch.tensor([state.process_index]))   # 2 ranks: tensor([0, 1])
     """
+    if collectives.outside:  # a cell on some ranks only: it would wait for ever
+        collectives.refuse("gather")
     if type(tensor) is torch.Tensor:
         small = _gather_small(tensor)
         if small is not None:
@@ -604,6 +615,8 @@ def gather_object(object: Any) -> list[Any]:
 
         gather_object([f"rank {state.process_index}"])   # ["rank 0", "rank 1"]
     """
+    if collectives.outside:  # a cell on some ranks only: it would wait for ever
+        collectives.refuse("gather_object")
     ps = _state.PartialState()
     flatten = isinstance(object, (list, tuple))
     if not ps.use_distributed:
@@ -636,6 +649,8 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 
         weights = broadcast(weights)    # everybody now has rank 0's values
     """
+    if collectives.outside:  # a cell on some ranks only: it would wait for ever
+        collectives.refuse("broadcast")
     ps = _state.PartialState()
     _check_src(from_process, ps.num_processes)
     leaves = _leaves(recursively_apply(lambda t: t, tensor, error_on_other_type=True))
@@ -670,6 +685,8 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
         cfg = [config if state.is_main_process else None]
         broadcast_object_list(cfg)      # cfg[0] is rank 0's config everywhere
     """
+    if collectives.outside:  # a cell on some ranks only: it would wait for ever
+        collectives.refuse("broadcast_object_list")
     ps = _state.PartialState()
     _check_src(from_process, ps.num_processes)
     if not ps.use_distributed:
@@ -738,6 +755,8 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
 
         reduce(torch.tensor([state.process_index + 1.0]), "sum")   # 2 ranks: tensor([3.])
     """
+    if collectives.outside:  # a cell on some ranks only: it would wait for ever
+        collectives.refuse("reduce")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
     leaves = _leaves(recursively_apply(lambda t: t, tensor, error_on_other_type=True))
@@ -838,6 +857,8 @@ def pad_across_processes(
         padded = pad_across_processes(torch.ones(1 + state.process_index), pad_index=-1)
         gather(padded)   # 2 ranks: tensor([ 1., -1.,  1.,  1.])
     """
+    if collectives.outside:  # a cell on some ranks only: it would wait for ever
+        collectives.refuse("pad_across_processes")
     ps = _state.PartialState()
 
     def one(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,497 @@
+"""Where every rank is when nothing moves: the stall watch and the stacks it takes (kernel side).
+
+:func:`take` asks ranks for their stacks and reads them: it finds each rank's dump file
+among its open files (``/proc/<pid>/fd``; ``_worker.stacks`` made it), empties it, sends
+:data:`~notebook_launcher._worker.stacks.STACK_SIGNAL` to the rank and to the Python
+processes it started (a DataLoader's workers), and reads what their fault handlers wrote:
+all of them at once, in a few milliseconds, whether a rank runs Python or waits in C++.
+With torch's flight recorder on (``TORCH_FR_BUFFER_SIZE``; on NCCL ranks by default) each
+rank's last collectives are read too (``_worker.stacks``' helper thread answers).
+
+:class:`StallWatch` is what a launch (or a session's task) feeds and ticks::
+
+    pump loop                              StallWatch
+      every event, every output line  -->  saw(event): the ranks made progress
+      group.pump(watch.timeout(0.5))       (wakes the pump when the stall is due)
+      watch.tick()                    -->  no progress for ``stall_after`` s: take(),
+                                           show(StacksTaken("stall")); again every
+                                           REFRESH s while it lasts; the next progress:
+                                           show(StallOver)
+      Ctrl-C / cancel()               -->  on_interrupt(): the stacks, if it was stuck
+
+The views draw :class:`~notebook_launcher._events.StacksTaken`;
+:func:`notebook_launcher._stacks.format_report` writes it as text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _stacks
+from .._events import Event, RankStacks, StacksTaken, StallOver, ThreadStack
+from .._stacks import FILE_PREFIX, FLIGHT_PREFIX, STACK_SIGNAL
+
+#: Default seconds without progress before the stall view shows (launch and session option).
+DEFAULT_STALL_AFTER = 30.0
+#: Seconds between two looks while a stall lasts.
+REFRESH = 5.0
+#: How long the kernel waits for the ranks' dumps, at most.
+ANSWER_TIMEOUT = 0.5
+#: A dump is complete once it has not grown for this long.
+SETTLE = 0.01
+#: An interrupt attaches where each rank was when they had been quiet this long.
+INTERRUPT_QUIET = 1.0
+#: The most bytes read of one dump.
+MAX_DUMP = 1 << 20
+
+_lock = threading.Lock()
+#: What a rank without stacks is (predicates of a sentence: "rank 1 is starting ...").
+STARTING = "is starting (no stacks yet)"
+ENDED = "has ended"
+
+
+def check_stall_after(value: Any) -> float | None:
+    """``stall_after``: seconds (> 0) or None (no stall view)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        from ..errors import PreflightError
+
+        raise PreflightError(
+            f"stall_after must be a number of seconds > 0, or None to turn the stall view "
+            f"off; got {value!r}"
+        )
+    return float(value)
+
+
+# --- reading stacks ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Dump:
+    rank: int
+    pid: int
+    fd: int
+    main: str  # the main thread's id, 0x...
+    data: bytes = b""
+    settled_at: float | None = None
+    done: bool = False
+
+
+def _find(pid: int, prefix: str) -> tuple[str, str] | None:
+    """(``/proc/pid/fd/n``, what follows the prefix in the file's name) for the open file of
+    ``pid`` whose name starts with ``prefix``; None if it has none (or is gone)."""
+    base = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            target = os.readlink(f"{base}/{fd}")
+        except OSError:
+            continue
+        name = os.path.basename(target)
+        if name.startswith(prefix):
+            return f"{base}/{fd}", name[len(prefix) :].split(" ")[0]
+    return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first), from /proc."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc/pid/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _open(rank: int, pid: int) -> _Dump | None:
+    found = _find(pid, FILE_PREFIX)
+    if found is None or not _catches(pid, STACK_SIGNAL):
+        return None
+    path, rest = found
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    main = "0x" + rest.split("-", 1)[0]
+    return _Dump(rank, pid, fd, main)
+
+
+def _signal(dump: _Dump, pidfd: int | None) -> bool:
+    try:
+        os.ftruncate(dump.fd, 0)
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, STACK_SIGNAL)
+        else:
+            os.kill(dump.pid, STACK_SIGNAL)
+    except OSError:  # gone meanwhile
+        return False
+    return True
+
+
+def _read(dump: _Dump) -> bytes:
+    try:
+        size = min(os.fstat(dump.fd).st_size, MAX_DUMP)
+        return os.pread(dump.fd, size, 0) if size else b""
+    except OSError:
+        return b""
+
+
+def _complete(data: bytes) -> bool:
+    return data.endswith(b"\n") and b"(most recent call first)" in data
+
+
+def take(
+    procs: Mapping[int, tuple[int, int | None]],
+    timeout: float = ANSWER_TIMEOUT,
+    children: bool = True,
+) -> tuple[RankStacks, ...]:
+    """Every rank's stacks: ``procs`` maps rank -> (pid, pidfd or None). Ranks (and the
+    Python processes they started) are asked at once and read as they answer; a rank that
+    does not answer within ``timeout`` seconds is reported as such."""
+    with _lock:
+        return _take(procs, timeout, children)
+
+
+def _take(
+    procs: Mapping[int, tuple[int, int | None]], timeout: float, children: bool
+) -> tuple[RankStacks, ...]:
+    dumps: list[_Dump] = []
+    missing: dict[int, str] = {}
+    kids: dict[int, list[_Dump]] = {}
+    try:
+        for rank, (pid, pidfd) in sorted(procs.items()):
+            dump = _open(rank, pid)
+            if dump is None:
+                alive = os.path.exists(f"/proc/{pid}")
+                missing[rank] = STARTING if alive else ENDED
+                continue
+            dumps.append(dump)
+            if not _signal(dump, pidfd):
+                missing[rank] = ENDED
+            if children:
+                for child in descendants(pid):
+                    kid = _open(rank, child)
+                    if kid is not None:
+                        kids.setdefault(rank, []).append(kid)
+                        _signal(kid, None)
+        everything = [*dumps, *(k for ks in kids.values() for k in ks)]
+        deadline = time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            pending = [d for d in everything if not d.done]
+            if not pending or now >= deadline:
+                break
+            time.sleep(0.002)
+            now = time.monotonic()
+            for d in pending:
+                data = _read(d)
+                if data != d.data or not _complete(data):
+                    d.data, d.settled_at = data, now
+                elif d.settled_at is not None and now - d.settled_at >= SETTLE:
+                    d.done = True
+        out = []
+        for rank, (pid, _) in sorted(procs.items()):
+            if rank in missing:
+                out.append(RankStacks(rank, pid, error=missing[rank]))
+                continue
+            dump = next(d for d in dumps if d.rank == rank)
+            text = dump.data.decode("utf-8", "replace")
+            if not text.strip():
+                why = f"did not answer within {timeout:g}s (stopped, or stuck in the OS kernel)"
+                out.append(RankStacks(rank, pid, error=why))
+                continue
+            threads = _stacks.parse_dump(text, dump.main)
+            child_stacks = tuple(
+                (k.pid, _own(_stacks.parse_dump(k.data.decode("utf-8", "replace"), k.main)))
+                for k in kids.get(rank, [])
+                if k.data.strip()
+            )
+            main = next((t for t in threads if t.main), None)
+            idle = main is not None and _stacks.is_idle(main)
+            out.append(RankStacks(rank, pid, _own(threads), child_stacks, idle=idle))
+        return tuple(out)
+    finally:
+        for d in [*dumps, *(k for ks in kids.values() for k in ks)]:
+            try:
+                os.close(d.fd)
+            except OSError:
+                pass
+
+
+def _own(threads: tuple[ThreadStack, ...]) -> tuple[ThreadStack, ...]:
+    return tuple(_stacks.own_frames(t) for t in threads)
+
+
+def report(
+    procs: Mapping[int, tuple[int, int | None]],
+    reason: str,
+    quiet: float = 0.0,
+    timeout: float = ANSWER_TIMEOUT,
+) -> StacksTaken:
+    """:func:`take` the stacks and say where the ranks are (a :class:`StacksTaken`)."""
+    ranks = take(procs, timeout)
+    findings, odd = _stacks.findings(ranks)
+    flight = tuple((rank, line) for rank, line in flight_lines(procs, timeout) if line)
+    return StacksTaken(reason, quiet, ranks, findings, odd, time.time(), flight)
+
+
+# --- the flight recorder ----------------------------------------------------------------------
+
+
+def flight_lines(
+    procs: Mapping[int, tuple[int, int | None]], timeout: float = ANSWER_TIMEOUT
+) -> list[tuple[int, str]]:
+    """One line per rank of what its flight recorder last saw, the rank(s) behind named;
+    empty when no rank records (``TORCH_FR_BUFFER_SIZE`` unset on gloo)."""
+    summaries = read_flight(procs, timeout)
+    return flight_findings(summaries)
+
+
+def read_flight(
+    procs: Mapping[int, tuple[int, int | None]], timeout: float = ANSWER_TIMEOUT
+) -> dict[int, list[dict[str, Any]]]:
+    """rank -> its flight recorder's last entries (``_worker.stacks`` writes them when
+    asked through its request pipe); ranks without a recorder are left out."""
+    asked: dict[int, tuple[int, int]] = {}
+    out: dict[int, list[dict[str, Any]]] = {}
+    try:
+        for rank, (pid, _) in procs.items():
+            pipe = _find(pid, FLIGHT_PREFIX + "req-")
+            answer = _find(pid, FLIGHT_PREFIX + "out-")
+            if pipe is None or answer is None:
+                continue
+            try:
+                fd = os.open(answer[0], os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                os.ftruncate(fd, 0)
+                w = os.open(pipe[0], os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                try:
+                    os.write(w, b"?")
+                finally:
+                    os.close(w)
+            except OSError:
+                os.close(fd)
+                continue
+            asked[rank] = (pid, fd)
+        deadline = time.monotonic() + timeout
+        while asked.keys() - out.keys() and time.monotonic() < deadline:
+            time.sleep(0.005)
+            for rank, (_, fd) in asked.items():
+                if rank in out:
+                    continue
+                size = os.fstat(fd).st_size
+                data = os.pread(fd, size, 0) if size else b""
+                if data.endswith(b"\n"):
+                    try:
+                        out[rank] = json.loads(data)
+                    except ValueError:
+                        out[rank] = []
+    finally:
+        for _, fd in asked.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    return out
+
+
+def flight_findings(summaries: Mapping[int, list[dict[str, Any]]]) -> list[tuple[int, str]]:
+    """``(rank, "last collective #12 all_reduce [4] (started, not completed)")`` for each
+    rank, with "behind" on the rank(s) whose last collective comes before the others'."""
+    last: dict[int, dict[str, Any]] = {}
+    for rank, entries in summaries.items():
+        collectives = [e for e in entries if not e.get("is_p2p")]
+        if collectives:
+            last[rank] = max(collectives, key=lambda e: e.get("collective_seq_id", 0))
+    if not last:
+        return []
+    newest = max(e.get("collective_seq_id", 0) for e in last.values())
+    lines = []
+    for rank in sorted(summaries):
+        entry = last.get(rank)
+        if entry is None:
+            lines.append((rank, "no collective recorded"))
+            continue
+        seq = entry.get("collective_seq_id", 0)
+        name = str(entry.get("profiling_name", "?")).split(":")[-1]
+        sizes = entry.get("input_sizes") or []
+        shape = " ".join(str(list(s)) for s in sizes[:3])
+        state = entry.get("state", "")
+        done = entry.get("time_discovered_completed_ns") is not None or state == "completed"
+        how = "completed" if done else state or "?"
+        behind = f", behind: the others are at #{newest}" if seq < newest else ""
+        lines.append((rank, f"last collective #{seq} {name} {shape} ({how}){behind}"))
+    return lines
+
+
+# --- the watch --------------------------------------------------------------------------------
+
+
+Procs = Callable[[], Mapping[int, tuple[int, int | None]]]
+
+
+class StallWatch:
+    """Tells a launch's (or a session task's) view where every rank is once no rank made
+    progress for ``stall_after`` seconds (see the module docstring). ``show`` receives the
+    :class:`StacksTaken` and :class:`StallOver` events; ``procs`` says which processes are
+    the ranks now. ``stall_after=None``: never on its own; :meth:`take` still works."""
+
+    def __init__(
+        self,
+        stall_after: float | None,
+        show: Callable[[Event], None],
+        procs: Procs | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stall_after = stall_after
+        self.show = show
+        self.procs: Procs = procs or dict
+        self.clock = clock
+        self.last = clock()
+        self.stalled_since: float | None = None
+        self.next_look: float | None = None
+        #: the latest report shown while the stall lasts
+        self.shown: StacksTaken | None = None
+        self.stopped = False
+
+    def watch(self, procs: Procs) -> None:
+        """Watch these ranks from now on (a launch's next attempt)."""
+        self.procs = procs
+        self.saw(None)
+
+    def saw(self, event: object) -> None:
+        """Progress: any event or output line of a rank."""
+        now = self.clock()
+        self.last, self.next_look = now, None
+        if self.stalled_since is not None:
+            lasted = now - self.stalled_since
+            self.stalled_since, self.shown = None, None
+            self.show(StallOver(lasted, time.time()))
+
+    def due(self) -> float | None:
+        """When (``clock`` time) the next look is due; None for never."""
+        if self.stall_after is None or self.stopped:
+            return None
+        if self.next_look is not None:
+            return self.next_look
+        return self.last + self.stall_after
+
+    def timeout(self, cap: float | None) -> float | None:
+        """How long the pump may wait: ``cap``, or less when a look is due sooner."""
+        due = self.due()
+        if due is None:
+            return cap
+        left = max(0.0, due - self.clock())
+        return left if cap is None else min(cap, left)
+
+    def tick(self) -> None:
+        """Look when a look is due (cheap otherwise)."""
+        due = self.due()
+        if due is None or self.clock() < due:
+            return
+        procs = self.procs()
+        if not procs:
+            self.last = self.clock()  # nothing alive to look at
+            return
+        now = self.clock()
+        self.next_look = now + REFRESH
+        try:
+            found = report(procs, "stall", now - self.last)
+        except Exception:  # noqa: BLE001 - a look that fails must not stop the launch
+            return
+        if all(r.error for r in found.ranks):  # still starting (or gone): nothing to show
+            return
+        if self.stalled_since is None:
+            self.stalled_since = self.last
+        self.shown = found
+        self.show(found)
+
+    def take(self, reason: str = "request") -> StacksTaken:
+        """Where every rank is now (``stacks()``)."""
+        return report(self.procs(), reason, self.clock() - self.last)
+
+    def on_interrupt(self) -> StacksTaken | None:
+        """Where each rank was, when the user interrupts ranks that were stuck (quiet for
+        :data:`INTERRUPT_QUIET` seconds or more); None otherwise."""
+        quiet = self.clock() - self.last
+        procs = self.procs()
+        if quiet < INTERRUPT_QUIET or not procs:
+            return None
+        try:
+            return report(procs, "interrupt", quiet, timeout=0.3)
+        except BaseException:  # noqa: BLE001 - an interrupt must never fail for a report:
+            return None  # not even a second Ctrl-C while it is read (the first goes on)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def of_group(group: Any, ranks: Iterable[int] | None = None) -> Procs:
+    """The running ranks of a ``WorkerGroup`` (or of ``ranks`` of it), for :class:`StallWatch`."""
+    wanted = None if ranks is None else set(ranks)
+
+    def procs() -> dict[int, tuple[int, int | None]]:
+        return {
+            p.rank: (p.pid, p.pidfd) for p in group.running if wanted is None or p.rank in wanted
+        }
+
+    return procs
+
+
+def note(found: StacksTaken | None) -> str | None:
+    """The report as a note for the exception the user sees."""
+    if found is None:
+        return None
+    return _stacks.format_report(found).rstrip("\n")
+
+
+__all__ = [
+    "ANSWER_TIMEOUT",
+    "DEFAULT_STALL_AFTER",
+    "REFRESH",
+    "StallWatch",
+    "check_stall_after",
+    "descendants",
+    "flight_findings",
+    "note",
+    "of_group",
+    "read_flight",
+    "report",
+    "take",
+]

@@ -1,0 +1,209 @@
+"""A rank's stacks on demand, even while it is stuck in C++ (rank side).
+
+:func:`install` registers a fault handler (``faulthandler.register``) for
+:data:`STACK_SIGNAL`: whenever the kernel sends that signal, the C-level handler writes the
+Python stack of every thread of the rank into a file of the rank's own. It needs no
+Python code to run: it works while the main thread waits in a gloo or NCCL collective
+with the GIL released, in a ``time.sleep``, on a lock, or even while some C extension
+holds the GIL -- where a Python thread asked to report would never run. Nothing happens
+until the signal comes: the rank pays nothing while it runs.
+
+Why not py-spy, the other known way: it is a separate binary to install, it must be
+allowed to ``ptrace`` the rank (containers, Kubernetes and hardened kernels forbid that by
+default), and it stops the process while it reads it. The fault handler needs none of
+that; what it lacks (native frames, variables) is not what the stall view shows.
+
+The file is created in the temporary directory and unlinked at once, so nothing is left
+behind whatever happens to the rank; the kernel finds it as ``/proc/<pid>/fd/<n>``, whose
+link names it ``notebook_launcher-stacks-<main thread id>-...`` (``(deleted)``): the
+kernel learns which thread is the main one, and that the handler is in place, from the
+rank's open files alone. The file is opened in append mode: the kernel empties it, sends
+the signal, and reads what was written. A process the rank forks from Python (a
+DataLoader worker) inherits the handler and gets a file of its own at the fork.
+
+**The flight recorder** (torch's record of each process group's last collectives, with
+their sequence numbers): on when ``TORCH_FR_BUFFER_SIZE`` (or
+``TORCH_NCCL_TRACE_BUFFER_SIZE``) is set, and on NCCL ranks by default (2000 entries; on
+gloo it costs a small step ~10%: set the variable to turn it on). Reading it takes Python,
+so :func:`install_flight` starts a thread that sleeps on a pipe of its own until the kernel
+writes to it, then writes the recorder's last entries (JSON) to an answer file. A rank
+stuck in a collective has released the GIL, so the thread runs.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import fcntl
+import json
+import os
+import sys
+import tempfile
+import threading
+from typing import Any
+
+from .._stacks import FILE_PREFIX, FLIGHT_PREFIX, STACK_SIGNAL
+
+#: Entries of each process group the flight recorder's answer keeps (the newest).
+FLIGHT_ENTRIES = 8
+FLIGHT_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+#: The buffer size set on NCCL ranks when the user set none.
+NCCL_FLIGHT_DEFAULT = "2000"
+
+_fd: int | None = None
+_pid: int | None = None
+_hooked = False
+_flight_pid: int | None = None
+
+
+def _named_temp(name: str, fifo: bool = False) -> tuple[int, str]:
+    """An fd open on a new temporary file (or fifo) then renamed ``name`` and unlinked:
+    found by its name in /proc/<pid>/fd, never left on disk."""
+    fd, path = tempfile.mkstemp(prefix="notebook_launcher-tmp-")
+    final = os.path.join(os.path.dirname(path), name)
+    if fifo:  # a fifo in its place (opened for reading and writing: reads block, no EOF)
+        os.close(fd)
+        os.unlink(path)
+        os.mkfifo(path, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.rename(path, final)
+        os.unlink(final)
+    except BaseException:
+        for p in (path, final):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        os.close(fd)
+        raise
+    return fd, final
+
+
+def install() -> None:
+    """Make this process dump its stacks on :data:`STACK_SIGNAL` (idempotent per process)."""
+    global _fd, _pid, _hooked
+    if _pid == os.getpid():
+        return
+    inherited = _fd if _pid is not None else None
+    # The handler is in place before the file gets its name: a file the kernel finds
+    # means the signal is caught (its default action would kill the process).
+    fd, path = tempfile.mkstemp(prefix="notebook_launcher-tmp-")
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_APPEND)
+        faulthandler.register(STACK_SIGNAL, file=fd, all_threads=True, chain=False)
+        final = os.path.join(
+            os.path.dirname(path), f"{FILE_PREFIX}{threading.get_ident():x}-{os.getpid()}"
+        )
+        os.rename(path, final)
+        os.unlink(final)
+    except BaseException:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+        raise
+    _fd, _pid = fd, os.getpid()
+    if inherited is not None:  # a forked child: the parent's file is the parent's
+        try:
+            os.close(inherited)
+        except OSError:
+            pass
+    if not _hooked:
+        _hooked = True
+        os.register_at_fork(after_in_child=_after_fork)
+
+
+def flight_enabled(backend: str) -> bool:
+    """Whether this rank records its collectives (sets the NCCL default, see above)."""
+    if backend == "nccl" and not any(k in os.environ for k in FLIGHT_ENV):
+        os.environ[FLIGHT_ENV[0]] = NCCL_FLIGHT_DEFAULT
+    for key in FLIGHT_ENV:
+        value = os.environ.get(key, "")
+        if value.strip().isdigit() and int(value) > 0:
+            return True
+    return False
+
+
+def install_flight(backend: str) -> None:
+    """Answer the kernel's requests for the flight recorder's entries (see above); call
+    before the process group is created (torch reads the buffer size then)."""
+    global _flight_pid
+    if _flight_pid == os.getpid() or not flight_enabled(backend):
+        return
+    pid = os.getpid()
+    request, _ = _named_temp(f"{FLIGHT_PREFIX}req-{pid}", fifo=True)
+    answer, _ = _named_temp(f"{FLIGHT_PREFIX}out-{pid}")
+    flags = fcntl.fcntl(answer, fcntl.F_GETFL)
+    fcntl.fcntl(answer, fcntl.F_SETFL, flags | os.O_APPEND)
+    _flight_pid = pid
+    thread = threading.Thread(
+        target=_answer_flight, args=(request, answer, pid), name="notebook-launcher-flight"
+    )
+    thread.daemon = True
+    thread.start()
+
+
+def _answer_flight(request: int, answer: int, pid: int) -> None:
+    while os.getpid() == pid:
+        try:
+            if not os.read(request, 64):
+                return
+        except OSError:
+            return
+        try:
+            entries = flight_entries()
+        except Exception:  # noqa: BLE001 - an answer, whatever torch says
+            entries = []
+        try:
+            os.write(answer, json.dumps(entries).encode() + b"\n")
+        except OSError:
+            return
+
+
+def flight_entries() -> list[dict[str, Any]]:
+    """The newest :data:`FLIGHT_ENTRIES` entries of each process group, without stacks."""
+    import pickle
+
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    if c10d is None:
+        return []
+    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return []
+    try:
+        raw = dump(includeStackTraces=False)
+    except TypeError:
+        raw = dump()
+    entries = pickle.loads(raw).get("entries", [])
+    keep = (
+        "collective_seq_id", "p2p_seq_id", "profiling_name", "input_sizes", "state",
+        "time_discovered_completed_ns", "is_p2p", "retired", "process_group",
+    )  # fmt: skip
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        row = {k: e.get(k) for k in keep}
+        row["process_group"] = list(e.get("process_group") or ())
+        by_group.setdefault(str(row["process_group"]), []).append(row)
+    return [row for rows in by_group.values() for row in rows[-FLIGHT_ENTRIES:]]
+
+
+def _after_fork() -> None:
+    if _pid is None:
+        return
+    try:
+        install()
+    except Exception:  # noqa: BLE001 - a child without stacks is still a working child
+        pass
+
+
+__all__ = [
+    "FILE_PREFIX",
+    "FLIGHT_PREFIX",
+    "STACK_SIGNAL",
+    "flight_enabled",
+    "flight_entries",
+    "install",
+    "install_flight",
+]
