@@ -279,6 +279,35 @@ def test_a_non_blocking_launch_on_the_cluster(shared: SlurmCluster) -> None:
     assert handle.cancel() and handle.cancelled()
 
 
+def late_on_rank_3() -> int:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 3:
+        time.sleep(6)  # rank 3, on the second node, is late: the others wait in the barrier
+    dist.barrier()
+    return dist.get_rank()
+
+
+def test_the_stall_view_sees_every_node(shared: SlurmCluster) -> None:
+    """The agents take their ranks' stacks on their nodes: the stall view names the rank of
+    the second node that sleeps while the others wait, and on demand too (handle.stacks())."""
+    from notebook_launcher._events import StacksTaken
+
+    rec = Recorder()
+    handle = notebook_launcher(
+        late_on_rank_3, num_processes=4, cluster=shared, dashboard=rec, block=False, stall_after=1.5
+    )
+    wait_until(lambda: rec.of(StacksTaken), 30, "the stall view shows")
+    taken = rec.of(StacksTaken)[0]
+    assert taken.reason == "stall" and [r.rank for r in taken.ranks] == [0, 1, 2, 3]
+    assert all(r.threads for r in taken.ranks), taken
+    assert taken.odd == (3,), taken.findings
+    assert "rank 3 is in `time.sleep(6)" in " ".join(taken.findings), taken.findings
+    asked = handle.stacks()
+    assert [r.rank for r in asked.report.ranks] == [0, 1, 2, 3]
+    assert handle.result(timeout=60) == [0, 1, 2, 3]
+
+
 # --- faults: each names the node and why, and leaves nothing ------------------------------
 
 

@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from .._launch import stall
 from .._launch.group import WorkerGroup, WorkerProcess
 from .._launch.plan import FORK_PRELOAD, threads_per_rank
 from .._wire import agent as wire
@@ -111,6 +112,8 @@ class Agent:
                 self.group.send(self.group.proc(message.rank), message.message)
         elif isinstance(message, wire.Signal):
             self._signal(message)
+        elif isinstance(message, wire.TakeStacks):
+            self._stacks(message)
         elif isinstance(message, wire.Terminate):
             if self.group is not None:
                 self.group.terminate()
@@ -144,6 +147,20 @@ class Agent:
         for proc in group.procs:
             self.batch.append(wire.RankStarted(proc.rank, proc.pid))
         self._flush()
+
+    def _stacks(self, message: wire.TakeStacks) -> None:
+        """Where this node's ranks are, read here (their fault handlers write to files only
+        this node can read)."""
+        stacks: tuple[Any, ...] = ()
+        flight: tuple[tuple[int, str], ...] = ()
+        if self.group is not None:
+            try:
+                ranks = stall.of_group(self.group, message.ranks)
+                if ranks.alive():
+                    stacks, flight = ranks.take(message.timeout)
+            except Exception:  # noqa: BLE001 - the kernel then says this node did not answer
+                pass
+        self.link.send(wire.StacksOf(message.request, stacks, flight))
 
     def _signal(self, message: wire.Signal) -> None:
         if self.group is None:

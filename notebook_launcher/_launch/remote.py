@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import itertools
 import logging
 import os
 import secrets
@@ -34,6 +35,7 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -42,7 +44,7 @@ from typing import Any
 
 from .. import _settings
 from .._accelerate_env import accelerate_env
-from .._events import Event, LaunchStarted, WorkerStarted
+from .._events import Event, LaunchStarted, RankStacks, WorkerStarted
 from .._spec import WorkerSpec
 from .._wire import agent as wire
 from .._wire.control import Raised, Reformed, Returned
@@ -56,6 +58,8 @@ log = logging.getLogger("notebook_launcher.cluster")
 HANDSHAKE_TIMEOUT = 5.0
 #: Seconds the nodes' agents have to report their ranks' exits after CloseRanks.
 CLOSE_TIMEOUT = 10.0
+#: Seconds an agent has, beyond the ranks' own time, to send the stacks it took.
+STACKS_GRACE = 1.0
 
 
 @dataclass
@@ -438,6 +442,11 @@ class RemoteGroup:
         self._wake: int | None = None
         self._closed_nodes: set[int] = set()
         self._closed = False
+        #: stacks asked of the nodes: request -> node -> its answer (see stall_ranks)
+        self._stacks: dict[int, dict[int, wire.StacksOf]] = {}
+        self._stacks_cond = threading.Condition()
+        self._requests = itertools.count(1)
+        self._pumping: threading.Thread | None = None
 
     # -- start -------------------------------------------------------------------------------
 
@@ -498,6 +507,7 @@ class RemoteGroup:
             self._wake = wake
         if not self._selector.get_map():
             return
+        self._pumping = threading.current_thread()
         for key, _ in self._selector.select(timeout):
             if key.data == "wake":
                 continue
@@ -519,6 +529,11 @@ class RemoteGroup:
                 self._item(item)
         elif isinstance(message, wire.RanksClosed):
             self._closed_nodes.add(node.index)
+        elif isinstance(message, wire.StacksOf):
+            with self._stacks_cond:
+                if message.request in self._stacks:
+                    self._stacks[message.request][node.index] = message
+                    self._stacks_cond.notify_all()
         elif isinstance(message, wire.AgentEnding):
             node.ending = self._with_reason(message.why)
 
@@ -571,6 +586,51 @@ class RemoteGroup:
                 proc.returncode = -int(signal.SIGKILL)
                 proc.note = f"{node.label}'s agent is gone: {node.gone}"
                 self._on_exit(proc)
+
+    # -- where the ranks are (the stall view) ----------------------------------------------------
+
+    def stall_ranks(self, ranks: Any = None) -> RemoteStacks:
+        """The running ranks (of ``ranks``), whose stacks each node's agent takes."""
+        return RemoteStacks(self, None if ranks is None else frozenset(ranks))
+
+    def take_stacks(self, ranks: frozenset[int] | None, timeout: float) -> Any:
+        """Ask every node that runs some of ``ranks`` for their stacks, and wait (pumping,
+        when this thread is the one that pumps; else for the pump to hear the answers)."""
+        nodes = {
+            p.node.index: p.node
+            for p in self.running
+            if p.node.gone is None and (ranks is None or p.rank in ranks)
+        }
+        request = next(self._requests)
+        with self._stacks_cond:
+            self._stacks[request] = {}
+        wanted = tuple(sorted(ranks)) if ranks is not None else None
+        for node in nodes.values():
+            node.link.send(wire.TakeStacks(request, wanted, timeout))
+        deadline = time.monotonic() + timeout + STACKS_GRACE
+        try:
+            while True:
+                with self._stacks_cond:
+                    got = self._stacks[request]
+                    if set(got) >= set(nodes) or time.monotonic() >= deadline:
+                        break
+                    if self._pumping is not threading.current_thread():
+                        self._stacks_cond.wait(max(0.0, deadline - time.monotonic()))
+                        continue
+                self.pump(max(0.0, min(0.05, deadline - time.monotonic())))
+        finally:
+            with self._stacks_cond:
+                got = self._stacks.pop(request, {})
+        stacks = tuple(s for answer in got.values() for s in answer.stacks)
+        flight = tuple(line for answer in got.values() for line in answer.flight)
+        silent = {p.rank for p in self.running if p.node.index in set(nodes) - set(got)} & (
+            set(ranks) if ranks is not None else {p.rank for p in self.procs}
+        )
+        late = f"did not answer within {timeout + STACKS_GRACE:g}s (its node's agent sent nothing)"
+        stacks += tuple(
+            RankStacks(rank, self.proc(rank).pid, error=late) for rank in sorted(silent)
+        )
+        return tuple(sorted(stacks, key=lambda s: s.rank)), flight
 
     # -- stop ------------------------------------------------------------------------------------
 
@@ -725,6 +785,20 @@ def plan_cluster(
         launch_no=launch_no,
         explain=explain,
     )
+
+
+class RemoteStacks:
+    """A cluster's ranks for the stall watch (``stall.Ranks``): the agents take the stacks."""
+
+    def __init__(self, group: RemoteGroup, ranks: frozenset[int] | None) -> None:
+        self.group = group
+        self.ranks = ranks
+
+    def alive(self) -> bool:
+        return any(self.ranks is None or p.rank in self.ranks for p in self.group.running)
+
+    def take(self, timeout: float) -> Any:
+        return self.group.take_stacks(self.ranks, timeout)
 
 
 def remote_specs(

@@ -676,7 +676,7 @@ class SessionCore:
         while a task runs or between tasks."""
         if self.group is None or self._closing:
             raise LaunchError("this session is closed; start a new one")
-        return stall.report(stall.of_group(self.group)(), "request")
+        return stall.report(stall.of_group(self.group), "request")
 
 
 #: ``pidfd_send_signal`` flag (Linux 6.9): to the thread the pidfd names, not the process.

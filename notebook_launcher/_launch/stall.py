@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .. import _stacks
 from .._events import Event, RankStacks, StacksTaken, StallOver, ThreadStack
@@ -52,6 +52,7 @@ INTERRUPT_QUIET = 1.0
 MAX_DUMP = 1 << 20
 
 _lock = threading.Lock()
+Procs = Callable[[], Mapping[int, tuple[int, int | None]]]
 #: What a rank without stacks is (predicates of a sentence: "rank 1 is starting ...").
 STARTING = "is starting (no stacks yet)"
 ENDED = "has ended"
@@ -256,17 +257,58 @@ def _own(threads: tuple[ThreadStack, ...]) -> tuple[ThreadStack, ...]:
     return tuple(_stacks.own_frames(t) for t in threads)
 
 
+Taken = tuple[tuple[RankStacks, ...], tuple[tuple[int, str], ...]]
+
+
+class Ranks(Protocol):
+    """Ranks whose stacks can be taken: this machine's (:class:`LocalRanks`), or a cluster's
+    (``_launch.remote.RemoteGroup.stall_ranks``: each node's agent takes its own)."""
+
+    def alive(self) -> bool:
+        """Whether any of them runs."""
+        ...
+
+    def take(self, timeout: float) -> Taken:
+        """Their stacks, and one line per rank of what its flight recorder last saw."""
+        ...
+
+
+class LocalRanks:
+    """Ranks of this machine, by pid: ``procs()`` maps rank -> (pid, pidfd or None)."""
+
+    def __init__(self, procs: Procs) -> None:
+        self.procs = procs
+
+    def alive(self) -> bool:
+        return bool(self.procs())
+
+    def take(self, timeout: float) -> Taken:
+        procs = self.procs()
+        flight = tuple((rank, line) for rank, line in flight_lines(procs, timeout) if line)
+        return take(procs, timeout), flight
+
+
 def report(
-    procs: Mapping[int, tuple[int, int | None]],
+    ranks: Ranks | Mapping[int, tuple[int, int | None]],
     reason: str,
     quiet: float = 0.0,
     timeout: float = ANSWER_TIMEOUT,
 ) -> StacksTaken:
-    """:func:`take` the stacks and say where the ranks are (a :class:`StacksTaken`)."""
-    ranks = take(procs, timeout)
-    findings, odd = _stacks.findings(ranks)
-    flight = tuple((rank, line) for rank, line in flight_lines(procs, timeout) if line)
-    return StacksTaken(reason, quiet, ranks, findings, odd, time.time(), flight)
+    """Take the stacks of ``ranks`` (or of a mapping rank -> (pid, pidfd)) and say where
+    the ranks are (a :class:`StacksTaken`)."""
+    source = _as_ranks(ranks)
+    stacks, flight = source.take(timeout)
+    findings, odd = _stacks.findings(stacks)
+    return StacksTaken(reason, quiet, stacks, findings, odd, time.time(), flight)
+
+
+def _as_ranks(ranks: Any) -> Ranks:
+    if hasattr(ranks, "take") and hasattr(ranks, "alive"):
+        return ranks
+    if callable(ranks):
+        return LocalRanks(ranks)
+    fixed = dict(ranks)
+    return LocalRanks(lambda: fixed)
 
 
 # --- the flight recorder ----------------------------------------------------------------------
@@ -363,25 +405,23 @@ def flight_findings(summaries: Mapping[int, list[dict[str, Any]]]) -> list[tuple
 # --- the watch --------------------------------------------------------------------------------
 
 
-Procs = Callable[[], Mapping[int, tuple[int, int | None]]]
-
-
 class StallWatch:
     """Tells a launch's (or a session task's) view where every rank is once no rank made
     progress for ``stall_after`` seconds (see the module docstring). ``show`` receives the
-    :class:`StacksTaken` and :class:`StallOver` events; ``procs`` says which processes are
-    the ranks now. ``stall_after=None``: never on its own; :meth:`take` still works."""
+    :class:`StacksTaken` and :class:`StallOver` events; ``procs`` says which are the ranks
+    now (a :class:`Ranks`, or a function rank -> (pid, pidfd) for this machine's).
+    ``stall_after=None``: never on its own; :meth:`take` still works."""
 
     def __init__(
         self,
         stall_after: float | None,
         show: Callable[[Event], None],
-        procs: Procs | None = None,
+        procs: Ranks | Procs | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stall_after = stall_after
         self.show = show
-        self.procs: Procs = procs or dict
+        self.ranks: Ranks = _as_ranks(procs or dict)
         self.clock = clock
         self.last = clock()
         self.stalled_since: float | None = None
@@ -390,9 +430,9 @@ class StallWatch:
         self.shown: StacksTaken | None = None
         self.stopped = False
 
-    def watch(self, procs: Procs) -> None:
+    def watch(self, procs: Ranks | Procs) -> None:
         """Watch these ranks from now on (a launch's next attempt)."""
-        self.procs = procs
+        self.ranks = _as_ranks(procs)
         self.saw(None)
 
     def saw(self, event: object) -> None:
@@ -425,14 +465,17 @@ class StallWatch:
         due = self.due()
         if due is None or self.clock() < due:
             return
-        procs = self.procs()
-        if not procs:
+        try:
+            alive = self.ranks.alive()
+        except Exception:  # noqa: BLE001 - a look that fails must not stop the launch
+            alive = False
+        if not alive:
             self.last = self.clock()  # nothing alive to look at
             return
         now = self.clock()
         self.next_look = now + REFRESH
         try:
-            found = report(procs, "stall", now - self.last)
+            found = report(self.ranks, "stall", now - self.last)
         except Exception:  # noqa: BLE001 - a look that fails must not stop the launch
             return
         if all(r.error for r in found.ranks):  # still starting (or gone): nothing to show
@@ -444,17 +487,18 @@ class StallWatch:
 
     def take(self, reason: str = "request") -> StacksTaken:
         """Where every rank is now (``stacks()``)."""
-        return report(self.procs(), reason, self.clock() - self.last)
+        return report(self.ranks, reason, self.clock() - self.last)
 
     def on_interrupt(self) -> StacksTaken | None:
         """Where each rank was, when the user interrupts ranks that were stuck (quiet for
         :data:`INTERRUPT_QUIET` seconds or more); None otherwise."""
         quiet = self.clock() - self.last
-        procs = self.procs()
-        if quiet < INTERRUPT_QUIET or not procs:
+        if quiet < INTERRUPT_QUIET:
             return None
         try:
-            return report(procs, "interrupt", quiet, timeout=0.3)
+            if not self.ranks.alive():
+                return None
+            return report(self.ranks, "interrupt", quiet, timeout=0.3)
         except BaseException:  # noqa: BLE001 - an interrupt must never fail for a report:
             return None  # not even a second Ctrl-C while it is read (the first goes on)
 
@@ -462,8 +506,12 @@ class StallWatch:
         self.stopped = True
 
 
-def of_group(group: Any, ranks: Iterable[int] | None = None) -> Procs:
-    """The running ranks of a ``WorkerGroup`` (or of ``ranks`` of it), for :class:`StallWatch`."""
+def of_group(group: Any, ranks: Iterable[int] | None = None) -> Ranks:
+    """The running ranks of a group (or ``ranks`` of them), for :class:`StallWatch`: a
+    ``WorkerGroup``'s by pid; a group that knows better says so (``stall_ranks``: a
+    cluster's, whose agents take the stacks on their nodes)."""
+    if hasattr(group, "stall_ranks"):
+        return group.stall_ranks(ranks)
     wanted = None if ranks is None else set(ranks)
 
     def procs() -> dict[int, tuple[int, int | None]]:
@@ -471,7 +519,7 @@ def of_group(group: Any, ranks: Iterable[int] | None = None) -> Procs:
             p.rank: (p.pid, p.pidfd) for p in group.running if wanted is None or p.rank in wanted
         }
 
-    return procs
+    return LocalRanks(procs)
 
 
 def note(found: StacksTaken | None) -> str | None:
@@ -483,6 +531,8 @@ def note(found: StacksTaken | None) -> str | None:
 
 __all__ = [
     "ANSWER_TIMEOUT",
+    "LocalRanks",
+    "Ranks",
     "DEFAULT_STALL_AFTER",
     "REFRESH",
     "StallWatch",

@@ -31,9 +31,10 @@ Messages after the handshake::
       ToRank(rank, message)   a control message          Batch([...]) what the ranks said:
       Signal(rank, sig)       (SIGINT: its main thread)     events and Output lines, FromRank(
       Terminate()             staged stop of the ranks      rank, Returned|Raised|Reformed),
-      CloseRanks()            kill, reap, release ->        RankStarted(rank, pid),
-      Leave()                 the agent exits               RankExited(rank, pid, code, ...)
-                                                         RanksClosed(), AgentEnding(why)
+      TakeStacks(ranks)       where they are (stall view)   RankStarted(rank, pid),
+      CloseRanks()            kill, reap, release ->        RankExited(rank, pid, code, ...)
+      Leave()                 the agent exits            StacksOf(stacks), RanksClosed(),
+                                                         AgentEnding(why)
 """
 
 from __future__ import annotations
@@ -113,6 +114,16 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class TakeStacks:
+    """Take the stacks of this node's running ranks (of ``ranks``, or all), waiting up to
+    ``timeout`` seconds for them; answered by :class:`StacksOf` with the same ``request``."""
+
+    request: int
+    ranks: tuple[int, ...] | None
+    timeout: float
+
+
+@dataclass(frozen=True)
 class Terminate:
     """Stop this node's ranks in stages: SIGTERM now, SIGKILL after the grace period."""
 
@@ -178,6 +189,16 @@ class Batch:
     :class:`RankStarted`, :class:`FromRank`, :class:`RankExited`."""
 
     items: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StacksOf:
+    """This node's answer to :class:`TakeStacks`: each rank's stacks (``_events.RankStacks``)
+    and what its flight recorder last saw (rank, line)."""
+
+    request: int
+    stacks: tuple[Any, ...]
+    flight: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -480,7 +501,9 @@ __all__ = [
     "RankStarted",
     "RanksClosed",
     "Signal",
+    "StacksOf",
     "Start",
+    "TakeStacks",
     "Terminate",
     "ToRank",
     "accepted",
