@@ -339,7 +339,9 @@ def test_shipped_code_keeps_its_file_name_and_lines() -> None:
     function shipped by value must keep the cell's name (``Cell In[n]``, its source lines
     from ``linecache``), down to its inner functions and comprehensions."""
     cell = "/tmp/ipykernel_1/2840163514.py"  # how IPython names a cell's code
-    source = "def train(n):\n    square = lambda x: x * x\n    return [square(i) for i in range(n)]\n"
+    source = (
+        "def train(n):\n    square = lambda x: x * x\n    return [square(i) for i in range(n)]\n"
+    )
     space: dict[str, Any] = {"__name__": "__main__"}
     exec(compile(source, cell, "exec"), space)  # a notebook-defined function: shipped by value
     shipped = loads(dumps(space["train"]))
