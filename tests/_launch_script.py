@@ -39,13 +39,21 @@ def main() -> None:
     mode, method = sys.argv[1], sys.argv[2]
     import traceback
 
+    import torch.distributed  # noqa: F401 - imported before the test's signal can come
+
     from notebook_launcher import notebook_launcher
-    from notebook_launcher._events import LaunchFinished, WorkerExited
+    from notebook_launcher._events import LaunchFinished, Output, WorkerExited
     from notebook_launcher._launch import forkserver
     from tests.helpers import Recorder
 
+    class Printing(Recorder):  # keeps every event, and prints the ranks' lines
+        def handle(self, event: object) -> None:
+            super().handle(event)  # type: ignore[arg-type]
+            if isinstance(event, Output):
+                print(f"[rank{event.rank}] {event.text}", end="", flush=True)
+
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
-    view = Recorder()
+    view = Printing()
     t0 = time.monotonic()
     try:
         if mode == "first-start":

@@ -24,10 +24,16 @@ What happens when a task goes wrong, and what the session makes of it:
   re-formed the same way.
 * the notebook's interrupt: the task's ranks are interrupted likewise; the caller gets
   ``KeyboardInterrupt`` (``TaskHandle.cancel()``: a cancelled handle) and the session
-  lives on.
+  lives on. Any number of interrupts, from any thread, at any moment (while the task is
+  sent included) end it the same way: a later one only stops waiting for ranks seen in no
+  collective. Every wait has a deadline: none is without end.
 * a rank that still does not stop (stuck in C++ outside a collective), or a rank that
-  dies: the session is **broken**; every rank is stopped, and ``restart()`` brings up
-  fresh ones.
+  dies: the session is **broken**; every rank is stopped (never only marked broken: a
+  task would wait for them forever), and ``restart()`` brings up fresh ones.
+
+The pump completes tasks but never runs the user's code: a handle's done-callbacks run on
+a thread of their own (``TaskHandle``), so one may wait for another task, or close the
+session, without blocking the machinery that would complete it.
 """
 
 from __future__ import annotations
