@@ -347,6 +347,8 @@ class _Launch:
             self.start()
         except KeyboardInterrupt:
             return interrupted("interrupted while starting: no rank was left running")
+        except LaunchError as exc:  # the nodes could not meet, a rank could not start:
+            return exc.with_traceback(None)  # said at the caller's line, as a failure is
         try:
             self._attempts()
         except KeyboardInterrupt:
