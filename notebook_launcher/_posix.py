@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def quiet_fork() -> int:
@@ -42,6 +43,67 @@ def die_with_parent(expected_parent: int) -> None:
         pass
     if os.getppid() != expected_parent:
         os._exit(1)
+
+
+def become_subreaper() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux 3.4+).
+
+    A daemon a rank starts (``setsid``, a double fork, ``nohup cmd &``) leaves the rank's
+    process group and loses its parent: without this it would be adopted by init and
+    outlive the launch. Adopted by the rank instead, it stays in the rank's tree, where
+    :func:`kill_descendants` finds it when the rank ends."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: daemons may outlive the rank
+        pass
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """Every live descendant of ``pid`` (children first) as ``(pid, start time)``: the
+    start time tells a process from a later one that reuses its pid."""
+    found: list[tuple[int, str]] = []
+    todo = [pid]
+    seen = {pid}
+    while todo:
+        parent = todo.pop(0)
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                started = _start_time(kid)
+                if kid not in seen and started is not None:
+                    seen.add(kid)
+                    found.append((kid, started))
+                    todo.append(kid)
+    return found
+
+
+def kill_descendants(pid: int, known: list[tuple[int, str]] | None = None) -> None:
+    """SIGKILL ``pid``'s descendants (``known``: a list taken earlier, from
+    :func:`descendants`; each is killed only if its pid still names that process)."""
+    for kid, started in descendants(pid) if known is None else known:
+        if known is not None and _start_time(kid) != started:
+            continue  # gone, and its pid taken by another process
+        try:
+            os.kill(kid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def close_quietly(*fds: int) -> None:
@@ -112,24 +174,27 @@ def guard_process_group() -> None:
 
 
 @contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
+def deferred_interrupts() -> Iterator[list[Any]]:
     """Hold back Ctrl-C (SIGINT) until the block is done, then deliver it.
 
     For short sections that must not stop half way (a process started but not yet
-    recorded; fds being released). Works in the main thread, where Python runs signal
-    handlers; elsewhere the block runs as it is (no SIGINT is handled there anyway).
+    recorded; fds being released; a message half sent). Works in the main thread, where
+    Python runs signal handlers; elsewhere the block runs as it is (no SIGINT is handled
+    there anyway). Yields the list of interrupts held back so far: a block that loops
+    can look at it and stop at the next safe point. Nested blocks pass theirs outwards:
+    the outermost delivers.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     caught: list[Any] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
     try:
         previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
     except (ValueError, OSError):  # no signal support here (embedded interpreter)
-        yield
+        yield caught
         return
     try:
-        yield
+        yield caught
     finally:
         if previous is not None:  # None: a handler not installed from Python; keep ours off
             signal.signal(signal.SIGINT, previous)
@@ -156,10 +221,13 @@ def socket_inodes() -> set[str]:
 
 
 __all__ = [
+    "become_subreaper",
     "close_quietly",
     "deferred_interrupts",
+    "descendants",
     "die_with_parent",
     "guard_process_group",
+    "kill_descendants",
     "kill_process_group",
     "lead_own_process_group",
     "quiet_fork",

@@ -32,12 +32,14 @@ names: IPython, ``traceback`` and pytest render them like local ones.
 from __future__ import annotations
 
 import functools
+import inspect
 import io
 import pickle
 import sys
+import threading
 import traceback
 import types
-from collections import ChainMap
+from collections import ChainMap, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -340,6 +342,11 @@ class Frame:
     name: str
     #: the standard library, an installed package or this launcher: folded away on display
     library: bool
+    #: the first line of its code (a function's ``def``; 1 for a module or a cell): what
+    #: renderers count from to find the frame's source
+    firstlineno: int = 1
+    #: its code is a module's, a cell's, or a class body (not a function's)
+    module: bool = False
 
 
 @dataclass(frozen=True)
@@ -445,7 +452,9 @@ def _frames(tb: types.TracebackType | None) -> tuple[Frame, ...]:
         code = tb.tb_frame.f_code
         name = getattr(code, "co_qualname", code.co_name)
         lineno = tb.tb_lineno if tb.tb_lineno is not None else code.co_firstlineno
-        frames.append(Frame(code.co_filename, lineno, name, bool(library_module(code.co_filename))))
+        library = bool(library_module(code.co_filename))
+        module = code.co_name == "<module>" or not (code.co_flags & inspect.CO_NEWLOCALS)
+        frames.append(Frame(code.co_filename, lineno, name, library, code.co_firstlineno, module))
         tb = tb.tb_next
     return tuple(frames)
 
@@ -491,31 +500,48 @@ class _RaiseHere(Exception):
     pass
 
 
-@functools.lru_cache(maxsize=2048)
 def _stand_in_frame(
-    filename: str, lineno: int, name: str, hidden: bool
+    filename: str, lineno: int, name: str, hidden: bool, firstlineno: int = 1, module: bool = True
 ) -> tuple[types.FrameType, int]:
     """A finished frame (and its last instruction) whose code has ``filename`` and
-    ``name`` and stopped at ``lineno``: traceback renderers read the file (the notebook's
-    cells are in ``linecache``) and show that line. ``hidden``: ``__tracebackhide__``
-    (IPython and pytest fold the frame away).
+    ``name``, starts at ``firstlineno`` and stopped at ``lineno``: traceback renderers read
+    the file (the notebook's cells are in ``linecache``) and show that line, counting from
+    the code's first line as for the rank's own frame (IPython reads a function's source
+    from its ``def`` on). ``hidden``: ``__tracebackhide__`` (IPython and pytest fold the
+    frame away; such a library frame stands in as module code, where the flag is a local).
 
     The ``raise`` spans two lines from column 0, so that ``traceback`` draws no carets
     under characters of the real line that this code does not have."""
-    source = "\n" * (max(lineno, 1) - 1) + "raise \\\n__raise_here__\n"
-    code = compile(source, filename, "exec")
+    lineno = max(lineno, 1)
+    first = min(max(firstlineno, 1), lineno)
+    raise_here = "raise \\\n__raise_here__\n"
+    namespace: dict[str, Any] = {"__name__": "__rank__", "__raise_here__": _RaiseHere()}
+    if hidden:  # in a module frame's locals (its globals): library frames are folded
+        namespace["__tracebackhide__"] = True
+        module = True
+    if module:  # a module's (a cell's) code: it starts at line 1
+        code = compile("\n" * (lineno - 1) + raise_here, filename, "exec")
+        run: Callable[[], Any] = functools.partial(exec, code, namespace)
+    else:  # a function whose ``def`` is at ``first``, raising at ``lineno``
+        gap = "\n" + "\n" * (lineno - first - 1) + " " if lineno > first else " "
+        source = "\n" * (first - 1) + "def __stand_in__():" + gap + raise_here
+        exec(compile(source, filename, "exec"), namespace)
+        code = namespace.pop("__stand_in__").__code__
     code = code.replace(co_name=name.rpartition(".")[2] or name)
     if hasattr(code, "co_qualname"):
         code = code.replace(co_qualname=name)
-    namespace: dict[str, Any] = {"__name__": "__rank__", "__raise_here__": _RaiseHere()}
-    if hidden:
-        namespace["__tracebackhide__"] = True
+    if not module:
+        run = types.FunctionType(code, namespace)
+    else:
+        run = functools.partial(exec, code, namespace)
     try:
-        exec(code, namespace)  # a constant raise, for its frame
+        run()  # a constant raise, for its frame
     except _RaiseHere as err:
         tb = err.__traceback__
-        assert tb is not None and tb.tb_next is not None
-        found = tb.tb_next.tb_frame, tb.tb_next.tb_lasti
+        while tb is not None and tb.tb_frame.f_code is not code:
+            tb = tb.tb_next
+        assert tb is not None
+        found = tb.tb_frame, tb.tb_lasti
         err.__traceback__ = None
     del namespace["__raise_here__"]
     return found
@@ -527,14 +553,51 @@ def stand_in_traceback(frames: tuple[Frame, ...]) -> types.TracebackType | None:
     first and last :data:`MAX_FRAMES` // 2."""
     if len(frames) > MAX_FRAMES:
         frames = frames[: MAX_FRAMES // 2] + frames[-(MAX_FRAMES // 2) :]
+    made = _stand_in_frames(frames)
     tb: types.TracebackType | None = None
-    for f in reversed(frames):
-        try:
-            frame, lasti = _stand_in_frame(f.filename, f.lineno, f.name, f.library)
-        except Exception:  # noqa: BLE001 - e.g. a file name compile() refuses
-            continue
-        tb = types.TracebackType(tb, frame, lasti, f.lineno)
+    for f, found in zip(reversed(frames), reversed(made), strict=True):
+        if found is not None:
+            frame, lasti = found
+            tb = types.TracebackType(tb, frame, lasti, f.lineno)
     return tb
+
+
+#: Stand-in frames made so far (they are reused: a frame is never changed once made).
+_STAND_INS: OrderedDict[tuple[Any, ...], tuple[types.FrameType, int]] = OrderedDict()
+_STAND_INS_MAX = 2048
+_stand_ins_lock = threading.Lock()
+
+
+def _stand_in_frames(frames: tuple[Frame, ...]) -> list[tuple[types.FrameType, int] | None]:
+    """The stand-ins for ``frames`` (None for one that cannot be made), made on a thread of
+    their own.
+
+    A frame that outlives its run keeps the frame that called it (``f_back``), and that
+    one its caller, each with its variables: made here, the stand-ins would keep the
+    kernel's whole stack alive with them -- the rank's pickled exception among it (three
+    copies of a 200 MB exception). Made on a short-lived thread, they keep only it."""
+    keys = [(f.filename, f.lineno, f.name, f.library, f.firstlineno, f.module) for f in frames]
+    with _stand_ins_lock:
+        missing = [k for k in dict.fromkeys(keys) if k not in _STAND_INS]
+    if missing:
+        made: dict[tuple[Any, ...], tuple[types.FrameType, int]] = {}
+
+        def make() -> None:
+            for key in missing:
+                try:
+                    made[key] = _stand_in_frame(*key)
+                except Exception:  # noqa: BLE001 - e.g. a file name compile() refuses
+                    continue
+
+        maker = threading.Thread(target=make, name="notebook-launcher-frames", daemon=True)
+        maker.start()
+        maker.join()
+        with _stand_ins_lock:
+            _STAND_INS.update(made)
+            while len(_STAND_INS) > _STAND_INS_MAX:
+                _STAND_INS.popitem(last=False)
+    with _stand_ins_lock:
+        return [_STAND_INS.get(k) for k in keys]
 
 
 @dataclass

@@ -28,7 +28,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 #: How much of an exception's message a summary line or a note repeats; the exception
 #: itself keeps all of it.
@@ -51,13 +51,37 @@ class LaunchError(RuntimeError):
         ``__tracebackhide__`` but always shows the last one, which for an error the
         launcher raised itself (a rank died, left, or sent back what cannot be rebuilt) is
         ``notebook_launcher()``'s ``raise``. IPython calls this on the error it displays."""
-        from IPython import get_ipython
+        return _render_to_caller(self)
 
-        shell = get_ipython()
-        if shell is None:
-            raise RuntimeError("_render_traceback_ is IPython's hook")
-        tb = _without_trailing_hidden_frames(self.__traceback__)
-        return list(shell.InteractiveTB.structured_traceback(type(self), self, tb))
+
+def _render_to_caller(exc: BaseException) -> list[str]:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        raise RuntimeError("_render_traceback_ is IPython's hook")
+    tb = _without_trailing_hidden_frames(exc.__traceback__)
+    return list(shell.InteractiveTB.structured_traceback(type(exc), exc, tb))
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def at_callers_line(exc: _E) -> _E:
+    """``exc``, rendered by IPython up to the caller's line (the launcher's frames that
+    raised it left out, as for :class:`LaunchError`), whatever its type."""
+    exc._render_traceback_ = functools.partial(_render_to_caller, exc)  # type: ignore[attr-defined]
+    return exc
+
+
+def interrupted(message: str) -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` a launch or a session task raises once its ranks stopped
+    after an interrupt: ``message`` says so ("interrupted: all 2 ranks stopped").
+
+    A plain ``KeyboardInterrupt`` (``except KeyboardInterrupt`` and ``type(exc)`` work as
+    ever) whose IPython rendering ends at the caller's line, as a failure's does: where
+    the launcher waited when the interrupt came is machinery, not the user's business."""
+    return at_callers_line(KeyboardInterrupt(message))
 
 
 def _without_trailing_hidden_frames(tb: TracebackType | None) -> TracebackType | None:
@@ -146,12 +170,63 @@ class LaunchFailure:
     #: how each earlier attempt of a launch with ``max_restarts`` ended, oldest first
     restarts: list[str] = field(default_factory=list)
 
+    def _own(self, f: RankFailure) -> bool:
+        """A failure of the rank's own: an exception it raised by itself, not the error a
+        rank gets when a peer went away (``collateral``)."""
+        return (
+            f.kind == "raised" and not f.collateral and f.exc_type != "builtins.KeyboardInterrupt"
+        )
+
+    @property
+    def same_failure(self) -> list[int]:
+        """The ranks that raised the root cause's very error (type and message) each on
+        its own, the root cause's rank included: one bug met by several ranks."""
+        root = self.root_cause
+        if not self._own(root):
+            return [root.rank]
+        same = {
+            f.rank
+            for f in self.failures
+            if self._own(f) and (f.exc_type, f.message) == (root.exc_type, root.message)
+        }
+        return sorted(same | {root.rank})
+
+    @property
+    def independent(self) -> list[RankFailure]:
+        """Other errors that ranks raised by themselves (not the root cause's error, not a
+        consequence of it): separate failures to look at."""
+        same = set(self.same_failure)
+        return [
+            f
+            for f in self.failures
+            if f is not self.root_cause and self._own(f) and f.rank not in same
+        ]
+
     @property
     def collateral(self) -> list[RankFailure]:
-        return [f for f in self.failures if f is not self.root_cause and f.kind != "stopped"]
+        """Failures caused by the root cause's: a peer's "connection closed", a rank that
+        died with the group. Ranks stopped by the launcher are listed apart."""
+        own = set(self.same_failure) | {f.rank for f in self.independent}
+        return [
+            f
+            for f in self.failures
+            if f is not self.root_cause
+            and f.kind != "stopped"
+            and not (self._own(f) and f.rank in own)
+        ]
 
     def summary(self) -> str:
         lines = [f"Root cause: {self.root_cause.describe()}"]
+        same = self.same_failure
+        if len(same) > 1:
+            lines.append(
+                f"The same failure on {rank_list(same)}: each raised it on its own (not a "
+                "consequence of another rank's failure)."
+            )
+        independent = self.independent
+        if independent:
+            lines.append("Also failed, on their own (separate errors, not consequences):")
+            lines += [f"  - {f.describe()}" for f in independent]
         others = self.collateral
         if others:
             lines.append("Collateral (a consequence of the root cause, not a separate bug):")
@@ -197,6 +272,13 @@ class LaunchFailure:
                 exc.launch_failure.print_traceback(2)   # what rank 2 saw
         """
         print(self.format_traceback(rank, full).rstrip("\n"), file=file or sys.stdout)
+
+
+def rank_list(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 0 and 1``, ``ranks 0, 1 and 3``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"
 
 
 class RankFailedError(LaunchError):
@@ -383,6 +465,9 @@ __all__ = [
     "RankFailure",
     "RendezvousError",
     "format_remote_traceback",
+    "at_callers_line",
+    "interrupted",
+    "rank_list",
     "library_module",
     "name_cells",
     "notebook_cell_name",

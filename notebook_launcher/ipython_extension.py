@@ -288,6 +288,17 @@ class DistMagics:
 
     # %%distributed, %%rank -----------------------------------------------------------------
 
+    def _raw_cell(self) -> str | None:
+        """The cell that runs, as typed (``%%distributed`` line included), from IPython's
+        history: its tracebacks then count lines as the editor does. None when the magic
+        was not called from a cell of its own (a silent execution, a call from code)."""
+        history = getattr(self.shell, "history_manager", None)
+        raw = getattr(history, "input_hist_raw", None)
+        count = getattr(self.shell, "execution_count", None)
+        if not raw or not isinstance(count, int) or len(raw) != count:
+            return None  # the newest entry is not the cell that runs
+        return str(raw[-1])
+
     def distributed(self, line: str, cell: str) -> Any:
         __tracebackhide__ = True
         import argparse
@@ -312,14 +323,24 @@ class DistMagics:
     def _cell(self, cell: str, ranks: list[int] | None, post_mortem: bool) -> Any:
         __tracebackhide__ = True
         session = self._need_session()
+        raw = self._raw_cell()
+        try:
+            return self._run(session, cell, raw, ranks, post_mortem)
+        except SyntaxError as exc:  # the cell's own: from here, not from deep inside
+            raise exc.with_traceback(None) from None
+
+    def _run(
+        self, session: Any, cell: str, raw: str | None, ranks: list[int] | None, post_mortem: bool
+    ) -> Any:
+        __tracebackhide__ = True
         if post_mortem:
             if not ranks or len(ranks) != 1:
                 raise UsageError(
                     "--post-mortem needs one rank: %%distributed --ranks 1 --post-mortem"
                 )
-            value = session.post_mortem(ranks[0], cell)
+            value = session.post_mortem(ranks[0], cell, _raw_cell=raw)
             return RankValues(ranks, [value]) if value is not None else None
-        values = session.run_cell(cell, ranks=ranks)
+        values = session.run_cell(cell, ranks=ranks, _raw_cell=raw)
         shown = ranks if ranks is not None else session.ranks
         if all(v is None for v in values):
             return None

@@ -67,7 +67,7 @@ from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
 from ._launch.remote import plan_cluster
 from ._launch.session import TaskHandle
-from .errors import LaunchError, LaunchFailure, PreflightError, RankFailedError
+from .errors import LaunchError, LaunchFailure, PreflightError, RankFailedError, interrupted
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
 from .ui.stall import Stacks
@@ -187,8 +187,10 @@ def notebook_launcher(
         )  # fmt: skip
         launch.watch.stall_after = watch_after
         if not block:
-            return _in_background(launch)
+            return _in_background(launch, function)
         outcome = launch.run()
+        launch._release()
+        del launch  # (see below)
         if isinstance(outcome, BaseException):
             raise outcome  # here, so that the traceback shows the caller, then the rank
         return outcome
@@ -238,17 +240,25 @@ def notebook_launcher(
     launch = _Launch(plan, task, view, policy, line_prefix, elastic_name)
     launch.watch.stall_after = watch_after
     if not block:
-        return _in_background(launch)
+        return _in_background(launch, function)
     outcome = launch.run()
+    launch._release()
+    # The traceback of what is raised keeps this frame: not the launch's records (the
+    # rank's pickled exception), nor the task (the pickled function and its args).
+    del launch, task
     if isinstance(outcome, BaseException):
         raise outcome  # here, so that the traceback shows the caller, then the rank
     return outcome
 
 
-def _in_background(launch: _Launch) -> TaskHandle:
+def _in_background(launch: _Launch, function: Any) -> TaskHandle:
     """A non-blocking launch: its ranks start here, a thread of its own pumps them."""
     launch.start()  # in this thread: the ranks die with the thread that started them
-    handle = TaskHandle(launch.interrupt, stacks=lambda: Stacks(launch.watch.take()))
+    handle = TaskHandle(
+        launch.interrupt,
+        getattr(function, "__name__", ""),
+        stacks=lambda: Stacks(launch.watch.take()),
+    )
     # In this cell's context: what the thread shows belongs to this cell (ipykernel keeps
     # the cell of an output in context variables), not to the cell that runs meanwhile.
     cell = contextvars.copy_context()
@@ -438,20 +448,25 @@ class _Launch:
         )
         self._listen = None  # the group owns it now
         self.watch.watch(stall.of_group(self.group))
-        self.group.start()
+        self.group.start(on_abort=record.abort)
 
     # -- run ---------------------------------------------------------------------------
 
     def run(self) -> list[Any] | BaseException:
         """Start, pump until every rank ended (restarting as the policy says); the results,
-        or the exception to raise (Ctrl-C: stop every rank and re-raise)."""
-        self.start()
+        or the exception to raise. Ctrl-C, once or many times, at any moment: every rank
+        stopped, and the exception is an interrupt that says so (raised by the caller, so
+        that its traceback shows the caller's line, not where the launch waited)."""
+        try:
+            self.start()
+        except KeyboardInterrupt:
+            return interrupted("interrupted while starting: no rank was left running")
+        except LaunchError as exc:  # the nodes could not meet, a rank could not start:
+            return exc.with_traceback(None)  # said at the caller's line, as a failure is
         try:
             self._attempts()
-        except KeyboardInterrupt as exc:
-            self._interrupted()
-            _add_note(exc, stall.note(self.interrupt_report))
-            raise
+        except KeyboardInterrupt:
+            self._interrupted()  # the outcome says so (with where the ranks were, if stuck)
         finally:
             self._end()
         return self._outcome()
@@ -493,18 +508,23 @@ class _Launch:
             self.group.terminate()
 
     def _interrupted(self) -> None:
-        """Ctrl-C: stop this node's ranks now; tell the other nodes (see
-        :meth:`NodeLink.tell_interrupted`)."""
+        """Ctrl-C: stop this node's ranks now (another Ctrl-C meanwhile: at once); tell the
+        other nodes (see :meth:`NodeLink.tell_interrupted`)."""
         if not self.interrupted:
             self.interrupt_report = self.watch.on_interrupt()
             if self.interrupt_report is not None:
                 self.view.handle(self.interrupt_report)
         self.interrupted = True
         self.record.stopping = self.record.interrupted = True
-        if self.group is not None:
-            self.group.stop()
-        if self.link is not None:
-            self.link.tell_interrupted(self.attempt, self.record)
+        while True:
+            try:
+                if self.group is not None:
+                    self.group.stop()  # a second Ctrl-C kills what is left (its close)
+                if self.link is not None:
+                    self.link.tell_interrupted(self.attempt, self.record)
+                return
+            except KeyboardInterrupt:
+                continue
 
     def finish_into(self, handle: TaskHandle) -> None:
         """A non-blocking launch's thread: pump (and restart), then settle ``handle``."""
@@ -516,6 +536,7 @@ class _Launch:
             outcome = self._outcome()
         except BaseException as exc:  # noqa: BLE001 - the handle carries whatever happened
             outcome = exc
+        self._release()  # the handle keeps this launch (its cancel()): not its big data
         if isinstance(outcome, BaseException):
             handle.set_exception(outcome)
         else:
@@ -570,13 +591,16 @@ class _Launch:
         self._ended = True
         self.watch.stop()
         try:
-            if self.group is not None:
-                self.group.close()
-        finally:
-            if self.job is not None:
-                self.job.close()
-            elif self._listen is not None:
-                self._listen.close()
+            try:
+                if self.group is not None:
+                    self.group.close()
+            finally:
+                if self.job is not None:
+                    self.job.close()
+                elif self._listen is not None:
+                    self._listen.close()
+        except KeyboardInterrupt:  # while leaving the job: nothing of ours runs any more
+            self.interrupted = True
         record = self.record
         interrupted = self.interrupted or record.interrupted
         if self.verdict is None:
@@ -601,12 +625,19 @@ class _Launch:
         )
         self.view.close()
 
+    def _release(self) -> None:
+        """Forget what the outcome was made from: the ranks' pickled exceptions and the
+        task (a 200 MB exception must not stay in the kernel three times)."""
+        self.exc_data = {}
+        self.record.exc_data.clear()
+        self.task = None
+
     def _outcome(self) -> list[Any] | BaseException:
         record = self.record
         assert self.verdict is not None
         ranks = record.ranks
         if self.interrupted or record.interrupted:
-            stopped = KeyboardInterrupt(f"interrupted: all {len(ranks)} ranks stopped")
+            stopped = interrupted(f"interrupted: all {len(ranks)} ranks stopped")
             _add_note(stopped, stall.note(self.interrupt_report))
             return stopped
         cause = self.verdict.cause

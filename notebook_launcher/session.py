@@ -22,6 +22,7 @@ The orchestrating layer for sessions: where the session core (``_launch``) meets
 
 from __future__ import annotations
 
+import ast
 import atexit
 import itertools
 import linecache
@@ -35,9 +36,11 @@ from ._launch import compare as compare_values
 from ._launch import preflight, stall
 from ._launch.plan import plan_launch
 from ._launch.session import SessionCore, TaskHandle
+from ._posix import deferred_interrupts
 from ._serialization import dumps_checked
 from ._worker import compare as rank_compare
 from ._worker import session as rank_side
+from .errors import LaunchError, at_callers_line, interrupted
 from .ui import View, view_for
 from .ui.lazy import InCell, LazyView
 from .ui.stall import Stacks
@@ -82,7 +85,7 @@ def start(
 class SessionStatus:
     """What ``%dist status`` shows."""
 
-    state: str  # "ready" | "busy" | "broken" | "closed"
+    state: str  # "ready" | "busy" | "broken" | "closed" | "down"
     world_size: int
     start_method: str
     backend: str
@@ -90,8 +93,17 @@ class SessionStatus:
     generation: int
     pids: tuple[int, ...]
     why_broken: str | None = None
+    #: what the user should know of how it started ("port 29500 is busy, using 41234")
+    note: str | None = None
+    #: "down": why the session has no ranks (its restart was interrupted, or failed)
+    why_down: str | None = None
 
     def __str__(self) -> str:
+        if self.state == "down":
+            return (
+                f"session: no ranks ({self.why_down}); restart() (or %dist restart) starts "
+                "fresh ones"
+            )
         text = (
             f"session: {self.state}, {self.world_size} ranks ({self.backend}, "
             f"{self.start_method}), {self.tasks_run} tasks run"
@@ -100,6 +112,8 @@ class SessionStatus:
             text += f", process group re-formed {self.generation}x"
         if self.pids:
             text += f", pids {list(self.pids)}"
+        if self.note:
+            text += f"\n{self.note}"
         if self.why_broken:
             text += f"\nbroken: {self.why_broken}; restart() (or %dist restart) starts fresh ranks"
         return text
@@ -119,6 +133,10 @@ class Session:
         self._num_processes = num_processes
         self._options = options
         self._core: SessionCore | None = None
+        #: why there are no ranks although the session was not closed (a restart that was
+        #: interrupted or failed); None otherwise
+        self._down: str | None = None
+        self._closed = False
         self._start()
 
     # -- life ----------------------------------------------------------------------------
@@ -128,12 +146,19 @@ class Session:
         dashboard = options.pop("dashboard")
         stall_after = options.pop("stall_after")
         plan = plan_launch(None, self._num_processes, **options)
-        core = SessionCore(plan, stall_after)
-        core.start(self._view(dashboard))
+        try:
+            core = SessionCore(plan, stall_after)
+        except BaseException:
+            plan.close()
+            raise
+        core.start(self._view(dashboard))  # (cleans up after itself when it fails)
         self._core = core
         if not _live:
             atexit.register(_close_all)
         _live.add(self)
+        note = core.port_note()
+        if note:  # as a launch's header says it
+            print(f"notebook_launcher: {note}", file=sys.stderr)
 
     def _view(self, dashboard: Any = None) -> View:
         choice = self._options["dashboard"] if dashboard is None else dashboard
@@ -144,17 +169,36 @@ class Session:
 
     @property
     def core(self) -> SessionCore:
+        __tracebackhide__ = True
         if self._core is None:
-            raise RuntimeError("the session is not started")
+            if self._down is not None and not self._closed:
+                raise LaunchError(
+                    f"this session has no ranks: {self._down}. session.restart() (or "
+                    "%dist restart) starts fresh ones."
+                )
+            raise LaunchError("this session is closed; start a new one")
         return self._core
 
     def restart(self) -> None:
         """Stop every rank and start fresh ones, and say so: their variables are lost
-        (what a broken session needs; the kernel keeps running)."""
-        if self._core is not None:
-            self._core.close(grace=0.0)
-        self._core = None
-        self._start()
+        (what a broken session needs; the kernel keeps running). A restart that is
+        interrupted or fails leaves a session without ranks that says so (``status()``);
+        ``restart()`` again brings them up."""
+        __tracebackhide__ = True
+        if self._closed:
+            raise LaunchError("this session is closed; start a new one")
+        core, self._core = self._core, None
+        self._down = "its restart was interrupted"
+        try:
+            if core is not None:
+                core.close(grace=0.0)
+            self._start()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            self._down = f"its restart failed ({type(exc).__name__}: {exc})"
+            raise
+        self._down = None
         print(
             f"restarted: {self.world_size} fresh ranks; the old ranks' variables are lost "
             "(push or re-run what they need)"
@@ -162,6 +206,7 @@ class Session:
 
     def close(self) -> None:
         """Let the ranks leave (then stop what is left). Idempotent."""
+        self._closed = True
         if self._core is not None:
             self._core.close()
         _live.discard(self)
@@ -193,43 +238,71 @@ class Session:
         """Run ``fn(*args, **kwargs)`` on ``ranks`` (default: all); returns a future-like
         handle at once (``result()``, ``exception()``, ``done()``, ``cancel()``, callbacks)."""
         __tracebackhide__ = True
-        preflight.check_function(fn)
-        data = dumps_checked((fn, args, kwargs), "the function and its args")
-        label = getattr(fn, "__qualname__", type(fn).__name__)
+        data, label = self._pickled(fn, args, kwargs)
         return self.core.submit(
             data, self._ranks(ranks), self._view(), label=label, stacks=self.stacks
         )
+
+    def _pickled(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[bytes, str]:
+        __tracebackhide__ = True
+        preflight.check_function(fn)
+        data = dumps_checked((fn, args, kwargs), "the function and its args")
+        return data, getattr(fn, "__qualname__", type(fn).__name__)
 
     def run(
         self, fn: Callable[..., Any], *args: Any, ranks: list[int] | None = None, **kwargs: Any
     ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on ``ranks`` (default: all) and return the per-rank
         list (index ``i`` is ``ranks[i]``'s value). A failing rank raises its own exception;
-        the session and every rank's variables live on."""
+        the session and every rank's variables live on. Ctrl-C at any moment (while the
+        task is sent included) interrupts the task: ``KeyboardInterrupt`` once its ranks
+        stopped, and the session goes on."""
         __tracebackhide__ = True
-        return self.submit(fn, *args, ranks=ranks, **kwargs).result()
+        task = self._pickled(fn, args, kwargs)
+        handle: TaskHandle | None = None
+        try:
+            with deferred_interrupts():  # Ctrl-C inside submit: delivered once we hold it
+                handle = self.core.submit(
+                    task[0], self._ranks(ranks), self._view(), task[1], stacks=self.stacks
+                )
+            del task  # (a traceback keeps this frame: not the pickled values)
+            return handle.result()
+        except KeyboardInterrupt:
+            if handle is None or handle.done():
+                raise
+            exc = handle.interrupt_and_wait()
+        raise exc if exc is not None else interrupted("interrupted")
 
-    def run_cell(self, source: str, ranks: list[int] | None = None) -> list[str | None]:
+    def run_cell(
+        self, source: str, ranks: list[int] | None = None, *, _raw_cell: str | None = None
+    ) -> list[str | None]:
         """Run a cell's source in each rank's namespace (what ``%%distributed`` does); the
-        ``repr`` of each rank's last expression."""
+        ``repr`` of each rank's last expression, in the order of ``ranks``. Plain Python:
+        a syntax error, or IPython's own syntax (``%time``, ``!ls``), is refused here,
+        before any rank runs it."""
         __tracebackhide__ = True
-        return self.submit(rank_side.run_cell, source, _cell_name(source), ranks=ranks).result()
+        code, name = cell_code(source, _raw_cell)
+        return self.run(rank_side.run_cell, code, name, ranks=ranks)
 
     def push(self, ranks: list[int] | None = None, **values: Any) -> None:
-        """Bind ``values`` in every rank's namespace (the same values everywhere)."""
+        """Bind ``values`` in every rank's namespace (the same values everywhere). Ctrl-C
+        while a large value is sent: the push is interrupted, the session goes on."""
         __tracebackhide__ = True
-        self.submit(rank_side.push, values, ranks=ranks).result()
+        self.run(rank_side.push, values, ranks=ranks)
 
     def pull(self, name: str, ranks: list[int] | None = None) -> list[Any]:
         """The per-rank values of ``name`` from the ranks' namespaces."""
         __tracebackhide__ = True
         return self.run(rank_side.pull, name, ranks=ranks)
 
-    def post_mortem(self, rank: int, source: str) -> str | None:
+    def post_mortem(self, rank: int, source: str, *, _raw_cell: str | None = None) -> str | None:
         """Run ``source`` in the frame where ``rank``'s last task failed (its variables at
         hand, as pdb's ``interact`` gives them); the ``repr`` of the last expression."""
         __tracebackhide__ = True
-        (value,) = self.run(rank_side.post_mortem, source, _cell_name(source), ranks=[rank])
+        code, name = cell_code(source, _raw_cell)
+        (value,) = self.run(rank_side.post_mortem, code, name, ranks=[rank])
         return value
 
     def interrupt(self) -> None:
@@ -278,6 +351,8 @@ class Session:
 
     def status(self) -> SessionStatus:
         core = self._core
+        if core is None and self._down is not None and not self._closed:
+            return SessionStatus("down", 0, "-", "-", 0, 0, (), why_down=self._down)
         if core is None or core.closed:
             return SessionStatus("closed", 0, "-", "-", 0, 0, ())
         group = core.group
@@ -293,6 +368,7 @@ class Session:
             core.generation,
             pids,
             core.broken,
+            core.port_note(),
         )
 
     def _ranks(self, ranks: list[int] | int | None) -> list[int]:
@@ -304,9 +380,40 @@ class Session:
         return f"<notebook_launcher.Session {self.status()}>"
 
 
-def _cell_name(source: str) -> str:
-    """The file name tracebacks show for a cell: IPython's own for this cell when it runs
-    in a kernel (the dashboard turns it into ``Cell In[n]``), else a stable pseudo-name."""
+def cell_code(source: str, raw_cell: str | None = None) -> tuple[str, str]:
+    """``(code, file name)`` for a cell the ranks run: the name tracebacks show (IPython's
+    own for this cell when it runs in a kernel: the dashboard and IPython make it
+    ``Cell In[n]``), and the code, checked here (a syntax error is the cell's, raised
+    before any rank runs it).
+
+    ``raw_cell``: the whole cell as the user typed it, when ``source`` is its body (a
+    ``%%distributed`` cell): the code then keeps the body's lines where the editor shows
+    them (``%%distributed`` is line 1, the body's first line is line 2), and tracebacks
+    show the cell as it was typed, magic line included. The rank's own functions defined
+    in such a cell keep those names and lines for later cells' tracebacks."""
+    __tracebackhide__ = True
+    offset = _body_offset(source, raw_cell)
+    code = "\n" * offset + source if offset is not None else source
+    shown = raw_cell if offset is not None and raw_cell is not None else source
+    name = _cached_name(shown)
+    _check_cell(code, name)
+    return code, name
+
+
+def _body_offset(source: str, raw_cell: str | None) -> int | None:
+    """How many lines of ``raw_cell`` come before ``source`` (its body); None when the
+    body is not found there (the magic was called from code)."""
+    body = source.rstrip("\n")
+    if raw_cell is None or not body:
+        return None
+    at = raw_cell.rfind(body)
+    if at < 0 or (at > 0 and raw_cell[at - 1] != "\n"):
+        return None
+    return raw_cell.count("\n", 0, at)
+
+
+def _cached_name(text: str) -> str:
+    """The file name of ``text`` in ``linecache`` (IPython's cache: ``Cell In[n]``)."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     compiler = getattr(shell, "compile", None)
@@ -314,13 +421,57 @@ def _cell_name(source: str) -> str:
         # IPython counts the cell that runs before running it: it is In[count - 1]
         count = max(int(getattr(shell, "execution_count", 1)) - 1, 0)
         try:  # the cell's execution count makes it "Cell In[n]" in tracebacks
-            return str(compiler.cache(source, count))
+            return str(compiler.cache(text, count, raw_code=text))
         except Exception:  # noqa: BLE001 - a nicer name is optional
             pass
     name = f"<distributed-cell-{next(_cells)}>"
-    lines = source.splitlines(keepends=True)
-    linecache.cache[name] = (len(source), None, lines, name)  # the stall view shows its lines
+    # (the stall view and tracebacks show its lines)
+    linecache.cache[name] = (len(text), None, text.splitlines(keepends=True), name)
     return name
+
+
+def _check_cell(code: str, filename: str) -> None:
+    """Raise the cell's ``SyntaxError`` now, in the kernel (every rank would raise it);
+    IPython's syntax, which only IPython understands, is named as such."""
+    __tracebackhide__ = True
+    try:
+        ast.parse(code, filename, "exec")
+        return
+    except SyntaxError as exc:
+        error = exc
+    problem = _ipython_syntax(code)
+    if problem is not None:
+        lineno, line = problem
+        error = SyntaxError(
+            f"IPython syntax ({line.strip()[:40]}) does not run on the ranks: each rank "
+            "runs plain Python, without IPython's magics, !commands or ?help. "
+            "Time code with time.perf_counter(), run a command with "
+            "subprocess.run(...), or run the line in a cell of its own here.",
+            (filename, lineno, 1, line),
+        )
+    raise at_callers_line(error.with_traceback(None)) from None
+
+
+def _ipython_syntax(code: str) -> tuple[int, str] | None:
+    """The first line of ``code`` that only IPython understands (``%time``, ``!ls``,
+    ``x?``): (its number, its text); None when there is none or IPython is not here."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:
+        return None
+    manager = TransformerManager()
+    try:
+        if "get_ipython()" not in manager.transform_cell(code):
+            return None
+    except Exception:  # noqa: BLE001 - a cell IPython cannot read either
+        return None
+    for number, line in enumerate(code.splitlines(), 1):
+        try:
+            if line.strip() and "get_ipython()" in manager.transform_cell(line.lstrip()):
+                return number, line
+        except Exception:  # noqa: BLE001
+            continue
+    return None
 
 
 def _close_all() -> None:

@@ -6,6 +6,8 @@ Usage: python _launch_script.py MODE METHOD
   is clean (no children, same handlers) and can launch again.
   MODE "orphan": launch 2 ranks that sleep; the test SIGKILLs this process and checks
   that the workers die with it.
+  MODE "first-start": the first forkserver launch of this process (no forkserver yet);
+  the test sends SIGINT while it starts; print how the launch ended for its view.
 """
 
 from __future__ import annotations
@@ -35,15 +37,35 @@ def children() -> list[int]:
 
 def main() -> None:
     mode, method = sys.argv[1], sys.argv[2]
+    import traceback
+
+    import torch.distributed  # noqa: F401 - imported before the test's signal can come
+
     from notebook_launcher import notebook_launcher
+    from notebook_launcher._events import LaunchFinished, Output, WorkerExited
     from notebook_launcher._launch import forkserver
+    from tests.helpers import Recorder
+
+    class Printing(Recorder):  # keeps every event, and prints the ranks' lines
+        def handle(self, event: object) -> None:
+            super().handle(event)  # type: ignore[arg-type]
+            if isinstance(event, Output):
+                print(f"[rank{event.rank}] {event.text}", end="", flush=True)
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
+    view = Printing()
     t0 = time.monotonic()
     try:
-        notebook_launcher(blocked, (mode,), 2, start_method=method, dashboard=False)
-    except KeyboardInterrupt:
-        print(f"KeyboardInterrupt after {time.monotonic() - t0:.2f}s", flush=True)
+        if mode == "first-start":
+            print("starting", flush=True)
+        notebook_launcher(blocked, (mode,), 2, start_method=method, dashboard=view)
+    except KeyboardInterrupt as exc:
+        print(f"KeyboardInterrupt after {time.monotonic() - t0:.2f}s: {exc}", flush=True)
+        frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+        print("frames:", frames, flush=True)
+    (finished,) = view.of(LaunchFinished)
+    print("summary:", finished.summary, "failed:", list(finished.failed_ranks), flush=True)
+    print("deaths:", [e.rank for e in view.of(WorkerExited)], flush=True)
     after = {s: signal.getsignal(s) for s in handlers}
     allowed = {forkserver.pid()}
     print("leftover children:", sorted(set(children()) - allowed), flush=True)

@@ -24,7 +24,8 @@ def work(mode: str) -> dict[str, Any]:
     """Both nodes' function. ``mode``: ``"gather"``; ``"kill"`` (the other node's local
     rank 1 is killed in the first attempt); ``"raise"`` (it raises ValueError); ``"sleep"``
     (every rank sleeps a minute once the group works); ``"linger"`` (after one gather, this
-    node's ranks return and the other node's sleep a minute)."""
+    node's ranks return and the other node's sleep a minute); ``"loop"`` (every rank
+    all-reduces in a loop, as training does, until a peer goes away)."""
     from notebook_launcher import PartialState
     from notebook_launcher.utils import gather_object
 
@@ -39,6 +40,14 @@ def work(mode: str) -> dict[str, Any]:
     if mode == "sleep":
         state.wait_for_everyone()
         time.sleep(60)
+    if mode == "loop":
+        import torch
+        import torch.distributed as dist
+
+        step = torch.ones(1)
+        while True:
+            dist.all_reduce(step)
+            time.sleep(0.01)
     if mode == "linger" and here == "other":  # after the gather below: nobody waits on it
         gather_object([state.process_index])
         time.sleep(60)

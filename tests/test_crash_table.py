@@ -490,3 +490,26 @@ def test_forkserver_frames_split_across_reads_lose_no_message() -> None:
     assert reader.feed(data[:-3]) == [Exited(11, 7), Exited(12, -9)]
     assert reader.feed(data[-3:]) == [Forked(13)]
     assert reader.feed(b"") == []
+
+
+def every_rank_misses_a_module() -> None:
+    """Each rank meets the same bug on its own (a missing module): with SIGTERM held back,
+    both report it before the launcher can stop the second one."""
+    import torch.distributed as dist
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    dist.barrier()
+    import no_such_module_for_the_crash_table  # noqa: F401
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_the_same_error_on_every_rank_is_one_failure_not_collateral(method: str) -> None:
+    with pytest.raises(ModuleNotFoundError) as info:
+        notebook_launcher(
+            every_rank_misses_a_module, (), 2, start_method=method, dashboard=Recorder()
+        )
+    failure = info.value.launch_failure  # type: ignore[attr-defined]
+    assert failure.same_failure == [0, 1] and failure.collateral == []
+    summary = failure.summary()
+    assert "The same failure on ranks 0 and 1" in summary and "Collateral" not in summary
+    assert "Raised on ranks 0 and 1 (the same error) of 2" in "\n".join(info.value.__notes__)

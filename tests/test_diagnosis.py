@@ -276,3 +276,49 @@ def test_a_rank_that_left_never_restarts() -> None:
     verdict = diagnose([raised(1, 2.0, "RuntimeError", collateral=True)], {0: 1.0})
     assert verdict.kind == "left"
     assert not RestartPolicy(3, True).restarts(verdict, {})
+
+
+# --- the same failure on several ranks is not collateral -------------------------------------
+
+
+def same(rank: int, t: float) -> RankFailure:
+    return RankFailure(rank, "raised", exc_type="ModuleNotFoundError", message="No module", time=t)
+
+
+# name: (failures, the summary's phrases, phrases it must not have)
+SUMMARIES: dict[str, tuple[list[RankFailure], list[str], list[str]]] = {
+    "the same error on both ranks, each its own": (
+        [same(1, 1.0), same(0, 1.01)],
+        ["Root cause: rank 1 raised", "The same failure on ranks 0 and 1: each raised it"],
+        ["Collateral"],
+    ),
+    "another error of its own": (
+        [raised(1, 1.0), raised(0, 1.1, "KeyError"), raised(2, 1.2, GLOO, collateral=True)],
+        [
+            "Also failed, on their own (separate errors, not consequences):\n  - rank 0 raised KeyError",
+            "Collateral (a consequence of the root cause, not a separate bug):\n  - rank 2 raised",
+        ],
+        ["The same failure"],
+    ),
+    "a peer's connection closed is collateral": (
+        [raised(1, 1.0), raised(0, 1.1, GLOO, collateral=True), stopped(2, 1.2)],
+        ["Collateral", "Stopped by the launcher: ranks [2]"],
+        ["The same failure", "Also failed"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SUMMARIES))
+def test_only_consequences_are_collateral(name: str) -> None:
+    failures, phrases, absent = SUMMARIES[name]
+    verdict = diagnose(failures, {})
+    exc = exception_for(verdict, 3, {})
+    report = exc.launch_failure  # type: ignore[attr-defined]
+    summary = report.summary()
+    for phrase in phrases:
+        assert phrase in summary, (phrase, summary)
+    for phrase in absent:
+        assert phrase not in summary, (phrase, summary)
+    if name.startswith("the same"):
+        assert report.same_failure == [0, 1] and report.collateral == []
+        assert "Raised on ranks 0 and 1 (the same error) of 3" in str(exc)

@@ -78,7 +78,11 @@ def test_interrupt(kernel_env: dict[str, str], target: str, method: str) -> None
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, out
-    assert "KeyboardInterrupt after" in out
+    assert "KeyboardInterrupt after" in out and "interrupted: all 2 ranks stopped" in out
+    # The traceback is the caller's line, then "interrupted": not where the launch waited.
+    assert "frames: ['main', 'notebook_launcher']" in out, out
+    assert "summary: interrupted: all 2 ranks stopped failed: []" in out
+    assert "deaths: []" in out
     assert "leftover children: []" in out
     assert "handlers restored: True" in out
     assert "again: [1, 1]" in out
@@ -101,3 +105,28 @@ def test_workers_die_with_the_kernel(kernel_env: dict[str, str], method: str) ->
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids), "workers outlived their kernel"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("after", [0.3, 1.0])
+def test_interrupt_during_the_first_forkserver_launch(
+    kernel_env: dict[str, str], after: float
+) -> None:
+    """Ctrl-C while the forkserver itself starts (about 1 s of imports) or forks the
+    ranks: the launch says it was interrupted -- no rank "died: killed by SIGKILL"."""
+    proc = _start("first-start", "forkserver", kernel_env)
+    try:
+        _read_until(proc, "starting")
+        time.sleep(after)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "KeyboardInterrupt after" in out, out
+    assert "deaths: []" in out and "SIGKILL" not in out, out
+    assert "summary: interrupted" in out and "failed: []" in out, out
+    assert "leftover children: []" in out
+    assert "again: [1, 1]" in out

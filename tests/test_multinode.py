@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,6 +246,125 @@ def test_a_node_that_never_comes_is_named(backend: str) -> None:
     message = str(caught.value)
     assert "node 1 did not join" in message and f"127.0.0.1:{port}" in message
     assert "within 1 s" in message and "join_timeout" in message
+
+
+@pytest.mark.timeout(60)
+def test_a_node_killed_while_its_ranks_train_is_named_at_once(tmp_path: Path) -> None:
+    """The other node's kernel is killed while every rank all-reduces: this node's ranks
+    fail at once, and it names that node within seconds (it does not answer its bell),
+    not after the 20 s heartbeat."""
+    other, view, handle = _two_nodes(tmp_path, "loop")
+    time.sleep(0.5)  # a few steps together
+    t0 = time.monotonic()
+    other.proc.kill()
+    other.proc.communicate(timeout=10)
+    with pytest.raises(WorkerDied, match=r"node 1 .* is gone: its kernel stopped answering"):
+        handle.result(timeout=30)
+    assert time.monotonic() - t0 < 15  # ANSWER_TIMEOUT (3 s), not LOST_AFTER (20 s)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_squatted_endpoint_is_named_after_join_timeout(backend: str) -> None:
+    """A program listens on the endpoint and never answers: a joining node (static
+    node_rank=1, or c10d) ends in RendezvousError after join_timeout, naming it."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises(RendezvousError) as caught:
+            notebook_launcher(
+                work,
+                ("gather",),
+                num_processes=1,
+                dashboard=Recorder(),
+                **_options(backend, port, 1, join_timeout=1.5),
+            )
+        assert time.monotonic() - t0 < 15
+    message = str(caught.value)
+    assert f"127.0.0.1:{port}" in message and "does not answer as a rendezvous store" in message
+    assert "another program holds that port" in message
+
+
+DIFFERENCES = {
+    "num_nodes": ({"num_nodes": 3}, "num_nodes=3", "num_nodes=2"),
+    "rdzv_id": ({"rdzv_id": "another-job"}, "rdzv_id='another-job'", "rdzv_id='test-job'"),
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("what", list(DIFFERENCES))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nodes_whose_settings_differ_are_told_at_once(
+    backend: str, what: str, tmp_path: Path
+) -> None:
+    """Both nodes say which settings differ as soon as they see each other, not after
+    join_timeout, and not with a raw torch error."""
+    port = _free_port()
+    theirs_differ, said_there, said_here = DIFFERENCES[what]
+    other = OtherNode(tmp_path, {"mode": "gather", **_options(backend, port, 1), **theirs_differ})
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousError, match="the nodes' settings differ") as caught:
+        notebook_launcher(
+            work, ("gather",), num_processes=1, dashboard=Recorder(), **_options(backend, port, 0)
+        )
+    assert time.monotonic() - t0 < 25  # join_timeout is 30
+    message = str(caught.value)
+    assert f"with {said_there}" in message and f"has {said_here}" in message
+    theirs = other.result()
+    assert theirs["error"]["type"] == "RendezvousError"
+    assert "the nodes' settings differ" in theirs["error"]["message"]
+    assert f"has {said_there}" in theirs["error"]["message"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ctrl_c_on_the_holder_while_the_nodes_meet(backend: str, tmp_path: Path) -> None:
+    """The node holding the store is interrupted while the nodes meet (a third node never
+    comes): the other says so, in a RendezvousError, without torch's C++ frames."""
+    port = _free_port()
+    holds = {"rdzv_conf": {"is_host": True}} if backend == "c10d" else {}
+    other = OtherNode(
+        tmp_path, {"mode": "gather", **_options(backend, port, 0, num_nodes=3), **holds}
+    )
+    threading.Thread(target=_interrupt_once_both_arrived, args=(other, port), daemon=True).start()
+    t0 = time.monotonic()
+    joins = {"rdzv_conf": {"is_host": False}} if backend == "c10d" else {}
+    with pytest.raises(RendezvousError) as caught:
+        notebook_launcher(
+            work,
+            ("gather",),
+            num_processes=1,
+            dashboard=Recorder(),
+            **_options(backend, port, 1, num_nodes=3),
+            **joins,
+        )
+    assert time.monotonic() - t0 < 25
+    message = str(caught.value)
+    assert "node_rank 0 on" in message and "was interrupted while the nodes met" in message
+    assert "frame #" not in message and caught.value.__cause__ is None
+    assert other.result()["error"]["type"] == "KeyboardInterrupt"
+
+
+def _interrupt_once_both_arrived(other: OtherNode, port: int) -> None:
+    """Ctrl-C to the other node once both nodes wait in the rendezvous's lobby."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            time.sleep(0.05)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    while store.add("notebook_launcher/arrivals", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    del store
+    other.proc.send_signal(signal.SIGINT)
 
 
 @pytest.mark.timeout(30)

@@ -52,16 +52,26 @@ class Kernel:
         )
         self.by_parent: dict[str, list[dict]] = defaultdict(list)
 
-    def execute(self, code: str, interrupt_after: float | None = None) -> Reply:
+    def execute(self, code: str, interrupt_after: float | list[float] | None = None) -> Reply:
+        """Run a cell; ``interrupt_after``: the notebook's interrupt (SIGINT to the kernel's
+        process group), that many seconds after the cell was sent (a list: one press each,
+        those the cell does not outlast are not pressed)."""
         msg_id = self.kc.execute(textwrap.dedent(code))
         sent = time.monotonic()
-        interrupted = interrupt_after is None
+        if interrupt_after is None:
+            presses = []
+        elif isinstance(interrupt_after, list):
+            presses = list(interrupt_after)
+        else:
+            presses = [interrupt_after]
+        self.pressed = 0
         while True:
-            if not interrupted and time.monotonic() - sent >= interrupt_after:
+            if presses and time.monotonic() - sent >= presses[0]:
                 self.km.interrupt_kernel()
-                interrupted = True
+                presses.pop(0)
+                self.pressed += 1
             try:
-                msg = self.kc.get_iopub_msg(timeout=0.05 if not interrupted else 30)
+                msg = self.kc.get_iopub_msg(timeout=0.01 if presses else 30)
             except Exception:  # noqa: BLE001 - queue.Empty: nothing yet
                 continue
             self.by_parent[msg["parent_header"].get("msg_id", "")].append(msg)
@@ -165,7 +175,8 @@ def test_a_failing_cell_keeps_the_session(kernel: Kernel) -> None:
         "%%distributed\ndef step(batch):\n    if rank == 1:\n        raise ValueError(f'bad {batch}')\nstep(7)"
     )
     assert (out.status, out.ename, out.evalue) == ("error", "ValueError", "bad 7")
-    assert re.search(r"Cell In\[\d+\], line 3, in step\(\)", out.text), out.text
+    # the lines the editor shows: %%distributed is line 1
+    assert re.search(r"Cell In\[\d+\], line 4, in step\(\)", out.text), out.text
     assert "raise ValueError(f'bad {batch}')" in out.text  # the rank's own line
     assert "Raised on rank 1 of 2" in out.text and "batch: int = 7" in out.text
     assert "_launch/session.py" not in out.text and "concurrent/futures" not in out.text
@@ -203,7 +214,8 @@ def test_the_notebooks_interrupt_keeps_the_session(
 def test_a_subset_cell_with_a_collective_fails_fast(kernel: Kernel) -> None:
     out = kernel.execute("%%rank 0\nt = torch.ones(1)\ndist.all_reduce(t)")
     assert (out.status, out.ename) == ("error", "ProcessGroupMismatch")
-    assert re.search(r"rank 0 calls all_reduce at Cell In\[\d+\], line 2", out.evalue)
+    # line 3 as the editor counts: %%rank 0 is line 1
+    assert re.search(r"rank 0 calls all_reduce at Cell In\[\d+\], line 3", out.evalue)
     assert kernel.execute("%%distributed\nrank").result == "[rank0] 0\n[rank1] 1"
 
 
@@ -320,3 +332,104 @@ def test_argument_errors_are_usage_errors(kernel: Kernel) -> Any:
     assert out.ename == "UsageError" and "needs one rank" in out.evalue
     assert kernel.execute("%dist start -n 2").ename == "UsageError"  # one runs already
     assert kernel.execute("%dist auto maybe").ename == "UsageError"
+
+
+@pytest.mark.parametrize(
+    "presses", [[1.0, 1.05], [1.0, 1.2], [1.0, 1.1, 1.2]], ids=["50ms", "200ms", "three"]
+)
+def test_interrupts_pressed_again_end_the_cell(kernel: Kernel, presses: list[float]) -> None:
+    """The stop button pressed twice (or three times) while rank 0 waits in a barrier: the
+    cell ends interrupted -- before: it never returned -- and the session lives on. The
+    traceback ends at the cell's line: none of the session's frames."""
+    kernel.execute("%%distributed\nkept = rank + 1")
+    cell = (
+        "%%distributed\nimport time\nif rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(30)"
+    )
+    t0 = time.monotonic()
+    out = kernel.execute(cell, interrupt_after=presses)
+    assert kernel.pressed >= 2 and time.monotonic() - t0 < 10
+    assert (out.status, out.ename) == ("error", "KeyboardInterrupt"), out
+    assert out.evalue == "interrupted: ranks [0, 1] stopped their task"
+    assert "session.py" not in out.text and "raise exc" not in out.text, out.text
+    assert "session: ready" in kernel.execute("%dist status").result
+    assert kernel.execute("%%distributed\nkept").result == "[rank0] 1\n[rank1] 2"
+
+
+def test_tracebacks_count_lines_as_the_editor(kernel: Kernel) -> None:
+    """An error in a function defined in an earlier %%distributed cell: each frame names
+    its cell and the line the editor shows (%%distributed is line 1), with its source."""
+    defined = kernel.execute(
+        "%%distributed\n"
+        "import torch\n\n\n"
+        "def f(x):\n"
+        "    y = x + 1\n"
+        "    z = y * 2\n"
+        "    if rank == 1:\n"
+        "        raise ValueError('bad')\n"
+        "    return z\n\n\n"
+        "def g(x):\n"
+        "    a = 1\n"
+        "    return f(x)\n"
+    )
+    assert defined.status == "ok"
+    out = kernel.execute("%%distributed\ng(3)")
+    assert out.ename == "ValueError"
+    text = out.text
+    here = re.search(r"Cell In\[(\d+)\], line 2\n", text)
+    assert here and "----> 2 g(3)" in text, text
+    earlier = re.search(r"Cell In\[(\d+)\], line 15, in g\(\)\n", text)
+    assert earlier and int(earlier.group(1)) == int(here.group(1)) - 1, text
+    assert "---> 15     return f(x)" in text
+    assert re.search(r"Cell In\[\d+\], line 9, in f\(\)\n", text), text
+    assert "----> 9         raise ValueError('bad')" in text
+
+
+def test_ranks_come_back_in_the_order_asked(kernel: Kernel) -> None:
+    assert kernel.execute("%%distributed --ranks 1,0\nrank * 10").result == "[rank1] 10\n[rank0] 0"
+
+
+def test_a_cell_that_is_not_python_says_so(kernel: Kernel) -> None:
+    out = kernel.execute("%%distributed\nx = 1\n%time y = 2")
+    assert (out.status, out.ename) == ("error", "SyntaxError")
+    assert "IPython syntax (%time y = 2) does not run on the ranks" in out.evalue
+    out = kernel.execute("%%distributed\nx = 1\nx = = 2")
+    assert out.ename == "SyntaxError" and re.search(r"Cell In\[\d+\], line 3", out.text)
+    assert "Variables in rank" not in out.text and "ast.py" not in out.text
+
+
+def test_an_interrupted_launch_ends_at_the_callers_line(kernel: Kernel) -> None:
+    out = kernel.execute(
+        "from notebook_launcher import notebook_launcher\n"
+        "def nap():\n"
+        "    import time\n"
+        "    time.sleep(30)\n"
+        "notebook_launcher(nap, num_processes=2, dashboard=False)",
+        interrupt_after=2.5,
+    )
+    assert (out.status, out.ename) == ("error", "KeyboardInterrupt"), out
+    assert out.evalue == "interrupted: all 2 ranks stopped"
+    for machinery in ("_attempts", "_pump", "select", "launcher.py", "group.py"):
+        assert machinery not in out.text, (machinery, out.text)
+    assert "----> 5 notebook_launcher(nap, num_processes=2, dashboard=False)" in out.text
+
+
+def test_a_background_handle_shows_how_it_ended(kernel: Kernel) -> None:
+    cell = kernel.kc.execute(
+        "from notebook_launcher import notebook_launcher\n"
+        "def short():\n"
+        "    import time\n"
+        "    time.sleep(0.5)\n"
+        "    return 7\n"
+        "handle = notebook_launcher(short, num_processes=2, dashboard=False, block=False)\n"
+        "handle"
+    )
+    assert kernel.execute("handle.result(timeout=30)").result == "[7, 7]"
+    kernel.drain(1.0)
+    shown = [
+        text
+        for m in kernel.by_parent[cell]
+        if m["msg_type"] in ("display_data", "update_display_data")
+        and (text := m["content"]["data"].get("text/plain", "")).startswith("<TaskHandle")
+    ]
+    assert shown[0] == "<TaskHandle short: running>", shown
+    assert shown[-1] == "<TaskHandle short: finished: [7, 7]>", shown

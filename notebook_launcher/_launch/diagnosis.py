@@ -37,6 +37,7 @@ from ..errors import (
     SerializationError,
     WorkerDied,
     notebook_cell_name,
+    rank_list,
     shorten,
 )
 
@@ -158,7 +159,9 @@ def exception_for(
     if verdict.kind == "died":
         return _died_error(failure, world_size, report)
     rebuilt = rebuild_exception(exc_data.get(failure.rank))
-    note = f"Raised on rank {failure.rank} of {world_size}.\n{report.summary()}"
+    same = report.same_failure
+    where = f"rank {failure.rank}" if len(same) == 1 else f"{rank_list(same)} (the same error)"
+    note = f"Raised on {where} of {world_size}.\n{report.summary()}"
     others = [f.rank for f in report.failures if f.traceback and f.rank != failure.rank]
     if others:
         note += f"\nTracebacks of ranks {others} too: exc.launch_failure.print_traceback(rank)"

@@ -31,7 +31,14 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .._events import PHASES, Event, Output, WorkerPhase, WorkerStarted
-from .._posix import close_quietly, deferred_interrupts, kill_process_group, quiet_fork
+from .._posix import (
+    close_quietly,
+    deferred_interrupts,
+    descendants,
+    kill_descendants,
+    kill_process_group,
+    quiet_fork,
+)
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Reformed, Returned, Setup, Task
 from ..errors import RankFailure
@@ -68,6 +75,9 @@ class WorkerProcess:
     stage: str = "starting"
     #: why it ended when we know better than its exit code (e.g. its forkserver died)
     note: str = ""
+    #: its descendants when it was asked to stop (SIGTERM): killed once it has ended,
+    #: daemons that left its process group included
+    tree: list[tuple[int, str]] | None = None
     partial: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
     decoders: dict[str, Any] = field(
         default_factory=lambda: {
@@ -85,6 +95,8 @@ class WorkerProcess:
         (which reports within ``report_timeout``; a missing report means it died, and
         its children with it: SIGKILL)."""
         if self.returncode is None:
+            if self.tree:  # what it started, as it was when we asked it to stop
+                kill_descendants(self.pid, self.tree)
             if self.server is not None:  # it kills the rank's group before it reaps
                 code = self.server.wait_returncode(self.pid, report_timeout)
                 if code is None:
@@ -100,8 +112,15 @@ class WorkerProcess:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
+        """Signal the rank (its pidfd: never another process that took its pid). SIGKILL
+        takes its descendants first, SIGTERM notes them (killed when it has ended): the
+        daemons a rank started outside its process group end with it too."""
         if self.returncode is not None:
             return
+        if sig == signal.SIGKILL:
+            kill_descendants(self.pid)
+        elif sig == signal.SIGTERM and self.tree is None:
+            self.tree = descendants(self.pid)
         try:
             signal.pidfd_send_signal(self.pidfd, sig)
         except (ProcessLookupError, OSError):
@@ -254,12 +273,14 @@ class WorkerGroup:
 
     # -- start -------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, on_abort: Callable[[BaseException], None] | None = None) -> None:
         """Start every rank; on any failure (Ctrl-C included) stop those started and raise.
 
         Starting one rank -- its fds, the process, its record -- happens with Ctrl-C held
         back, so an interrupt finds either no trace of that rank or a recorded one that
         ``close()`` cleans up; never a process or an fd nobody knows about.
+        ``on_abort(error)`` is told before the ranks started so far are stopped: their
+        exits are then the caller's doing, not deaths (see ``RunRecord.abort``).
         """
         starter = STARTERS[self.start_method]
         try:
@@ -280,7 +301,9 @@ class WorkerGroup:
                     self.send(proc, Setup(spec))
                     if self._task is not None:  # a session's ranks get theirs later
                         self.send(proc, Task(self._task))
-        except BaseException:
+        except BaseException as exc:
+            if on_abort is not None:
+                on_abort(exc)
             self.close()
             raise
         finally:

@@ -150,7 +150,10 @@ class NodeLink:
         if job.lost:
             why = f"the {job.describe()} went away ({job.lost})"
         elif group_rank in self.gone:
-            why = f"its kernel stopped answering (no heartbeat for {rendezvous.LOST_AFTER:g} s)"
+            why = (
+                f"its kernel stopped answering (no answer within {rendezvous.ANSWER_TIMEOUT:g} "
+                f"s, no heartbeat for {rendezvous.LOST_AFTER:g} s at most)"
+            )
         else:
             why = f"it sent no report within {rendezvous.REPORT_TIMEOUT:g} s"
         return RankFailure(

@@ -55,6 +55,8 @@ class LaunchPlan:
     #: the rendezvous of a launch across nodes, or with restarts; None: one plain node
     rendezvous: RendezvousConfig | None = None
     max_restarts: int = 0
+    #: "port 29500 is busy, using 41234" when the port asked for was taken (also in reason)
+    port_note: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -178,16 +180,18 @@ def plan_launch(
     if rendezvous is None:
         listen, port, port_note = preflight.bind_rendezvous(master_addr, use_port, node_rank)
         if port_note:
-            reason += f"; {port_note}, using {port}"
+            port_note += f", using {port}"
+            reason += f"; {port_note}"
     else:  # the rendezvous binds, on the node that holds its store
-        listen, master_addr, port = None, rendezvous.host, rendezvous.port
+        listen, master_addr, port, port_note = None, rendezvous.host, rendezvous.port, None
     threads = 1 if (method == "fork" and not fork_safe) else threads_per_rank(nprocs)
     specs = _specs(
         nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method, threads
     )
     return LaunchPlan(
-        specs, method, reason, listen, num_nodes, node_rank, grace, rendezvous, max_restarts
-    )
+        specs, method, reason, listen, num_nodes, node_rank, grace, rendezvous, max_restarts,
+        port_note,
+    )  # fmt: skip
 
 
 def prepare_task(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str) -> Any:

@@ -84,6 +84,15 @@ class RunRecord:
         #: (e.g. "a rank on node 1 failed")
         self.stop_reason = ""
 
+    def abort(self, error: BaseException) -> None:
+        """The ranks are being stopped because starting them failed with ``error`` (Ctrl-C
+        included): their exits are stops, not deaths."""
+        self.stopping = True
+        if isinstance(error, KeyboardInterrupt):
+            self.interrupted = True
+        elif not self.stop_reason:
+            self.stop_reason = f"the ranks could not start ({type(error).__name__})"
+
     def on_event(self, event: Event) -> None:
         if isinstance(event, Output):
             if event.stream == "stderr":

@@ -37,9 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import pickle
+import select
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -61,6 +64,10 @@ _POLL = 0.05  # seconds between two looks at the lobby (Ctrl-C stays responsive)
 BEAT_INTERVAL = 2.0
 #: ...and without one after which the others take that node for gone.
 LOST_AFTER = 20.0
+#: Seconds a node's kernel may take to answer its bell (its bell thread answers at once,
+#: whatever the kernel does) before the others take it for gone: a node killed while its
+#: ranks train is named within seconds, not after LOST_AFTER.
+ANSWER_TIMEOUT = 3.0
 _NS = "notebook_launcher"
 
 
@@ -122,7 +129,8 @@ def join(config: RendezvousConfig, nproc: int) -> NodeJob:
 
     deadline = time.monotonic() + config.join_timeout
     listen: socket.socket | None = None
-    server = main = bell = handler = info = job = None
+    server = main = bell = handler = info = job = lobby = None
+    watch = _Connection(None)  # a non-holder's watch on the holder's store
     try:
         listen = _bind(config)
         host = config.host
@@ -141,23 +149,34 @@ def join(config: RendezvousConfig, nproc: int) -> NodeJob:
             listen = None
         else:
             _wait_for_holder(config, deadline)
-        main, bell = (_client(host, port, config) for _ in range(2))
-        lobby = Lobby(main, config)
-        lobby.arrive(label_for(config))
-        lobby.wait_for_all(deadline)
-        handler, info = _meet(config, host, port, server is not None, lobby, deadline)
-        job = NodeJob(config, host, port, server, handler, main, bell)
-        job.exchange(info, nproc)
+            watch = _store_answers(host, port, config, deadline)
+        main = _client(host, port, config, deadline)
+        bell = _client(host, port, config, deadline)
+        lobby = Lobby(main, config, watch)
+        try:
+            lobby.arrive(label_for(config))
+            lobby.wait_for_all(deadline)
+            handler, info = _meet(config, host, port, server is not None, lobby, deadline)
+            job = NodeJob(config, host, port, server, handler, main, bell)
+            job.exchange(info, nproc)
+        except RendezvousError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - torch's store or handler: say what it means
+            raise lobby.failed(exc) from None
         return job
-    except BaseException:
+    except BaseException as exc:
+        if lobby is not None:  # the others need not wait for this node any more
+            lobby.leave(exc, linger=server is not None)
         if listen is not None:
             listen.close()
         if job is not None:
             job.close()
         # The traceback keeps this frame (IPython keeps the last one): without these
         # references the store stops listening now, not at the next error.
-        server = main = bell = handler = info = job = None
+        server = main = bell = handler = info = job = lobby = None
         raise
+    finally:
+        watch.close()
 
 
 def label_for(config: RendezvousConfig, lobby: bool = True) -> str:
@@ -235,9 +254,19 @@ def _wait_for_holder(config: RendezvousConfig, deadline: float) -> None:
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
-def _client(host: str, port: int, config: RendezvousConfig) -> Any:
+#: Seconds the rendezvous store may take to answer a node that connected to it: a store
+#: answers in milliseconds; a program that only listens on the port never does.
+STORE_ANSWER_TIMEOUT = 30.0
+#: What a client of torch's TCPStore sends first (its validation query and magic number),
+#: then a query for the number of keys: any store answers at once (8 bytes).
+_STORE_PROBE = b"\x00" + struct.pack("<I", 0x3C85F7CE) + b"\x07"
+
+
+def _client(host: str, port: int, config: RendezvousConfig, deadline: float) -> Any:
+    """A client of the rendezvous store at ``host:port`` (see :func:`_store_answers`)."""
     import torch.distributed as dist
 
+    _store_answers(host, port, config, deadline).close()
     return dist.TCPStore(
         host,
         port,
@@ -246,15 +275,92 @@ def _client(host: str, port: int, config: RendezvousConfig) -> Any:
     )
 
 
-class Lobby:
-    """Who has arrived, before torch's handler forms the job: a key per node."""
+class _Connection:
+    """A plain connection to the store that got its answer: while it stays open, so does
+    the store; its end (readable, nothing to read) says the store went away, without a
+    store call that fails (torch prints C++ frames for those)."""
 
-    def __init__(self, store: Any, config: RendezvousConfig) -> None:
+    def __init__(self, sock: socket.socket | None) -> None:
+        self.sock = sock
+
+    def store_gone(self) -> bool:
+        if self.sock is None:
+            return False
+        try:
+            if not select.select([self.sock], [], [], 0)[0]:
+                return False
+            return not self.sock.recv(4096)
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def _store_answers(host: str, port: int, config: RendezvousConfig, deadline: float) -> _Connection:
+    """Ask the endpoint what a store client asks first; :class:`RendezvousError` when it
+    stays silent until the deadline (:data:`STORE_ANSWER_TIMEOUT` at most): another
+    program holds the port. torch's own client would wait for that answer forever, deaf
+    to Ctrl-C; this wait is not. Returns the connection (see :class:`_Connection`)."""
+    wait = max(0.0, min(deadline - time.monotonic(), STORE_ANSWER_TIMEOUT))
+    try:
+        sock = socket.create_connection((host, port), timeout=max(wait, 0.1))
+    except OSError as exc:
+        raise RendezvousError(
+            f"cannot connect to the rendezvous endpoint {config.endpoint} ({exc})."
+        ) from None
+    try:
+        sock.sendall(_STORE_PROBE)
+        end = time.monotonic() + wait
+        while not select.select([sock], [], [], max(0.0, min(end - time.monotonic(), 0.2)))[0]:
+            if time.monotonic() >= end:
+                raise RendezvousError(
+                    f"something listens on the rendezvous endpoint {config.endpoint} but "
+                    f"does not answer as a rendezvous store (no answer within {wait:.3g} s): "
+                    "another program holds that port. Choose a free port for the rendezvous "
+                    "(use_port= or rdzv_endpoint=, the same on every node)."
+                )
+        answer = sock.recv(64)
+    except BaseException:
+        sock.close()
+        raise
+    if not answer:  # closed: not silence (a store of another torch version, say)
+        sock.close()
+        return _Connection(None)
+    return _Connection(sock)
+
+
+class Lobby:
+    """Who has arrived, before torch's handler forms the job: a key per node, and every
+    node's settings (whatever its ``rdzv_id``): nodes started with different settings are
+    told so as soon as one sees the other, not after ``join_timeout``."""
+
+    def __init__(
+        self, store: Any, config: RendezvousConfig, watch: _Connection | None = None
+    ) -> None:
         self.store, self.config = store, config
+        self.watch = watch or _Connection(None)
         self.key = f"{_NS}/{config.run_id}/lobby"
+        self.label = ""
+
+    def settings(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "run_id": c.run_id,
+            "num_nodes": c.num_nodes,
+            "backend": c.backend,
+            "label": self.label,
+        }
 
     def arrive(self, label: str) -> None:
         c = self.config
+        self.label = label
+        # Every node, whatever its run id, says who it is and what it was started with.
+        n = self.store.add(f"{_NS}/arrivals", 1)
+        self.store.set(f"{_NS}/arrival/{n}", json.dumps(self.settings()))
+        self.check()
         if c.backend == "static":
             mine = f"{self.key}/node{c.node_rank}"
             taken = self.store.compare_set(mine, "", label).decode()
@@ -272,18 +378,94 @@ class Lobby:
         keys = [f"{self.key}/{i}" for i in range(1, n + 1)]
         return [v.decode() for v in self.store.multi_get(keys)] if keys else []
 
+    def others(self) -> list[dict[str, Any]]:
+        """The settings of every other node that arrived at this endpoint."""
+        n = self.store.add(f"{_NS}/arrivals", 0)
+        keys = [f"{_NS}/arrival/{i}" for i in range(1, n + 1)]
+        found = [json.loads(v) for v in self.store.multi_get(keys)] if keys else []
+        return [f for f in found if f.get("label") != self.label]
+
+    def check(self) -> None:
+        """Raise :class:`RendezvousError` if a node came with settings that differ from
+        this node's, or a node left the meeting (interrupted, failed)."""
+        if self.watch.store_gone():
+            raise self._gone()
+        if self.store.check([f"{_NS}/left"]):
+            why = self.store.get(f"{_NS}/left").decode()
+            c = self.config
+            raise RendezvousError(
+                f"{why} while the nodes met at the {c.backend} rendezvous '{c.run_id}' at "
+                f"{c.endpoint}: the job cannot form. Start the launch again on every node."
+            )
+        mine = self.settings()
+        for other in self.others():
+            differ = [k for k in ("run_id", "num_nodes", "backend") if other.get(k) != mine[k]]
+            if differ:
+                raise self._differ(other, differ)
+
+    def _differ(self, other: dict[str, Any], keys: list[str]) -> RendezvousError:
+        c = self.config
+        names = {"run_id": "rdzv_id", "num_nodes": "num_nodes", "backend": "rdzv_backend"}
+
+        def said(settings: dict[str, Any]) -> str:
+            return ", ".join(f"{names[k]}={settings.get(k)!r}" for k in keys)
+
+        return RendezvousError(
+            f"the nodes' settings differ: {other.get('label')} came to the rendezvous at "
+            f"{c.endpoint} with {said(other)}; this node ({self.label}) has "
+            f"{said(self.settings())}. Start every node with the same num_nodes, "
+            "rdzv_backend, rdzv_id and endpoint."
+        )
+
     def wait_for_all(self, deadline: float) -> None:
-        while self.store.add(f"{self.key}/count", 0) < self.config.num_nodes:
+        while True:
+            self.check()
+            if self.store.add(f"{self.key}/count", 0) >= self.config.num_nodes:
+                return
             if time.monotonic() >= deadline:
                 raise self.timeout_error()
             time.sleep(_POLL)
+
+    def leave(self, error: BaseException, linger: bool = False) -> None:
+        """This node gives up on the meeting (Ctrl-C, an error): tell the others at once
+        (best effort: the store may be gone already). ``linger``: this node holds the
+        store; it keeps it a moment, for the others to read why (a few of their polls)."""
+        if isinstance(error, RendezvousError) and "settings differ" in str(error):
+            return  # the others see the difference themselves
+        what = "was interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        with contextlib.suppress(Exception):
+            self.store.compare_set(f"{_NS}/left", "", f"{self.label or 'a node'} {what}")
+            if linger and self.store.add(f"{_NS}/arrivals", 0) > 1:
+                time.sleep(5 * _POLL)
+
+    def failed(self, error: BaseException) -> RendezvousError:
+        """What a store error during the meeting means: a node left (it said why), or the
+        node holding the store went away; named without torch's C++ frames."""
+        if not self.watch.store_gone():
+            try:
+                self.check()  # a node that left said why
+            except RendezvousError as told:
+                return told
+            except Exception:  # noqa: BLE001 - the store is gone: say so below
+                pass
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return self._gone(f"{type(error).__name__}: {first}")
+
+    def _gone(self, detail: str = "") -> RendezvousError:
+        c = self.config
+        why = f" ({detail})" if detail else ""
+        return RendezvousError(
+            f"the {c.backend} rendezvous '{c.run_id}' at {c.endpoint} went away while the "
+            f"nodes met{why}: the node holding its store was interrupted, stopped or "
+            "killed. Start the launch again on every node."
+        )
 
     def timeout_error(self) -> RendezvousError:
         c = self.config
         joined = self.arrived()
         ranks = {_node_rank_of(label) for label in joined}
         missing = [r for r in range(c.num_nodes) if r not in ranks]
-        count = c.num_nodes - len(joined)
+        count = max(c.num_nodes - len(joined), 0)
         if missing and (c.backend == "static" or len(ranks) == len(joined)):
             who = f"node {missing[0]}" if len(missing) == 1 else f"nodes {missing}"
         else:  # c10d ranks are torch's to give: the labels may repeat
@@ -398,6 +580,9 @@ class NodeJob:
         self._watcher: threading.Thread | None = None
         self._last_beat = 0.0
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (its count, when it moved)
+        #: node -> (its answers when we rang it, when): a ring not answered yet
+        self._asked: dict[int, tuple[int, float]] = {}
+        self._last_asked: dict[int, float] = {}
         self.wake_fd, self._wake_w = os.pipe()
         os.set_blocking(self.wake_fd, False)
         os.set_blocking(self._wake_w, False)  # a full pipe already says "wake up"
@@ -455,7 +640,9 @@ class NodeJob:
     # -- the bell ----------------------------------------------------------------------
 
     def _watch(self) -> None:
-        """Wait for this node's bell; each ring wakes the pump (``wake_fd``)."""
+        """Wait for this node's bell; each ring wakes the pump (``wake_fd``), and is
+        answered at once (``alive/<g>``): the node that rang learns this kernel lives,
+        whatever its own thread is doing (see :meth:`gone`)."""
         from torch.distributed import DistNetworkError, DistStoreError
 
         seen = 0
@@ -473,6 +660,10 @@ class NodeJob:
             seen += 1
             if self._stopping:
                 return
+            try:
+                self._bell.add(f"alive/{self.group_rank}", 1)
+            except Exception:  # noqa: BLE001 - the store is going: the next wait says so
+                pass
             self._ring_self()
 
     def _ring_self(self) -> None:
@@ -482,6 +673,10 @@ class NodeJob:
             pass
 
     def ring(self, group_rank: int) -> None:
+        """Ring a node's bell (its pump wakes up); its answer is awaited (see :meth:`gone`)."""
+        if group_rank not in self._asked and group_rank != self.group_rank:
+            answers = self.store.add(f"alive/{group_rank}", 0)
+            self._asked[group_rank] = (answers, time.monotonic())
         n = self.store.add(f"bell/{group_rank}", 1)
         self.store.set(f"bell/{group_rank}/{n}", b"")
 
@@ -511,12 +706,27 @@ class NodeJob:
             self.store.add(f"beat/{self.group_rank}", 1)
 
     def gone(self, nodes: Container[int]) -> list[int]:
-        """Those of ``nodes`` whose kernel has not beaten for ``LOST_AFTER`` seconds."""
+        """Those of ``nodes`` whose kernel is gone: rung, it did not answer within
+        :data:`ANSWER_TIMEOUT` seconds (a live kernel's bell thread answers at once, busy
+        or not), or it has not beaten for :data:`LOST_AFTER` seconds. Nodes not asked
+        for :data:`BEAT_INTERVAL` seconds are rung now."""
         self.beat()
         now, found = time.monotonic(), []
         for g in range(self.num_nodes):
             if g not in nodes or g == self.group_rank:
                 continue
+            asked = self._asked.get(g)
+            if asked is not None:
+                answers, when = asked
+                if self.store.add(f"alive/{g}", 0) != answers:
+                    del self._asked[g]  # it answered: alive
+                    self._last_asked[g] = now
+                elif now - when >= ANSWER_TIMEOUT:
+                    found.append(g)
+                    continue
+            elif now - self._last_asked.get(g, 0.0) >= BEAT_INTERVAL:
+                self._last_asked[g] = now
+                self.ring(g)
             count = self.store.add(f"beat/{g}", 0)
             seen, since = self._beats.get(g, (-1, now))
             if count != seen:
@@ -618,6 +828,7 @@ class NodeJob:
 
 
 __all__ = [
+    "ANSWER_TIMEOUT",
     "BEAT_INTERVAL",
     "EXIT_TIMEOUT",
     "LOST_AFTER",

@@ -24,14 +24,22 @@ What happens when a task goes wrong, and what the session makes of it:
   re-formed the same way.
 * the notebook's interrupt: the task's ranks are interrupted likewise; the caller gets
   ``KeyboardInterrupt`` (``TaskHandle.cancel()``: a cancelled handle) and the session
-  lives on.
+  lives on. Any number of interrupts, from any thread, at any moment (while the task is
+  sent included) end it the same way: a later one only stops waiting for ranks seen in no
+  collective. Every wait has a deadline: none is without end.
 * a rank that still does not stop (stuck in C++ outside a collective), or a rank that
-  dies: the session is **broken**; every rank is stopped, and ``restart()`` brings up
-  fresh ones.
+  dies: the session is **broken**; every rank is stopped (never only marked broken: a
+  task would wait for them forever), and ``restart()`` brings up fresh ones.
+
+The pump completes tasks but never runs the user's code: a handle's done-callbacks run on
+a thread of their own (``TaskHandle``), so one may wait for another task, or close the
+session, without blocking the machinery that would complete it.
 """
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import os
 import signal
 import threading
@@ -49,14 +57,18 @@ from .._events import (
     Output,
     WorkerStarted,
 )
-from .._posix import close_quietly
+from .._posix import close_quietly, deferred_interrupts
+from .._serialization import safe_str
 from .._wire.control import Raised, Reform, Reformed, Returned, Run, Shutdown
 from ..errors import (
     LaunchError,
+    LaunchFailure,
     ProcessGroupMismatch,
     RankFailure,
     SessionBroken,
+    interrupted,
     notebook_cell_name,
+    shorten,
 )
 from . import stall
 from .diagnosis import exception_for, summary_line
@@ -96,20 +108,32 @@ class TaskHandle(Future[Any]):
     ranks live on); the handle then ends *cancelled*, as a ``Future`` does: ``cancelled()``
     is True and ``result()`` raises ``concurrent.futures.CancelledError``. Ctrl-C while
     waiting in ``result()`` (or ``session.interrupt()``) interrupts it too, and the task
-    ends with ``KeyboardInterrupt``.
+    ends with ``KeyboardInterrupt``; any number of Ctrl-C, from any number of threads,
+    ends it the same way.
 
     The handle stays *pending* in ``Future``'s terms until it ends (``running()`` says
     whether it runs): that is what lets ``cancel()`` end it cancelled, with the waiters of
     ``concurrent.futures.wait`` and the done-callbacks told once, by the public API.
+
+    Done-callbacks never run on the thread that completes the task (a session's pump, a
+    launch's thread): a callback may itself wait for a task (``session.run``), or close
+    the session. They run on a thread of their own, in the context of the code that added
+    them (in a notebook: what they print goes to that cell).
     """
 
     def __init__(
-        self, interrupt: Callable[[], None], stacks: Callable[[], Any] | None = None
+        self,
+        interrupt: Callable[[], None],
+        label: str = "",
+        stacks: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__()
         self._interrupt = interrupt
         self._stacks = stacks
         self._cancelling = False
+        self._callbacks_later: list[tuple[Callable[[Any], object], contextvars.Context]] = []
+        #: what the task runs (``train``, ``run_cell``): for its repr
+        self.label = label
 
     def stacks(self) -> Any:
         """Where every rank is now: each thread's Python stack, the odd rank(s) out named
@@ -127,43 +151,107 @@ class TaskHandle(Future[Any]):
         if self.done():
             return self.cancelled()
         self._cancelling = True
-        self._interrupt()
+        self.interrupt_and_wait()
+        return self.cancelled()
+
+    def interrupt_and_wait(self) -> BaseException | None:
+        """Interrupt the task and wait for its end; its exception (None: it returned first).
+        Ctrl-C while waiting asks again (the session then stops waiting for slow ranks)."""
         while True:
             try:
-                self.exception()
-                break
-            except KeyboardInterrupt:  # Ctrl-C while we wait: ask harder
                 self._interrupt()
+                return super().exception()
+            except KeyboardInterrupt:
+                continue
             except CancelledError:
-                break
-        return self.cancelled()
+                return None
+
+    def set_result(self, result: Any) -> None:
+        super().set_result(result)
+        self._settled()
 
     def set_exception(self, exception: BaseException | None) -> None:
         """How the task ended with an error; an interrupt asked for by ``cancel()`` ends it
         cancelled instead."""
         if self._cancelling and isinstance(exception, KeyboardInterrupt):
-            super().cancel()  # pending -> cancelled: wakes result()/exception(), callbacks
+            super().cancel()  # pending -> cancelled: wakes result()/exception()
             self.set_running_or_notify_cancel()  # and the waiters of futures.wait()
-            return
-        super().set_exception(exception)
+        else:
+            super().set_exception(exception)
+        self._settled()
+
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        """Call ``fn(handle)`` once the task ended (at once, here, if it has): on a thread of
+        its own, never on the one that completes tasks (see the class docstring)."""
+        context = contextvars.copy_context()
+        with self._condition:
+            if not self.done():
+                self._callbacks_later.append((fn, context))
+                return
+        context.run(_call_back, fn, self)
+
+    def _settled(self) -> None:
+        with self._condition:
+            callbacks, self._callbacks_later = self._callbacks_later, []
+        if callbacks:
+            threading.Thread(
+                target=_call_backs,
+                args=(callbacks, self),
+                name="notebook-launcher-callbacks",
+                daemon=True,
+            ).start()
 
     def result(self, timeout: float | None = None) -> Any:
         __tracebackhide__ = True  # the cell's traceback: the caller's frames, then the rank's
         try:
             exc = super().exception(timeout)  # the task's error is returned, not raised
         except KeyboardInterrupt:  # Ctrl-C while waiting: interrupt the task, wait for its end
-            exc = self._interrupt_and_wait()
+            exc = self.interrupt_and_wait()
+            if self.cancelled():  # a cancel() from another thread came first
+                raise CancelledError() from None
         if exc is not None:
             raise exc  # what the task raised (raised here: no machinery in the traceback)
         return super().result(0)
 
-    def _interrupt_and_wait(self) -> BaseException | None:
-        while True:
-            self._interrupt()  # (a second Ctrl-C: the session stops the ranks)
-            try:
-                return super().exception()
-            except KeyboardInterrupt:
-                continue
+    def __repr__(self) -> str:
+        name = f" {self.label}" if self.label else ""
+        if self.cancelled():
+            state = "cancelled"
+        elif not self.done():
+            state = "running"
+        elif (exc := super().exception(0)) is not None:
+            state = f"raised {type(exc).__name__}: {shorten(safe_str(exc), 200)}"
+        else:
+            state = f"finished: {shorten(repr(super().result(0)), 200)}"
+        return f"<TaskHandle{name}: {state}>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
+    def _ipython_display_(self) -> None:
+        """In a notebook: the handle's state, updated in place when the task ends (a cell
+        that shows a running handle does not say "running" forever)."""
+        from IPython.display import display
+
+        shown = display({"text/plain": repr(self)}, raw=True, display_id=True)
+        if shown is not None and not self.done():
+            self.add_done_callback(lambda h: shown.update({"text/plain": repr(h)}, raw=True))
+
+
+def _call_back(fn: Callable[[Any], object], handle: TaskHandle) -> None:
+    try:
+        fn(handle)
+    except Exception:
+        logging.getLogger("concurrent.futures").exception(
+            "exception calling callback for %r", handle
+        )
+
+
+def _call_backs(
+    callbacks: list[tuple[Callable[[Any], object], contextvars.Context]], handle: TaskHandle
+) -> None:
+    for fn, context in callbacks:
+        context.run(_call_back, fn, handle)
 
 
 class TaskRun:
@@ -182,11 +270,15 @@ class TaskRun:
         self.watch = watch or stall.StallWatch(None, view.handle)
         #: where each rank was when the user interrupted it while it was stuck
         self.interrupt_report: Any = None
-        self.ranks = ranks
+        #: in the order asked: the per-rank list of values follows it (index i: ranks[i])
+        self.asked = list(ranks)
+        self.ranks = sorted(ranks)
         self.view = view
         self.handle = handle
         self.record = RunRecord(ranks)
         self.pending = set(ranks)
+        #: ranks that were sent the task (an interrupt may stop the sending half way)
+        self.sent: set[int] = set()
         self.values: dict[int, Any] = {}
         self.local_vars: dict[int, tuple[str, ...]] = {}
         self.interrupted: set[int] = set()
@@ -194,7 +286,11 @@ class TaskRun:
         #: a signal to a rank still reading its Run would overtake it and be lost
         self.started: set[int] = set()
         self.interrupt_on_start: set[int] = set()
+        #: when each rank was sent its interrupt (time.time(), as the ranks' records)
+        self.signalled_at: dict[int, float] = {}
         self.user_interrupt = False
+        #: when the task's ranks were first told to stop (monotonic)
+        self.unwound_at: float | None = None
         self.mismatch: str | None = None
         self.t0 = time.time()
         self.reform_at: float | None = None
@@ -223,19 +319,32 @@ class SessionCore:
         self.tasks_run = 0
         self.idle_output: deque[Output] = deque(maxlen=IDLE_LINES)
         self._lock = threading.RLock()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        #: the pump's wake-up pipe, made once the ranks are up (a start that fails or is
+        #: interrupted leaves no fd behind)
+        self._wake_r: int | None = None
+        self._wake_w: int | None = None
         self._closing = False
+        self._closed = False
+        self._close_lock = threading.Lock()
         self._pump: threading.Thread | None = None
-        self._starting: dict[int, bool] = {}
-        self._start_failures: RunRecord | None = None
+
+    def port_note(self) -> str | None:
+        """ "port 29500 is busy, using 41234" when the session could not have its port."""
+        return self.plan.port_note
 
     # -- start ---------------------------------------------------------------------------
 
     def start(self, view: _View) -> None:
         """Start the ranks (in this thread: they die with it, so call it from the
-        notebook's main thread) and wait until each has its process group."""
+        notebook's main thread) and wait until each has its process group. A start that
+        fails, or Ctrl-C meanwhile, stops every rank started and leaves nothing open."""
+        try:
+            self._start(view)
+        except BaseException:
+            self.plan.close()  # the port, if the ranks never took it
+            raise
+
+    def _start(self, view: _View) -> None:
         plan = self.plan
         for spec in plan.specs:
             spec.session = True
@@ -267,7 +376,7 @@ class SessionCore:
         t0 = time.time()
         view.handle(plan.started_event())
         try:
-            group.start()
+            group.start(on_abort=record.abort)
             while len(started) < len(self.world) and not record.failed:
                 group.pump(TICK)
                 view.tick()
@@ -297,11 +406,22 @@ class SessionCore:
         now = time.time()
         view.handle(LaunchFinished(True, f"{len(self.world)} ranks ready", None, now - t0, now))
         view.close()
-        self.group = group
-        group.route(self._on_event, self._on_exit, self._on_message)
-        self._pump = threading.Thread(target=self._pump_loop, name="notebook-launcher-session")
-        self._pump.daemon = True
-        self._pump.start()
+        with deferred_interrupts():  # the pipe and the pump, or neither
+            try:
+                self._wake_r, self._wake_w = os.pipe()
+                for fd in (self._wake_r, self._wake_w):
+                    os.set_blocking(fd, False)
+                self.group = group
+                group.route(self._on_event, self._on_exit, self._on_message)
+                self._pump = threading.Thread(
+                    target=self._pump_loop, name="notebook-launcher-session", daemon=True
+                )
+                self._pump.start()
+            except BaseException:
+                self.group = None
+                group.close()
+                self._close_wake()
+                raise
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -313,9 +433,17 @@ class SessionCore:
         label: str = "",
         stacks: Callable[[], Any] | None = None,
     ) -> TaskHandle:
-        """Run cloudpickled ``(fn, args, kwargs)`` on ``ranks``; returns at once."""
+        """Run cloudpickled ``(fn, args, kwargs)`` on ``ranks`` (values come back in that
+        order); returns at once.
+
+        Ctrl-C while the task is sent (a large value takes a while) stops the sending at
+        the next rank, never inside a message: the ranks that have the task are
+        interrupted, the others never run it, and the task ends interrupted like any other.
+        The ``KeyboardInterrupt`` is delivered once the handle exists, so a caller that
+        wraps this in :func:`~notebook_launcher._posix.deferred_interrupts` holds it.
+        ``stacks``: what the handle's ``stacks()`` calls (where every rank is)."""
         __tracebackhide__ = True  # SessionBroken & co. end at the caller's line
-        with self._lock:
+        with deferred_interrupts() as caught, self._lock:
             if self.group is None or self._closing:
                 raise LaunchError("this session is closed; start a new one")
             if self.broken:
@@ -331,10 +459,13 @@ class SessionCore:
             unknown = sorted(set(ranks) - set(self.world))
             if unknown or not ranks:
                 raise ValueError(f"ranks must be some of {self.world}, got {ranks}")
+            if len(set(ranks)) != len(ranks):
+                raise ValueError(f"ranks must be different ranks, got {ranks}")
             self.tasks_run += 1
-            handle = TaskHandle(self.interrupt, stacks)
+            task_id = self.tasks_run
+            handle = TaskHandle(lambda: self.interrupt(task_id), label, stacks)
             watch = stall.StallWatch(self.stall_after, view.handle, stall.of_group(self.group))
-            task = TaskRun(self.tasks_run, sorted(set(ranks)), view, handle, watch)
+            task = TaskRun(task_id, list(ranks), view, handle, watch)
             self.task = task
             started = self.plan.started_event()
             view.handle(
@@ -351,26 +482,64 @@ class SessionCore:
                     view.handle(line)
             self.idle_output.clear()
             for rank in task.ranks:
+                if caught:  # Ctrl-C: the ranks not sent the task yet never run it
+                    break
                 self.group.send(self.group.proc(rank), Run(task.id, data, tuple(task.ranks)))
-        self._wake()
+                task.sent.add(rank)
+            if caught:
+                self._interrupted_while_sending(task)
+            self._wake()
         return handle
 
-    def interrupt(self) -> None:
-        """Interrupt the running task (the notebook's interrupt button, ``cancel()``)."""
+    def _interrupted_while_sending(self, task: TaskRun) -> None:
+        task.user_interrupt = True
+        task.record.interrupted = True
+        assert self.group is not None
+        for rank in sorted(task.pending - task.sent):
+            task.pending.discard(rank)
+            for e in task.record.stopped(rank, self.group.proc(rank).pid):
+                task.view.handle(e)
+        self._unwind(task)
+        self._advance()
+
+    def interrupt(self, task_id: int | None = None) -> None:
+        """Interrupt the running task (the notebook's interrupt button, ``cancel()``); with
+        ``task_id``, only if that task is the one that runs.
+
+        Any number of calls, from any thread, at any moment, end the task the same way:
+        the first tells its ranks to stop; a later one only stops giving ranks seen in no
+        collective their extra time to answer (:data:`REFORM_UNSEEN_AFTER`). A rank that
+        never answers is given up after :data:`REFORM_TIMEOUT` (the session breaks):
+        never a wait without end."""
         task = self.task
-        if task is not None and not task.user_interrupt and task.interrupt_report is None:
+        if (
+            task is not None
+            and (task_id is None or task.id == task_id)
+            and not task.user_interrupt
+            and task.interrupt_report is None
+        ):
             task.interrupt_report = task.watch.on_interrupt()  # where it was stuck
-        with self._lock:
+        with deferred_interrupts(), self._lock:
             task = self.task
-            if task is None:
+            if task is None or (task_id is not None and task.id != task_id):
                 return
-            if task.user_interrupt:  # asked twice: stop waiting for it, stop the ranks
-                self._break("interrupted twice while the ranks did not stop")
-                return
-            task.user_interrupt = True
-            task.record.interrupted = True
-            self._unwind(task)
-        self._wake()
+            if task.user_interrupt:
+                self._hurry(task)
+            else:
+                task.user_interrupt = True
+                task.record.interrupted = True
+                self._unwind(task)
+            self._wake()
+
+    def _hurry(self, task: TaskRun) -> None:
+        """Asked again while the ranks stop: re-form the group as soon as a rank seen in a
+        collective would be freed (lock held)."""
+        if task.reform_generation is not None or task.unwound_at is None:
+            return  # re-forming already, or nothing asked of the ranks yet
+        soon = max(time.monotonic(), task.unwound_at + REFORM_AFTER)
+        task.reform_unseen_at = min(task.reform_unseen_at or soon, soon)
+        if task.reform_at is not None:
+            task.reform_at = min(task.reform_at, soon)
 
     def _unwind(self, task: TaskRun) -> None:
         """Interrupt the task's ranks that still run; free them by re-forming the group if
@@ -380,12 +549,15 @@ class SessionCore:
             assert self.group is not None
             if rank in task.started:
                 _interrupt_rank(self.group.proc(rank))
+                task.signalled_at[rank] = time.time()
             else:
                 task.interrupt_on_start.add(rank)
             task.interrupted.add(rank)
         if task.reform_at is None and task.reform_generation is None:
-            task.reform_at = time.monotonic() + REFORM_AFTER
-            task.reform_unseen_at = time.monotonic() + REFORM_UNSEEN_AFTER
+            now = time.monotonic()
+            task.unwound_at = task.unwound_at or now
+            task.reform_at = now + REFORM_AFTER
+            task.reform_unseen_at = now + REFORM_UNSEEN_AFTER
 
     def _reform(self, task: TaskRun) -> None:
         assert self.group is not None
@@ -412,6 +584,7 @@ class SessionCore:
                 task.started.add(event.rank)
                 if event.rank in task.interrupt_on_start and self.group is not None:
                     _interrupt_rank(self.group.proc(event.rank))
+                    task.signalled_at[event.rank] = time.time()
             if isinstance(event, BarrierEnter) and task.mismatch is None:
                 outside = [r for r in self.world if r not in task.ranks]
                 if outside:
@@ -444,7 +617,7 @@ class SessionCore:
                     task.view.handle(e)
             elif isinstance(message, Raised):
                 task.pending.discard(proc.rank)
-                if proc.rank in task.interrupted:
+                if proc.rank in task.interrupted and not _raised_before(message.failure, task):
                     events = task.record.stopped(proc.rank, proc.pid)
                 else:
                     events = task.record.raised(message.failure, message.exc_data)
@@ -467,7 +640,7 @@ class SessionCore:
                 how = f"exit code {proc.returncode}"
                 if proc.returncode is not None and proc.returncode < 0:
                     how = f"killed by {signal.Signals(-proc.returncode).name}"
-                self._break(f"rank {proc.rank} died ({how})", kill=True)
+                self._break(f"rank {proc.rank} died ({how})")
             if task is not None and proc.rank in task.pending:
                 task.pending.discard(proc.rank)
                 events = (
@@ -480,13 +653,21 @@ class SessionCore:
     # -- the pump ------------------------------------------------------------------------
 
     def _wake(self) -> None:
+        if self._wake_w is None:
+            return
         try:
             os.write(self._wake_w, b"x")
         except OSError:  # full (a wake is pending anyway), or closed with the session
             pass
 
+    def _close_wake(self) -> None:
+        fds = [fd for fd in (self._wake_r, self._wake_w) if fd is not None]
+        self._wake_r = self._wake_w = None
+        close_quietly(*fds)
+
     def _pump_loop(self) -> None:
-        assert self.group is not None
+        assert self.group is not None and self._wake_r is not None
+        wake = self._wake_r
         while not self._closing:
             with self._lock:
                 task = self.task
@@ -497,9 +678,9 @@ class SessionCore:
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - time.monotonic()))
             try:
-                self.group.pump(timeout, wake=self._wake_r)
+                self.group.pump(timeout, wake=wake)
                 try:
-                    os.read(self._wake_r, 4096)
+                    os.read(wake, 4096)
                 except BlockingIOError:
                     pass
                 with self._lock:
@@ -511,7 +692,7 @@ class SessionCore:
                     task.watch.tick()  # (this thread owns the view; the lock is not needed)
             except Exception as exc:  # noqa: BLE001 - the pump must never die silently
                 with self._lock:
-                    self._break(f"the session's pump failed: {exc!r}", kill=True)
+                    self._break(f"the session's pump failed: {exc!r}")
                     self._advance()
 
     def _advance(self) -> None:
@@ -542,7 +723,6 @@ class SessionCore:
             self._break(
                 f"rank(s) {stuck} did not stop after an interrupt; they are stuck outside "
                 "Python (in C++ or a collective)",
-                kill=True,
             )
         reforming = task.reform_generation is not None and task.reformed != set(self.world)
         if task.pending or (reforming and self.broken is None) or task.reform_at is not None:
@@ -550,44 +730,60 @@ class SessionCore:
         self._finish(task)
 
     def _finish(self, task: TaskRun) -> None:
+        """The task ended: tell its view, settle its handle (lock held). The handle is
+        settled whatever happens here: a caller must never wait for a task that is gone."""
         self.task = None
         task.watch.stop()
+        try:
+            outcome = self._outcome(task)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: say it, never hang
+            error = LaunchError(f"the session could not settle task {task.id}: {exc!r}")
+            error.__cause__ = exc
+            outcome = error
+        finally:
+            try:
+                task.view.close()
+            except Exception:  # noqa: BLE001 - views are wrapped; this is the last guard
+                pass
+        if isinstance(outcome, BaseException):
+            task.handle.set_exception(outcome)
+        else:
+            task.handle.set_result(outcome)
+
+    def _outcome(self, task: TaskRun) -> list[Any] | BaseException:
+        """The task's per-rank values (in the order asked), or the exception to raise."""
         record = task.record
         verdict = record.verdict()
         n = len(task.ranks)
-        interrupted = task.user_interrupt and task.mismatch is None
+        stopped = task.user_interrupt and task.mismatch is None
         if task.mismatch is not None:
             summary = task.mismatch.split(". ", 1)[0]
-        elif interrupted and self.broken is None:
+        elif stopped and self.broken is None:
             summary = f"interrupted: ranks {task.ranks} stopped their task; the session lives on"
         else:
-            summary = summary_line(verdict, n, interrupted)
+            summary = summary_line(verdict, n, stopped)
         missing = [r for r in task.ranks if r not in record.results]
-        ok = not (missing or interrupted or task.mismatch or self.broken or not verdict.ok)
+        ok = not (missing or stopped or task.mismatch or self.broken or not verdict.ok)
         now = time.time()
         rank = getattr(verdict.cause, "rank", None)
         task.view.handle(
             LaunchFinished(ok, summary, rank, now - task.t0, now, verdict.failed_ranks)
         )
-        task.view.close()
-        notes = self._notes(task)
         if ok:
-            task.handle.set_result([record.results.get(r) for r in task.ranks])
-            return
+            return [record.results.get(r) for r in task.asked]
+        notes = self._notes(task)
         exc: BaseException
         if self._closing:
             exc = LaunchError("the session was closed while the task ran")
         elif task.mismatch is not None:
             failure = RankFailure(task.ranks[0], "left", message=task.mismatch, time=now)
-            from ..errors import LaunchFailure
-
             exc = ProcessGroupMismatch(
                 task.mismatch, LaunchFailure(failure, list(record.failures), n)
             )
-        elif interrupted and self.broken is not None:  # not a clean interrupt: say so
+        elif stopped and self.broken is not None:  # not a clean interrupt: say so
             exc = SessionBroken(f"interrupted, but the session broke: {self.broken}")
-        elif interrupted:
-            exc = KeyboardInterrupt(f"interrupted: ranks {task.ranks} stopped their task")
+        elif stopped:
+            exc = interrupted(f"interrupted: ranks {task.ranks} stopped their task")
             where = stall.note(task.interrupt_report)
             if where:
                 notes.insert(0, where)
@@ -607,7 +803,7 @@ class SessionCore:
         for note in notes:
             if hasattr(exc, "add_note"):
                 exc.add_note(note)
-        task.handle.set_exception(exc)
+        return exc
 
     def _notes(self, task: TaskRun) -> list[str]:
         notes = []
@@ -626,11 +822,13 @@ class SessionCore:
             notes.append("The session lives on: every rank's variables are intact.")
         return notes
 
-    def _break(self, why: str, kill: bool = False) -> None:
-        """Mark the session broken (lock held); with ``kill`` stop every rank now."""
+    def _break(self, why: str) -> None:
+        """Mark the session broken and stop every rank now (lock held): their exits end
+        the task, if one runs. Never only the mark: a task whose ranks are left running
+        would be waited for without end."""
         if self.broken is None:
             self.broken = why
-        if kill and self.group is not None:
+        if self.group is not None:
             task = self.task
             if task is not None:
                 task.record.stopping = True
@@ -645,27 +843,42 @@ class SessionCore:
 
     def close(self, grace: float | None = None) -> None:
         """Ask every rank to leave, wait up to ``grace`` seconds, then stop what is left.
-        Idempotent."""
-        with self._lock:
-            if self._closing:
+        Idempotent, from any thread but the pump's; Ctrl-C meanwhile skips the waiting,
+        never the cleaning up (no rank, fd or thread is left behind)."""
+        with self._close_lock:
+            if self._closed:
                 return
-            self._closing = True
-            task = self.task
-        self._wake()
+            with self._lock:
+                self._closing = True
+                task = self.task
+            try:
+                self._wake()
+                self._join_pump()
+                group = self.group
+                if group is not None:
+                    for p in group.running:
+                        group.send(p, Shutdown())
+                    wait = self.plan.grace_period if grace is None else grace
+                    deadline = time.monotonic() + wait
+                    while not group.finished and time.monotonic() < deadline:
+                        group.pump(0.05)
+            finally:
+                with deferred_interrupts():
+                    self._wake()
+                    self._join_pump()
+                    if self.group is not None:
+                        self.group.close()
+                    if task is not None and not task.handle.done():
+                        task.handle.set_exception(
+                            LaunchError("the session was closed while the task ran")
+                        )
+                    self.plan.close()
+                    self._close_wake()
+                    self._closed = True
+
+    def _join_pump(self) -> None:
         if self._pump is not None and self._pump is not threading.current_thread():
             self._pump.join()
-        group = self.group
-        if group is not None:
-            for p in group.running:
-                group.send(p, Shutdown())
-            deadline = time.monotonic() + (self.plan.grace_period if grace is None else grace)
-            while not group.finished and time.monotonic() < deadline:
-                group.pump(0.05)
-            group.close()
-        if task is not None and not task.handle.done():
-            task.handle.set_exception(LaunchError("the session was closed while the task ran"))
-        self.plan.close()
-        close_quietly(self._wake_r, self._wake_w)
 
     @property
     def closed(self) -> bool:
@@ -700,6 +913,15 @@ def _interrupt_rank(proc: WorkerProcess) -> None:
         pass
     except OSError:  # EINVAL: a kernel before 6.9
         proc.send_signal(signal.SIGINT)
+
+
+def _raised_before(failure: RankFailure, task: TaskRun) -> bool:
+    """Whether a rank that was told to stop had raised an error of its own before that
+    (the same bug as a peer's, met independently): a failure to report, not a stop."""
+    if failure.exc_type == "builtins.KeyboardInterrupt":
+        return False
+    signalled = task.signalled_at.get(failure.rank)
+    return signalled is None or failure.time < signalled
 
 
 def _where(location: str) -> str:

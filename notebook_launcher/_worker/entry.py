@@ -27,7 +27,13 @@ from typing import Any, NoReturn
 
 from .. import _settings
 from .._events import WorkerFinished, WorkerPhase, WorkerStarted
-from .._posix import die_with_parent, guard_process_group, lead_own_process_group
+from .._posix import (
+    become_subreaper,
+    die_with_parent,
+    guard_process_group,
+    kill_descendants,
+    lead_own_process_group,
+)
 from .._serialization import dump_exception, dumps, exception_to_failure, load_task
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Returned, Setup, Task
@@ -167,6 +173,7 @@ def run(
         die_with_parent(expected_parent)
         lead_own_process_group()  # the kernel's interrupts are not ours; our children are
         guard_process_group()  # ...and they die with us, even if the kernel is killed
+        become_subreaper()  # daemons we start (setsid) stay in our tree, to end with us
         _reset_signals()
         _redirect_output(out_fd, err_fd)
         if spec is None:
@@ -186,6 +193,7 @@ def run(
             _finish_multiprocessing()
             sys.stdout.flush()
             sys.stderr.flush()
+            kill_descendants(os.getpid())  # whatever we started, in our group or not
         except BaseException:  # noqa: BLE001
             pass
         os._exit(code)

@@ -37,7 +37,7 @@ from typing import Any
 
 from .._events import WorkerFinished, WorkerStarted
 from .._posix import socket_inodes
-from .._serialization import dump_exception, dumps, exception_to_failure, load_task
+from .._serialization import dump_exception, dumps, exception_to_failure, load_task, safe_str
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Reform, Reformed, Returned, Run, Shutdown
 from . import collectives, runtime
@@ -252,14 +252,15 @@ _LIBRARY_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" 
 
 def _users_frame(exc: BaseException) -> types.FrameType | None:
     """The innermost frame of the traceback that is the user's (a cell, a script), not the
-    launcher's, a library's or the standard library's; else the innermost."""
+    launcher's, a library's or the standard library's; None when the failure happened
+    before any code of the user's ran (its variables would be ``ast.parse``'s, or
+    unpickling's)."""
     ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     stdlib = os.path.dirname(os.__file__)
-    tb, found, last = exc.__traceback__, None, None
+    tb, found = exc.__traceback__, None
     while tb is not None:
         frame = tb.tb_frame
         name = frame.f_code.co_filename
-        last = frame
         if not (
             name.startswith(ours)
             or name.startswith(stdlib)
@@ -267,7 +268,7 @@ def _users_frame(exc: BaseException) -> types.FrameType | None:
         ):
             found = frame
         tb = tb.tb_next
-    return found or last
+    return found
 
 
 def describe_value(value: Any) -> str:
@@ -371,10 +372,16 @@ def post_mortem(source: str, filename: str) -> str | None:
     """Run ``source`` in the frame where this rank's last failure happened (its globals
     and a copy of its locals, as pdb's ``interact`` does); ``repr`` of the last expression."""
     session = current()
-    if session.last_error is None:
+    error = session.last_error
+    if error is None:
         raise RuntimeError(f"rank {session.spec.rank} has no failure to look into")
-    frame = _users_frame(session.last_error)
-    assert frame is not None
+    frame = _users_frame(error)
+    if frame is None:
+        raise RuntimeError(
+            f"rank {session.spec.rank}'s last failure ({type(error).__name__}: "
+            f"{safe_str(error)[:200]}) happened before any of your code ran: there is no "
+            "frame of yours to look into"
+        )
     return _shown(_execute(source, filename, {**frame.f_globals, **frame.f_locals}))
 
 
