@@ -194,7 +194,9 @@ def test_ctrl_c_on_one_node_stops_both(tmp_path: Path) -> None:
     assert theirs["error"]["type"] == "KeyboardInterrupt"
     stopped = {e.rank: e.reason for e in view.of(WorkerStopped)}
     fallout = {e.rank for e in view.of(WorkerFailed) if e.collateral}  # a peer went first
-    assert set(stopped.values()) == {"interrupted on node 1"}
+    # each rank here is stopped because of node 1, or (when the other node's ranks went
+    # before this node heard why) failed as collateral: never a failure of its own
+    assert set(stopped.values()) <= {"interrupted on node 1"}
     assert set(stopped) | fallout == {0, 1} and not view.of(WorkerExited)
 
 

@@ -31,7 +31,7 @@ from notebook_launcher._events import Event, StacksTaken, StallOver
 from notebook_launcher._stacks import thread_label
 from notebook_launcher._worker import session as rank_side
 from notebook_launcher.errors import DistributedOperationException, ProcessGroupMismatch
-from notebook_launcher.session import _cell_name
+from notebook_launcher.session import cell_code
 from notebook_launcher.ui import TextView
 from notebook_launcher.ui.model import LaunchModel
 from notebook_launcher.ui.stall import stall_html
@@ -321,8 +321,8 @@ def test_a_stalled_cell_then_stacks_then_an_interrupt_keeps_the_session() -> Non
     with notebook_launcher.start(num_processes=2, dashboard=seen, stall_after=1.0) as s:
         s.run_cell("kept = rank + 1")
         cell = "import time\nif rank == 1:\n    time.sleep(60)\ndist.barrier()"
-        name = _cell_name(cell)  # what %%distributed names it (IPython's name in a kernel)
-        handle = s.submit(rank_side.run_cell, cell, name)
+        code, name = cell_code(cell)  # what %%distributed runs (IPython's name in a kernel)
+        handle = s.submit(rank_side.run_cell, code, name)
         report = seen.wait_report("time.sleep")
         finding = f"rank 1 is in `time.sleep(60)` at {name}:3; rank 0 waits in `barrier` at line 4"
         assert report.findings == (finding,)

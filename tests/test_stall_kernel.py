@@ -91,8 +91,8 @@ def test_a_stalled_session_cell_the_interrupt_and_the_session_after(kernel: Kern
         assert (out.status, out.ename) == ("error", "KeyboardInterrupt"), out
         msg_id, n = ran(kernel, code)
         finding = (
-            f"rank 1 is in `time.sleep(60)` at Cell In[{n}], line 3; rank 0 waits in `barrier` "
-            "at line 4"
+            f"rank 1 is in `time.sleep(60)` at Cell In[{n}], line 4; rank 0 waits in `barrier` "
+            "at line 5"  # as the editor counts: %%distributed is line 1
         )
         assert any(finding in v for v in widget_values(kernel, msg_id)), "no live stall view"
         assert "where each rank was when it was interrupted:" in out.text
@@ -112,6 +112,6 @@ def test_a_stalled_session_cell_the_interrupt_and_the_session_after(kernel: Kern
         mismatch = kernel.execute(code)
         assert mismatch.ename == "DistributedOperationException", mismatch
         _, n = ran(kernel, code)
-        assert f"Called at:\n  - Process 0: Cell In[{n}], line 2\n" in mismatch.text, mismatch.text
+        assert f"Called at:\n  - Process 0: Cell In[{n}], line 3\n" in mismatch.text, mismatch.text
     finally:
         kernel.execute("%dist stop")

@@ -45,6 +45,7 @@ from typing import Any
 from .. import _settings
 from .._accelerate_env import accelerate_env
 from .._events import Event, LaunchStarted, RankStacks, WorkerStarted
+from .._posix import deferred_interrupts
 from .._spec import WorkerSpec
 from .._wire import agent as wire
 from .._wire.control import Raised, Reformed, Returned
@@ -450,15 +451,26 @@ class RemoteGroup:
 
     # -- start -------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        for node in self.nodes:
-            if node.gone is not None:
-                self._node_gone(node, node.gone)
-                continue
-            self._drain_stale(node)
-            specs = tuple(s for s in self.specs if s.node_rank == node.index)
-            node.link.send(wire.Start(wire.NodeSetup(specs, self.attempt, self.grace), self._task))
-            self._selector.register(node.link.fileno(), selectors.EVENT_READ, node)
+    def start(self, on_abort: Callable[[BaseException], None] | None = None) -> None:
+        """Ask every node's agent to start its ranks (it answers as they come up). Ctrl-C
+        meanwhile: ``on_abort(error)`` is told, and the ranks asked for so far are closed
+        (``WorkerGroup.start``'s contract)."""
+        try:
+            with deferred_interrupts():  # a Start is sent whole or not at all
+                for node in self.nodes:
+                    if node.gone is not None:
+                        self._node_gone(node, node.gone)
+                        continue
+                    self._drain_stale(node)
+                    specs = tuple(s for s in self.specs if s.node_rank == node.index)
+                    setup = wire.NodeSetup(specs, self.attempt, self.grace)
+                    node.link.send(wire.Start(setup, self._task))
+                    self._selector.register(node.link.fileno(), selectors.EVENT_READ, node)
+        except BaseException as exc:
+            if on_abort is not None:
+                on_abort(exc)
+            self.close()
+            raise
 
     def _drain_stale(self, node: RemoteNode) -> None:
         """What the agent said while no group listened (it may be ending)."""
