@@ -47,27 +47,22 @@ notebook or script per machine; ``_launch.nodes``: this node's side of each atte
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._events import Event, LaunchFinished, LaunchRestarting, RendezvousStarted
+from ._events import LaunchRestarting, RendezvousStarted
 from ._launch import preflight, rendezvous, stall
-from ._launch.diagnosis import (
-    RestartPolicy,
-    Verdict,
-    as_child_failed,
-    exception_for,
-    summary_line,
-)
-from ._launch.group import WorkerGroup, WorkerProcess
+from ._launch.diagnosis import RestartPolicy, Verdict, as_child_failed
+from ._launch.lifecycle import GroupRun, RunEnd, add_note, decide, finished_event, value_of
 from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
 from ._launch.remote import plan_cluster
 from ._launch.session import TaskHandle
-from .errors import LaunchError, LaunchFailure, PreflightError, RankFailedError, interrupted
+from .errors import LaunchError, PreflightError, interrupted
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
 from .ui.stall import Stacks
@@ -188,7 +183,7 @@ def notebook_launcher(
         launch.watch.stall_after = watch_after
         if not block:
             return _in_background(launch, function)
-        outcome = launch.run()
+        outcome = launch.run_to_end()
         launch._release()
         del launch  # (see below)
         if isinstance(outcome, BaseException):
@@ -241,7 +236,7 @@ def notebook_launcher(
     launch.watch.stall_after = watch_after
     if not block:
         return _in_background(launch, function)
-    outcome = launch.run()
+    outcome = launch.run_to_end()
     launch._release()
     # The traceback of what is raised keeps this frame: not the launch's records (the
     # rank's pickled exception), nor the task (the pickled function and its args).
@@ -319,14 +314,9 @@ def _on_cluster(
             max_restarts=policy.max_restarts,
             explain=cluster.job_state,
         )
-    except BaseException as exc:
-        now = time.time()
-        summary = (
-            "interrupted while starting"
-            if isinstance(exc, KeyboardInterrupt)
-            else f"{type(exc).__name__}: {exc}"
-        )
-        view.handle(LaunchFinished(False, summary.splitlines()[0], None, 0.0, now))
+    except BaseException as exc:  # the nodes could not be had: said, then raised
+        never = RunEnd("launch", (), 0, start_error=exc)
+        view.handle(finished_event(never, decide(never)))
         view.close()
         raise
     elastic_name = getattr(function, "__name__", "function") if child_failed else None
@@ -347,7 +337,8 @@ def _view(dashboard: bool | str | View, block: bool) -> View:
 
 class _Launch:
     """One launch from start to verdict: the rendezvous when there is one, then each
-    attempt's ranks (start, pump, verdict), restarts, and the end."""
+    attempt's ranks (a :class:`~notebook_launcher._launch.lifecycle.GroupRun`: start, pump,
+    stop, close), the other nodes' word, restarts, and the end (``lifecycle.decide``)."""
 
     def __init__(
         self,
@@ -369,13 +360,15 @@ class _Launch:
         self.attempt = 0
         #: how each earlier attempt ended, one line each
         self.history: list[str] = []
-        self.record = RunRecord([s.rank for s in plan.specs])
-        self.group: WorkerGroup | None = None
+        #: this attempt's ranks
+        self.run: GroupRun | None = None
+        #: the verdict of the last attempt (reached with every node, across nodes)
         self.verdict: Verdict | None = None
-        self.exc_data: dict[int, bytes | None] = {}
+        self.exc_data: Mapping[int, bytes | None] = {}
+        #: the user interrupted (Ctrl-C, cancel()): every attempt's ranks stop for it
         self.interrupted = False
         self._announced = False
-        self._ended = False
+        self.end: RunEnd | None = None
         self.t0 = time.time()
         #: where every rank is when nothing moves (fed events, ticked by the pump)
         self.watch = stall.StallWatch(None, view.handle)
@@ -385,6 +378,13 @@ class _Launch:
     @property
     def world_size(self) -> int:
         return self.job.world_size if self.job is not None else self.plan.world_size
+
+    @property
+    def record(self) -> RunRecord:
+        """This attempt's records (an empty one before the first attempt starts)."""
+        if self.run is None:
+            return RunRecord([s.rank for s in self.plan.specs])
+        return self.run.record
 
     # -- start -------------------------------------------------------------------------
 
@@ -428,31 +428,20 @@ class _Launch:
 
     def _start_attempt(self) -> None:
         specs = self.plan.for_attempt(self.job, self.attempt)
-        self.record = record = RunRecord([s.rank for s in specs])
-        view = self.view
+        listen, self._listen = self._listen, None  # the group owns it now
 
-        watch = self.watch
-
-        def on_event(event: Event) -> None:
-            record.on_event(event)
-            watch.saw(event)
-            view.handle(event)
-
-        def on_exit(proc: WorkerProcess) -> None:
-            for event in record.on_exit(proc):
-                view.handle(event)
+        def make_group(on_event: Any, on_exit: Any, on_message: Any) -> Any:
+            return self.plan.group(
+                specs, self.task, listen, on_event, on_exit, on_message, attempt=self.attempt
+            )
 
         self._announced = False
-        self.group = self.plan.group(
-            specs, self.task, self._listen, on_event, on_exit, attempt=self.attempt
-        )
-        self._listen = None  # the group owns it now
-        self.watch.watch(stall.of_group(self.group))
-        self.group.start(on_abort=record.abort)
+        self.run = GroupRun(make_group, [s.rank for s in specs], self.view, self.watch)
+        self.run.start()
 
     # -- run ---------------------------------------------------------------------------
 
-    def run(self) -> list[Any] | BaseException:
+    def run_to_end(self) -> list[Any] | BaseException:
         """Start, pump until every rank ended (restarting as the policy says); the results,
         or the exception to raise. Ctrl-C, once or many times, at any moment: every rank
         stopped, and the exception is an interrupt that says so (raised by the caller, so
@@ -478,23 +467,19 @@ class _Launch:
                 return
 
     def _pump(self) -> None:
-        group, record, link = self.group, self.record, self.link
-        assert group is not None
+        run, link = self.run, self.link
+        assert run is not None
         wake = link.wake_fd if link is not None and link.job.num_nodes > 1 else None
-        while not group.finished:
-            group.pump(self.watch.timeout(0.5), wake=wake)
-            self.view.tick()
-            self.watch.tick()
-            if link is not None and wake is not None and not record.stopping:
+        while not run.finished:
+            run.pump(0.5, wake=wake)  # (a failure here stops the others)
+            if link is None or wake is None:
+                continue
+            if not run.record.stopping:
                 reason = link.heard(self.attempt)
                 if reason is not None:  # collateral of another node's end
-                    record.stopping, record.stop_reason = True, reason
                     self._announced = True  # nothing of ours to announce
-                    group.terminate()
-            if record.failed and not record.stopping:
-                record.stopping = True
-                group.terminate()
-            if record.failed and link is not None and not self._announced:
+                    run.stop("elsewhere", reason)
+            if run.record.failed and not self._announced:
                 self._announced = True
                 link.announce(self.attempt)
 
@@ -503,9 +488,8 @@ class _Launch:
         if not self.interrupted:
             self.interrupt_report = self.watch.on_interrupt()
         self.interrupted = True
-        self.record.stopping = self.record.interrupted = True
-        if self.group is not None:
-            self.group.terminate()
+        if self.run is not None:
+            self.run.stop("interrupted")
 
     def _interrupted(self) -> None:
         """Ctrl-C: stop this node's ranks now (another Ctrl-C meanwhile: at once); tell the
@@ -515,11 +499,10 @@ class _Launch:
             if self.interrupt_report is not None:
                 self.view.handle(self.interrupt_report)
         self.interrupted = True
-        self.record.stopping = self.record.interrupted = True
         while True:
             try:
-                if self.group is not None:
-                    self.group.stop()  # a second Ctrl-C kills what is left (its close)
+                if self.run is not None:
+                    self.run.stop("interrupted", wait=True)  # a second Ctrl-C: kill the rest
                 if self.link is not None:
                     self.link.tell_interrupted(self.attempt, self.record)
                 return
@@ -547,16 +530,16 @@ class _Launch:
     def _next_attempt(self) -> bool:
         """Every rank of this attempt ended: judge it (with every node), and start the
         next attempt when the policy (and every node) says so."""
-        assert self.group is not None
-        self.group.close()
-        record, link = self.record, self.link
-        interrupted = self.interrupted or record.interrupted
+        run, link = self.run, self.link
+        assert run is not None
+        end = run.close("launch", self.world_size)
+        interrupted = self.interrupted or end.interrupted
         if link is not None and interrupted:
-            link.tell_interrupted(self.attempt, record)
+            link.tell_interrupted(self.attempt, run.record)
         if link is None or interrupted:
-            self.verdict, self.exc_data = record.verdict(), dict(record.exc_data)
+            self.verdict, self.exc_data = end.judged(), end.exc_data
         else:
-            self.verdict, self.exc_data = link.judge(self.attempt, record, self.view.tick)
+            self.verdict, self.exc_data = link.judge(self.attempt, run.record, self.view.tick)
         verdict = self.verdict
         if verdict.ok or interrupted:
             return False
@@ -586,14 +569,16 @@ class _Launch:
     # -- the end -----------------------------------------------------------------------
 
     def _end(self, error: BaseException | None = None) -> None:
-        if self._ended:
+        """Close what is left (the ranks, the job), and tell the view how the launch ended
+        (``lifecycle.decide``). Idempotent."""
+        if self.end is not None:
             return
-        self._ended = True
         self.watch.stop()
+        attempt: RunEnd | None = None
         try:
             try:
-                if self.group is not None:
-                    self.group.close()
+                if self.run is not None:
+                    attempt = self.run.close("launch", self.world_size)
             finally:
                 if self.job is not None:
                     self.job.close()
@@ -601,68 +586,43 @@ class _Launch:
                     self._listen.close()
         except KeyboardInterrupt:  # while leaving the job: nothing of ours runs any more
             self.interrupted = True
-        record = self.record
-        interrupted = self.interrupted or record.interrupted
-        if self.verdict is None:
-            self.verdict = record.verdict()
-            self.exc_data = dict(record.exc_data)
-        verdict = self.verdict
-        now = time.time()
-        if isinstance(error, KeyboardInterrupt):
-            summary, ok, rank = "interrupted while starting", False, None
-        elif error is not None:  # the nodes never met, or the ranks could not start
-            summary, ok, rank = f"{type(error).__name__}: {error}", False, None
-        else:
-            summary = summary_line(verdict, self.world_size, interrupted)
-            ok = verdict.ok and not interrupted
-            rank = None if interrupted else getattr(verdict.cause, "rank", None)
-        if self.attempt:
-            summary += f" (after {self.attempt} restart{'s' if self.attempt > 1 else ''})"
-        self.view.handle(
-            LaunchFinished(
-                ok, summary, rank, now - self.t0, now, verdict.failed_ranks, self.attempt
-            )
+        ranks = tuple(self.record.ranks)
+        if attempt is None:  # the nodes never met, or the first ranks could not start
+            attempt = RunEnd("launch", ranks, self.world_size, wall_time=time.time() - self.t0)
+        self.end = dataclasses.replace(
+            attempt,
+            world_size=self.world_size,
+            interrupted=attempt.interrupted or self.interrupted,
+            start_error=error if error is not None else attempt.start_error,
+            wall_time=time.time() - self.t0,
+            restarts=self.attempt,
+            verdict=self.verdict,
+            exc_data=dict(self.exc_data) if self.verdict is not None else attempt.exc_data,
         )
+        self.view.handle(finished_event(self.end, decide(self.end)))
         self.view.close()
 
     def _release(self) -> None:
         """Forget what the outcome was made from: the ranks' pickled exceptions and the
         task (a 200 MB exception must not stay in the kernel three times)."""
         self.exc_data = {}
-        self.record.exc_data.clear()
+        if self.end is not None:
+            self.end = dataclasses.replace(self.end, exc_data={})
+        if self.run is not None:
+            self.run.record.exc_data.clear()
         self.task = None
 
     def _outcome(self) -> list[Any] | BaseException:
-        record = self.record
-        assert self.verdict is not None
-        ranks = record.ranks
-        if self.interrupted or record.interrupted:
-            stopped = interrupted(f"interrupted: all {len(ranks)} ranks stopped")
-            _add_note(stopped, stall.note(self.interrupt_report))
-            return stopped
-        cause = self.verdict.cause
-        if cause is not None and cause.exc_type == "builtins.KeyboardInterrupt":  # elsewhere
-            report = LaunchFailure(cause, list(self.verdict.failures), self.world_size)
-            return RankFailedError(
-                f"the launch was {cause.message}: every rank of the job was stopped.\n"
-                + report.summary(),
-                report,
-            )
-        if not self.verdict.ok:
-            error = exception_for(self.verdict, self.world_size, self.exc_data, self.history)
-            if self.child_failed_name is None:
-                return error
+        assert self.end is not None
+        outcome = decide(self.end)
+        value = value_of(self.end, outcome, tuple(self.history))
+        if outcome.kind == "interrupted" and isinstance(value, BaseException):
+            add_note(value, stall.note(self.interrupt_report))
+        if outcome.kind == "failed" and self.child_failed_name is not None:
+            assert isinstance(value, BaseException)
             per_node = len(self.plan.specs)
-            return as_child_failed(error, self.verdict, self.child_failed_name, per_node)
-        missing = [r for r in ranks if r not in record.results]
-        if missing:  # cannot happen without a failure record; never return a short list
-            return LaunchError(f"ranks {missing} ended without a result")
-        return [record.results[r] for r in ranks]
-
-
-def _add_note(exc: BaseException, note: str | None) -> None:
-    if note and hasattr(exc, "add_note"):
-        exc.add_note(note)
+            return as_child_failed(value, outcome.verdict, self.child_failed_name, per_node)
+        return value
 
 
 __all__ = ["notebook_launcher"]

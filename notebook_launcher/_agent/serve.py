@@ -179,7 +179,9 @@ class Agent:
 
     def _exited(self, proc: WorkerProcess) -> None:
         self.batch.append(
-            wire.RankExited(proc.rank, proc.pid, proc.returncode or 0, proc.stage, proc.note)
+            wire.RankExited(
+                proc.rank, proc.pid, proc.returncode or 0, proc.stage, proc.note, proc.signalled
+            )
         )
 
     def _message(self, proc: WorkerProcess, message: Any) -> None:

@@ -71,6 +71,9 @@ class WorkerProcess:
     failure: RankFailure | None = None
     exc_data: bytes | None = None
     conn_open: bool = True
+    #: we sent it SIGTERM or SIGKILL: a signal it ends by is then ours, not a death (a rank
+    #: killed from outside while we stop the others is still a death)
+    signalled: bool = False
     #: what the rank was doing, for a rank that dies: "starting", "receiving its task", "running"
     stage: str = "starting"
     #: why it ended when we know better than its exit code (e.g. its forkserver died)
@@ -117,6 +120,8 @@ class WorkerProcess:
         daemons a rank started outside its process group end with it too."""
         if self.returncode is not None:
             return
+        if sig in (signal.SIGTERM, signal.SIGKILL):
+            self.signalled = True
         if sig == signal.SIGKILL:
             kill_descendants(self.pid)
         elif sig == signal.SIGTERM and self.tree is None:

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .._posix import die_with_parent, quiet_fork
+from .._posix import deferred_interrupts, die_with_parent, quiet_fork
 from .._spec import LAUNCHER_ENV
 from ..errors import PreflightError
 from ..utils.constants import FP16_ON_CPU_WARNING, parse_mixed_precision
@@ -299,26 +299,31 @@ def fork_is_safe() -> bool:
 
 
 def _probe_fork() -> bool:
+    """Fork a child that runs a parallel op; True when it finished in time. Ctrl-C at any
+    moment leaves no child behind (not even a zombie): it is killed and reaped first."""
     parent = os.getpid()
-    pid = quiet_fork()
-    if pid == 0:
-        code = 1
-        try:
-            die_with_parent(parent)
-            torch = sys.modules["torch"]
-            torch.ones(1 << 17).add_(1)  # at::parallel_for: the OpenMP pool
-            torch.ones(128, 128) @ torch.ones(128, 128)
-            code = 0
-        finally:
-            os._exit(code)
-    pidfd = os.pidfd_open(pid)
+    with deferred_interrupts():  # the child and its pidfd, or neither
+        pid = quiet_fork()
+        if pid == 0:
+            code = 1
+            try:
+                die_with_parent(parent)
+                torch = sys.modules["torch"]
+                torch.ones(1 << 17).add_(1)  # at::parallel_for: the OpenMP pool
+                torch.ones(128, 128) @ torch.ones(128, 128)
+                code = 0
+            finally:
+                os._exit(code)
+        pidfd = os.pidfd_open(pid)
+    done = False
     try:
         done = bool(select.select([pidfd], [], [], FORK_PROBE_TIMEOUT)[0])
-        if not done:
-            os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
     finally:
-        os.close(pidfd)
+        with deferred_interrupts():
+            if not done:
+                os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            os.close(pidfd)
     return done and os.waitstatus_to_exitcode(status) == 0
 
 

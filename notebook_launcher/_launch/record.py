@@ -76,22 +76,44 @@ class RunRecord:
             r: deque(maxlen=STDERR_TAIL_LINES) for r in ranks
         }
         self.barriers = BarrierTracker()
-        #: set by the caller once it began stopping the ranks (their exits are not failures)
-        self.stopping = False
+        #: why the ranks are being stopped, once they are (see :meth:`stop`); None: they run
+        self.stop_kind: str | None = None
+        #: an interrupt came (the user's), whatever else stopped the ranks first
         self.interrupted = False
         self.failed = False
-        #: why the caller stopped the ranks, when not for a failure here or an interrupt
-        #: (e.g. "a rank on node 1 failed")
+        #: why the caller stopped the ranks, in words, when not for a failure here or an
+        #: interrupt (e.g. "a rank on node 1 failed"): what a stopped rank's row says
         self.stop_reason = ""
+
+    @property
+    def stopping(self) -> bool:
+        """The ranks are being stopped: their exits from now on are stops, not deaths."""
+        return self.stop_kind is not None
+
+    def stop(self, kind: str, reason: str = "") -> bool:
+        """The ranks are being stopped, and why: the one place a run's stop flags are set.
+
+        ``kind``: ``"failed"`` (a rank of this run failed), ``"interrupted"`` (the user),
+        ``"elsewhere"`` (another node ended the job), ``"aborted"`` (starting them failed),
+        ``"mismatch"`` (a collective they cannot finish), ``"broken"`` (a session gave up
+        on them) or ``"closing"``; ``reason``: the words a stopped rank's row shows. The
+        first kind stays (an interrupt is noted whenever it comes). True the first time."""
+        first = self.stop_kind is None
+        if first:
+            self.stop_kind = kind
+            if reason:
+                self.stop_reason = reason
+        if kind == "interrupted":
+            self.interrupted = True
+        return first
 
     def abort(self, error: BaseException) -> None:
         """The ranks are being stopped because starting them failed with ``error`` (Ctrl-C
         included): their exits are stops, not deaths."""
-        self.stopping = True
         if isinstance(error, KeyboardInterrupt):
-            self.interrupted = True
-        elif not self.stop_reason:
-            self.stop_reason = f"the ranks could not start ({type(error).__name__})"
+            self.stop("interrupted")
+        else:
+            self.stop("aborted", f"the ranks could not start ({type(error).__name__})")
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, Output):
@@ -112,7 +134,7 @@ class RunRecord:
             self.results[proc.rank] = None
             self.finished_at[proc.rank] = now
             return [WorkerFinished(proc.rank, now)]
-        if self.stopping and code is not None and code < 0:
+        if self.stopping and code is not None and code < 0 and getattr(proc, "signalled", True):
             return self.stopped(proc.rank, proc.pid)
         return self.died(proc)
 

@@ -382,6 +382,8 @@ class RemoteRank:
     exc_data: bytes | None = None
     stage: str = "starting"
     note: str = ""
+    #: its agent (or we, for a node gone) had sent it SIGTERM or SIGKILL
+    signalled: bool = False
 
     @property
     def exited(self) -> bool:
@@ -576,6 +578,7 @@ class RemoteGroup:
                 return
             proc.pid = proc.pid or item.pid
             proc.returncode, proc.stage, proc.note = item.returncode, item.stage, item.note
+            proc.signalled = item.signalled
             if item.returncode < 0 and proc.node.ending and not proc.note:
                 proc.note = f"{proc.node.label}: {proc.node.ending}"
             self._on_exit(proc)
@@ -597,6 +600,7 @@ class RemoteGroup:
             if proc.node is node and not proc.exited:
                 proc.returncode = -int(signal.SIGKILL)
                 proc.note = f"{node.label}'s agent is gone: {node.gone}"
+                proc.signalled = self._closed  # (we were closing them: a stop)
                 self._on_exit(proc)
 
     # -- where the ranks are (the stall view) ----------------------------------------------------
@@ -684,6 +688,7 @@ class RemoteGroup:
         for proc in self.running:  # never left unreported
             proc.returncode = -int(signal.SIGKILL)
             proc.note = proc.note or f"{proc.node.label} did not report its end"
+            proc.signalled = True
             self._on_exit(proc)
         self._selector.close()
 

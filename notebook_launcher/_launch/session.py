@@ -52,7 +52,6 @@ from typing import Any, Protocol
 from .._events import (
     BarrierEnter,
     Event,
-    LaunchFinished,
     LaunchStarted,
     Output,
     WorkerStarted,
@@ -62,17 +61,14 @@ from .._serialization import safe_str
 from .._wire.control import Raised, Reform, Reformed, Returned, Run, Shutdown
 from ..errors import (
     LaunchError,
-    LaunchFailure,
-    ProcessGroupMismatch,
     RankFailure,
     SessionBroken,
-    interrupted,
     notebook_cell_name,
     shorten,
 )
 from . import stall
-from .diagnosis import exception_for, summary_line
-from .group import WorkerGroup, WorkerProcess
+from .group import WorkerProcess
+from .lifecycle import GroupRun, RunEnd, add_note, decide, finished_event, value_of
 from .plan import LaunchPlan
 from .record import RunRecord
 
@@ -312,7 +308,10 @@ class SessionCore:
         self.plan = plan
         self.stall_after = stall_after
         self.world = [s.rank for s in plan.specs]
-        self.group: WorkerGroup | None = None
+        #: the ranks' lifecycle (started, then routed to this core's callbacks), and their
+        #: group (``run.group``: a ``WorkerGroup``, or a cluster's ``RemoteGroup``)
+        self.run: GroupRun | None = None
+        self.group: Any = None
         self.task: TaskRun | None = None
         self.broken: str | None = None
         self.generation = 0
@@ -348,80 +347,62 @@ class SessionCore:
         plan = self.plan
         for spec in plan.specs:
             spec.session = True
-        record = RunRecord(self.world)
+        listen, plan.listen = plan.listen, None
         # A rank is ready once it serves (Reformed(0)), not when it has its process group
         # (WorkerStarted): in between, an interrupt would still kill it.
-        started: set[int] = set()
+        ready: set[int] = set()
 
-        def on_event(event: Event) -> None:
-            record.on_event(event)
-            view.handle(event)
-
-        def on_exit(proc: WorkerProcess) -> None:
-            for e in record.on_exit(proc):
-                view.handle(e)
+        def make_group(on_event: Any, on_exit: Any, on_message: Any) -> Any:
+            return plan.group(plan.specs, None, listen, on_event, on_exit, on_message)
 
         def on_message(proc: WorkerProcess, message: Any) -> None:
             if isinstance(message, Raised):
-                for e in record.raised(message.failure, message.exc_data):
+                for e in run.record.raised(message.failure, message.exc_data):
                     view.handle(e)
             elif isinstance(message, Reformed) and message.generation == 0:
-                started.add(proc.rank)
+                ready.add(proc.rank)
 
-        group = WorkerGroup(
-            plan.specs, plan.start_method, None, plan.listen, on_event, on_exit,
-            plan.grace_period, on_message,
-        )  # fmt: skip
-        plan.listen = None
-        t0 = time.time()
-        view.handle(plan.started_event())
+        run = GroupRun(make_group, self.world, view, on_message=on_message)
+        world = len(self.world)
+        told = False  # the view heard how the start ended
         try:
-            group.start(on_abort=record.abort)
-            while len(started) < len(self.world) and not record.failed:
-                group.pump(TICK)
-                view.tick()
-                if group.finished:
-                    break
-        except BaseException:
-            record.stopping = record.interrupted = True
-            group.close()
-            view.handle(LaunchFinished(False, "interrupted while starting", None, 0, time.time()))
+            view.handle(plan.started_event())
+            run.start()
+            while len(ready) < world and not run.record.failed and not run.finished:
+                run.pump(TICK)
+            end = run.snapshot("start", world, results=dict.fromkeys(ready))
+            outcome = decide(end)
+            if not outcome.ok:
+                run.stop("failed")
+                end = run.close("start", world, results=dict.fromkeys(ready))
+            told = True
+            view.handle(finished_event(end, outcome))
             view.close()
-            raise
-        if record.failed or len(started) < len(self.world):
-            record.stopping = True
-            group.close()
-            verdict = record.verdict()
-            n = len(self.world)
-            now = time.time()
-            view.handle(
-                LaunchFinished(
-                    False, summary_line(verdict, n), None, now - t0, now, verdict.failed_ranks
-                )
-            )
-            view.close()
-            if not verdict.ok:
-                raise exception_for(verdict, n, record.exc_data)
-            raise LaunchError("the session's ranks ended while starting")
-        now = time.time()
-        view.handle(LaunchFinished(True, f"{len(self.world)} ranks ready", None, now - t0, now))
-        view.close()
-        with deferred_interrupts():  # the pipe and the pump, or neither
-            try:
+            if not outcome.ok:
+                value = value_of(end, outcome)
+                assert isinstance(value, BaseException)
+                raise value
+            with deferred_interrupts():  # the pipe and the pump, or neither
                 self._wake_r, self._wake_w = os.pipe()
                 for fd in (self._wake_r, self._wake_w):
                     os.set_blocking(fd, False)
-                self.group = group
-                group.route(self._on_event, self._on_exit, self._on_message)
+                self.run, self.group = run, run.group
+                run.group.route(self._on_event, self._on_exit, self._on_message)
                 self._pump = threading.Thread(
                     target=self._pump_loop, name="notebook-launcher-session", daemon=True
                 )
                 self._pump.start()
-            except BaseException:
-                self.group = None
-                group.close()
+        except BaseException:
+            # Ctrl-C (or an error) at any moment before the pump runs: nothing is left --
+            # no rank, no fd -- and the view says how the start ended
+            if self._pump is None:
+                self.run = self.group = None
+                end = run.close("start", world)
                 self._close_wake()
-                raise
+                if not told:
+                    view.handle(finished_event(end, decide(end)))
+                    view.close()
+            raise
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -493,13 +474,13 @@ class SessionCore:
 
     def _interrupted_while_sending(self, task: TaskRun) -> None:
         task.user_interrupt = True
-        task.record.interrupted = True
+        task.record.stop("interrupted")
         assert self.group is not None
         for rank in sorted(task.pending - task.sent):
             task.pending.discard(rank)
             for e in task.record.stopped(rank, self.group.proc(rank).pid):
                 task.view.handle(e)
-        self._unwind(task)
+        self._unwind(task, "interrupted")
         self._advance()
 
     def interrupt(self, task_id: int | None = None) -> None:
@@ -527,8 +508,7 @@ class SessionCore:
                 self._hurry(task)
             else:
                 task.user_interrupt = True
-                task.record.interrupted = True
-                self._unwind(task)
+                self._unwind(task, "interrupted")
             self._wake()
 
     def _hurry(self, task: TaskRun) -> None:
@@ -541,10 +521,11 @@ class SessionCore:
         if task.reform_at is not None:
             task.reform_at = min(task.reform_at, soon)
 
-    def _unwind(self, task: TaskRun) -> None:
+    def _unwind(self, task: TaskRun, kind: str) -> None:
         """Interrupt the task's ranks that still run; free them by re-forming the group if
-        they do not answer soon (they wait in a collective)."""
-        task.record.stopping = True
+        they do not answer soon (they wait in a collective). ``kind``: why
+        (``RunRecord.stop``'s kinds)."""
+        task.record.stop(kind)
         for rank in task.pending - task.interrupted:
             assert self.group is not None
             if rank in task.started:
@@ -596,7 +577,7 @@ class SessionCore:
                         "subgroup (dist.new_group(ranks=...))."
                     )
             if (task.mismatch or task.record.barriers.stranded) and not task.record.stopping:
-                self._unwind(task)
+                self._unwind(task, "mismatch")
                 task.reform_at = time.monotonic()  # they wait in a collective: free them now
 
     def _on_message(self, proc: WorkerProcess, message: Any) -> None:
@@ -627,7 +608,7 @@ class SessionCore:
                 for e in events:
                     task.view.handle(e)
                 if task.pending and not task.record.stopping:
-                    self._unwind(task)
+                    self._unwind(task, "failed")
             self._advance()
 
     def _on_exit(self, proc: WorkerProcess) -> None:
@@ -751,59 +732,40 @@ class SessionCore:
             task.handle.set_result(outcome)
 
     def _outcome(self, task: TaskRun) -> list[Any] | BaseException:
-        """The task's per-rank values (in the order asked), or the exception to raise."""
-        record = task.record
-        verdict = record.verdict()
-        n = len(task.ranks)
-        stopped = task.user_interrupt and task.mismatch is None
-        if task.mismatch is not None:
-            summary = task.mismatch.split(". ", 1)[0]
-        elif stopped and self.broken is None:
-            summary = f"interrupted: ranks {task.ranks} stopped their task; the session lives on"
-        else:
-            summary = summary_line(verdict, n, stopped)
-        missing = [r for r in task.ranks if r not in record.results]
-        ok = not (missing or stopped or task.mismatch or self.broken or not verdict.ok)
-        now = time.time()
-        rank = getattr(verdict.cause, "rank", None)
-        task.view.handle(
-            LaunchFinished(ok, summary, rank, now - task.t0, now, verdict.failed_ranks)
+        """The task's per-rank values (in the order asked), or the exception to raise:
+        ``lifecycle.decide`` on the task's frozen end, and what only a session adds (where
+        the ranks were when interrupted, the failing frame's variables, its own state)."""
+        end = RunEnd.of(
+            task.record,
+            "task",
+            len(self.world),
+            time.time() - task.t0,
+            ranks=tuple(task.asked),
+            interrupted=task.user_interrupt,
+            mismatch=task.mismatch,
+            broken=self.broken,
+            closing=self._closing,
         )
-        if ok:
-            return [record.results.get(r) for r in task.asked]
+        outcome = decide(end)
+        task.view.handle(finished_event(end, outcome))
+        value = value_of(end, outcome)
+        if not isinstance(value, BaseException):
+            return value
         notes = self._notes(task)
-        exc: BaseException
-        if self._closing:
-            exc = LaunchError("the session was closed while the task ran")
-        elif task.mismatch is not None:
-            failure = RankFailure(task.ranks[0], "left", message=task.mismatch, time=now)
-            exc = ProcessGroupMismatch(
-                task.mismatch, LaunchFailure(failure, list(record.failures), n)
-            )
-        elif stopped and self.broken is not None:  # not a clean interrupt: say so
-            exc = SessionBroken(f"interrupted, but the session broke: {self.broken}")
-        elif stopped:
-            exc = interrupted(f"interrupted: ranks {task.ranks} stopped their task")
+        if outcome.kind == "interrupted":
             where = stall.note(task.interrupt_report)
             if where:
                 notes.insert(0, where)
-        elif not verdict.ok:
-            exc = exception_for(verdict, len(self.world), record.exc_data)  # "rank 1 of 2"
-            if verdict.cause is not None and task.local_vars.get(verdict.cause.rank):
-                rows = task.local_vars[verdict.cause.rank]
-                notes.insert(
-                    0,
-                    f"Variables in rank {verdict.cause.rank}'s failing frame:\n  "
-                    + "\n  ".join(rows),
-                )
-        elif self.broken is not None:
-            exc = SessionBroken(f"the session broke while the task ran: {self.broken}")
-        else:  # never a short list: say which ranks did not answer
-            exc = LaunchError(f"ranks {missing} of the task ended without a result")
-        for note in notes:
-            if hasattr(exc, "add_note"):
-                exc.add_note(note)
-        return exc
+        cause = outcome.verdict.cause
+        if outcome.kind == "failed" and cause is not None and task.local_vars.get(cause.rank):
+            rows = task.local_vars[cause.rank]
+            notes.insert(
+                0, f"Variables in rank {cause.rank}'s failing frame:\n  " + "\n  ".join(rows)
+            )
+        if outcome.kind != "closed":
+            for note in notes:
+                add_note(value, note)
+        return value
 
     def _notes(self, task: TaskRun) -> list[str]:
         notes = []
@@ -831,7 +793,7 @@ class SessionCore:
         if self.group is not None:
             task = self.task
             if task is not None:
-                task.record.stopping = True
+                task.record.stop("broken")
             for p in self.group.running:
                 p.send_signal(signal.SIGKILL)
         task = self.task
@@ -866,8 +828,8 @@ class SessionCore:
                 with deferred_interrupts():
                     self._wake()
                     self._join_pump()
-                    if self.group is not None:
-                        self.group.close()
+                    if self.run is not None:
+                        self.run.close("start", len(self.world))
                     if task is not None and not task.handle.done():
                         task.handle.set_exception(
                             LaunchError("the session was closed while the task ran")

@@ -181,6 +181,8 @@ class RankExited:
     returncode: int
     stage: str = "running"
     note: str = ""
+    #: the agent had sent it SIGTERM or SIGKILL (its end by a signal is a stop, not a death)
+    signalled: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,347 @@
+"""One owner of a group's lifecycle, and the one decision of how a run ended.
+
+Every way of running ranks -- a one-shot launch (each attempt of it), a session's start and
+each of its tasks, the ranks on a cluster's nodes -- goes through the same three steps:
+
+    GroupRun            start -> pump (events to the record, the view and the stall watch;
+    (a group's life)    a failure stops the others) -> stop(kind, reason) -> close()
+         |                                                                     |
+         v                                                                     v
+    RunRecord           results, failures, barriers, the stop flags    ->   RunEnd (frozen)
+                                                                               |
+    decide(RunEnd)      pure: records + flags -> Outcome (ok? the summary line, the root
+                        cause's rank): a table, tested as one (tests/test_lifecycle.py)
+         |
+         +--> finished_event(end, outcome): the one ``LaunchFinished`` the view gets
+         +--> value_of(end, outcome): the per-rank results, or the exception to raise
+
+:class:`GroupRun` owns a ``WorkerGroup`` or a ``RemoteGroup`` (anything with their
+``start / pump / terminate / close`` and callbacks) and its :class:`RunRecord`; the stop
+flags are set in one place (``RunRecord.stop``). What a launch adds (the rendezvous, the
+other nodes, restarts) is in ``launcher._Launch``; what a session adds (tasks on living
+ranks: interrupts to a rank's main thread, re-forming the group) is in
+:mod:`.session` -- and both judge with :func:`decide`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._events import Event, LaunchFinished
+from ..errors import (
+    LaunchError,
+    LaunchFailure,
+    ProcessGroupMismatch,
+    RankFailedError,
+    RankFailure,
+    SessionBroken,
+    interrupted,
+)
+from . import stall
+from .diagnosis import Stranded, Verdict, diagnose, exception_for, summary_line
+from .record import RunRecord
+
+#: What a run is, for the words of its end: a launch (an attempt of one), a session's
+#: start (its ranks coming up), or a session's task.
+PURPOSES = ("launch", "start", "task")
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """What one run of ranks left, frozen when it closed: the input of :func:`decide`."""
+
+    purpose: str
+    #: the run's ranks in the order asked (a task's values follow it)
+    ranks: tuple[int, ...]
+    #: the job's world size (a task's ranks are some of it)
+    world_size: int
+    results: Mapping[int, Any] = field(default_factory=dict)
+    failures: tuple[RankFailure, ...] = ()
+    finished_at: Mapping[int, float] = field(default_factory=dict)
+    exc_data: Mapping[int, bytes | None] = field(default_factory=dict)
+    stranded: Stranded | None = None
+    #: why the ranks were stopped (``RunRecord.stop``'s kinds), and whether the user
+    #: interrupted them
+    stop_kind: str | None = None
+    interrupted: bool = False
+    #: the run never ran: the nodes never met, or its ranks could not start (Ctrl-C
+    #: included)
+    start_error: BaseException | None = None
+    wall_time: float = 0.0
+    #: a launch: how many times its ranks were started again
+    restarts: int = 0
+    #: a session's task: a collective it cannot finish (cells on some ranks), why the
+    #: session broke, whether the session was closing
+    mismatch: str | None = None
+    broken: str | None = None
+    closing: bool = False
+    #: a verdict already reached with every node (a launch across nodes); else the
+    #: records decide
+    verdict: Verdict | None = None
+
+    @classmethod
+    def of(
+        cls,
+        record: RunRecord,
+        purpose: str,
+        world_size: int,
+        wall_time: float,
+        ranks: tuple[int, ...] | None = None,
+        **extra: Any,
+    ) -> RunEnd:
+        """A frozen copy of what ``record`` holds; ``extra``: the other fields (or ones
+        that replace the record's, e.g. a session's ready ranks as its ``results``)."""
+        fields: dict[str, Any] = {
+            "purpose": purpose,
+            "ranks": tuple(record.ranks) if ranks is None else ranks,
+            "world_size": world_size,
+            "results": dict(record.results),
+            "failures": tuple(record.failures),
+            "finished_at": dict(record.finished_at),
+            "exc_data": dict(record.exc_data),
+            "stranded": record.barriers.stranded,
+            "stop_kind": record.stop_kind,
+            "interrupted": record.interrupted,
+            "wall_time": wall_time,
+        }
+        fields.update(extra)
+        return cls(**fields)
+
+    def judged(self) -> Verdict:
+        """The root cause among the ranks' records (``diagnosis.diagnose``)."""
+        if self.verdict is not None:
+            return self.verdict
+        return diagnose(self.failures, self.finished_at, self.stranded)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: ``kind`` is ``"ok"``, ``"ready"`` (a session's ranks came up),
+    ``"interrupted"``, ``"failed"`` (a rank's failure is the root cause), ``"not started"``,
+    ``"mismatch"``, ``"broken"``, ``"closed"`` or ``"short"`` (ranks without a result and
+    no failure to say why: never returned as a short list)."""
+
+    kind: str
+    summary: str
+    verdict: Verdict
+    root_cause_rank: int | None = None
+    missing: tuple[int, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.kind in ("ok", "ready")
+
+
+def decide(end: RunEnd) -> Outcome:
+    """The outcome of a run, from its frozen records and flags alone (pure)."""
+    verdict = end.judged()
+    n = len(end.ranks) if end.purpose == "task" else end.world_size
+    cause = getattr(verdict.cause, "rank", None)
+    if end.start_error is not None:
+        if isinstance(end.start_error, KeyboardInterrupt):
+            return Outcome("interrupted", "interrupted while starting", verdict)
+        text = f"{type(end.start_error).__name__}: {end.start_error}"
+        return Outcome("not started", text.splitlines()[0] if text else text, verdict)
+    if end.purpose == "task" and end.closing:
+        return Outcome("closed", "the session was closed while the task ran", verdict, cause)
+    if end.mismatch is not None:
+        return Outcome("mismatch", end.mismatch.split(". ", 1)[0], verdict, cause)
+    stopped = end.interrupted
+    if stopped:
+        if end.purpose == "task" and end.broken is None:
+            text = f"interrupted: ranks {list(end.ranks)} stopped their task; the session lives on"
+        else:
+            text = summary_line(verdict, n, True)
+        kind = "broken" if end.broken is not None else "interrupted"
+        return Outcome(kind, _restarted(text, end.restarts), verdict)
+    if not verdict.ok:
+        return Outcome("failed", _restarted(summary_line(verdict, n), end.restarts), verdict, cause)
+    if end.broken is not None:
+        return Outcome("broken", f"the session broke: {end.broken}", verdict)
+    missing = tuple(r for r in end.ranks if r not in end.results)
+    if end.purpose == "start":
+        if missing:
+            return Outcome("short", "the session's ranks ended while starting", verdict)
+        return Outcome("ready", f"{n} ranks ready", verdict)
+    if missing:
+        what = f"ranks {list(missing)} ended without a result"
+        return Outcome("short", what, verdict, missing=missing)
+    return Outcome("ok", _restarted(summary_line(verdict, n), end.restarts), verdict)
+
+
+def _restarted(summary: str, restarts: int) -> str:
+    if not restarts:
+        return summary
+    return f"{summary} (after {restarts} restart{'s' if restarts > 1 else ''})"
+
+
+def finished_event(end: RunEnd, outcome: Outcome, now: float | None = None) -> LaunchFinished:
+    """The one ``LaunchFinished`` a run's view gets."""
+    now = time.time() if now is None else now
+    failed = outcome.verdict.failed_ranks
+    return LaunchFinished(
+        outcome.ok,
+        outcome.summary,
+        outcome.root_cause_rank,
+        end.wall_time,
+        now,
+        failed if end.start_error is None else (),
+        end.restarts,
+    )
+
+
+def value_of(
+    end: RunEnd, outcome: Outcome, history: tuple[str, ...] = ()
+) -> list[Any] | BaseException:
+    """What the caller gets: the per-rank results (in the order asked), or the exception to
+    raise (the rank's own, rebuilt; ``WorkerDied``; ``ProcessGroupMismatch``; an interrupt
+    that says so...). ``history``: how each earlier attempt ended (restarts)."""
+    verdict = outcome.verdict
+    kind = outcome.kind
+    if kind in ("ok", "ready"):
+        return [end.results.get(r) for r in end.ranks]
+    if kind == "closed":
+        return LaunchError("the session was closed while the task ran")
+    if kind == "not started":
+        assert end.start_error is not None
+        return end.start_error
+    if kind == "mismatch":
+        assert end.mismatch is not None
+        failure = RankFailure(min(end.ranks), "left", message=end.mismatch, time=time.time())
+        report = LaunchFailure(failure, list(end.failures), len(end.ranks))
+        return ProcessGroupMismatch(end.mismatch, report)
+    if kind == "interrupted":
+        if end.start_error is not None:
+            return interrupted("interrupted while starting: no rank was left running")
+        what = (
+            f"interrupted: ranks {sorted(end.ranks)} stopped their task"
+            if end.purpose == "task"
+            else f"interrupted: all {len(end.ranks)} ranks stopped"
+        )
+        return interrupted(what)
+    if kind == "broken":
+        if end.interrupted:
+            return SessionBroken(f"interrupted, but the session broke: {end.broken}")
+        return SessionBroken(f"the session broke while the task ran: {end.broken}")
+    cause = verdict.cause
+    if cause is not None and cause.exc_type == "builtins.KeyboardInterrupt":  # elsewhere
+        report = LaunchFailure(cause, list(verdict.failures), end.world_size, list(history))
+        return RankFailedError(
+            f"the launch was {cause.message}: every rank of the job was stopped.\n"
+            + report.summary(),
+            report,
+        )
+    if kind == "failed":
+        return exception_for(verdict, end.world_size, end.exc_data, history)
+    if end.purpose == "start":
+        return LaunchError("the session's ranks ended while starting")
+    return LaunchError(f"ranks {list(outcome.missing)} ended without a result")
+
+
+def add_note(exc: BaseException, note: str | None) -> None:
+    if note and hasattr(exc, "add_note"):
+        exc.add_note(note)
+
+
+class GroupRun:
+    """One group of ranks from its start to its end: the one owner of its lifecycle.
+
+    ``make_group(on_event, on_exit, on_message)`` builds the group (a ``WorkerGroup`` or a
+    ``RemoteGroup``) with this run's callbacks; every event goes to the record, the stall
+    watch and the view; every exit to the record (whose events go to the view). A failure
+    here stops the others (``stop("failed")``). :meth:`close` returns the frozen
+    :class:`RunEnd`.
+    """
+
+    def __init__(
+        self,
+        make_group: Callable[..., Any],
+        ranks: list[int],
+        view: Any,
+        watch: stall.StallWatch | None = None,
+        on_message: Callable[[Any, Any], None] | None = None,
+    ) -> None:
+        self.record = RunRecord(ranks)
+        self.view = view
+        self.watch = watch if watch is not None else stall.StallWatch(None, view.handle)
+        self.t0 = time.time()
+        self.group = make_group(self._on_event, self._on_exit, on_message)
+        self.watch.watch(stall.of_group(self.group))
+        self.start_error: BaseException | None = None
+        self._end: RunEnd | None = None
+
+    def _on_event(self, event: Event) -> None:
+        self.record.on_event(event)
+        self.watch.saw(event)
+        self.view.handle(event)
+
+    def _on_exit(self, proc: Any) -> None:
+        for event in self.record.on_exit(proc):
+            self.view.handle(event)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.group.finished)
+
+    def start(self) -> None:
+        """Start the ranks; a start that fails (Ctrl-C included) stops those started,
+        notes why, and raises."""
+        try:
+            self.group.start(on_abort=self.record.abort)
+        except BaseException as exc:
+            self.start_error = exc
+            raise
+
+    def pump(self, timeout: float | None, wake: int | None = None) -> None:
+        """Wait up to ``timeout`` (less when the stall watch is due) for the ranks; fold in
+        what they said; a rank that failed stops the others."""
+        self.group.pump(self.watch.timeout(timeout), wake=wake)
+        self.view.tick()
+        self.watch.tick()
+        if self.record.failed:
+            self.stop("failed")
+
+    def stop(self, kind: str, reason: str = "", *, wait: bool = False) -> None:
+        """Stop the ranks (``RunRecord.stop``'s kinds): SIGTERM, SIGKILL after the grace
+        period (driven by :meth:`pump`); ``wait``: until they are gone (Ctrl-C: a second one
+        kills what is left)."""
+        if self.record.stop(kind, reason) or kind == "interrupted":
+            if wait:
+                self.group.stop()
+            else:
+                self.group.terminate()
+
+    def snapshot(self, purpose: str, world_size: int | None = None, **extra: Any) -> RunEnd:
+        """What the run's records say now, frozen (a session's start: its ranks live on)."""
+        return RunEnd.of(
+            self.record,
+            purpose,
+            len(self.record.ranks) if world_size is None else world_size,
+            time.time() - self.t0,
+            start_error=self.start_error,
+            **extra,
+        )
+
+    def close(self, purpose: str = "launch", world_size: int | None = None, **extra: Any) -> RunEnd:
+        """Kill what is left, reap, release; the run's frozen end (the same on every call).
+        Not stopped half way by Ctrl-C (the group's close holds it back)."""
+        if self._end is None:
+            self.watch.stop()
+            self.group.close()
+            self._end = self.snapshot(purpose, world_size, **extra)
+        return self._end
+
+
+__all__ = [
+    "PURPOSES",
+    "GroupRun",
+    "Outcome",
+    "RunEnd",
+    "add_note",
+    "decide",
+    "finished_event",
+    "value_of",
+]

@@ -1,0 +1,219 @@
+"""How a run ended, decided from its frozen records alone: ``lifecycle.decide`` as a table.
+
+Every way of running ranks (a launch's attempt, a session's start, a session's task, a
+cluster's ranks) ends in a ``RunEnd``; one pure function turns it into the outcome the view
+shows (``LaunchFinished``) and the caller gets (results, or the exception). No process here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from notebook_launcher import ProcessGroupMismatch, SessionBroken, WorkerDied
+from notebook_launcher._launch.lifecycle import (
+    RunEnd,
+    decide,
+    finished_event,
+    value_of,
+)
+from notebook_launcher._serialization import dump_exception
+from notebook_launcher.errors import LaunchError, RankFailedError, RankFailure
+
+pytestmark = pytest.mark.unit
+
+T = 1000.0
+
+
+def raised(
+    rank: int, t: float = T, collateral: bool = False, exc: str = "ValueError"
+) -> RankFailure:
+    return RankFailure(rank, "raised", 100 + rank, exc, "boom", time=t, collateral=collateral)
+
+
+def died(rank: int, t: float = T) -> RankFailure:
+    return RankFailure(rank, "died", 100 + rank, exitcode=-9, signal_name="SIGKILL", time=t)
+
+
+def stopped(rank: int, t: float = T + 1) -> RankFailure:
+    return RankFailure(rank, "stopped", 100 + rank, time=t)
+
+
+def end(purpose: str = "launch", ranks: tuple[int, ...] = (0, 1), **kw: Any) -> RunEnd:
+    kw.setdefault("world_size", 2)
+    return RunEnd(purpose, ranks, **kw)
+
+
+# purpose / what happened -> (kind, ok, summary, root cause rank, what the caller gets)
+TABLE = [
+    pytest.param(
+        end(results={0: "a", 1: "b"}, finished_at={0: T, 1: T}),
+        ("ok", True, "all 2 ranks finished", None, ["a", "b"]),
+        id="launch-ok",
+    ),
+    pytest.param(
+        end(results={0: 1}, failures=(raised(1), stopped(0)), stop_kind="failed"),
+        ("failed", False, "rank 1 raised ValueError: boom", 1, RankFailedError),  # no data
+        id="launch-a-rank-raised",
+    ),
+    pytest.param(
+        end(failures=(died(0, T + 2), raised(1, T + 1, collateral=True))),
+        ("failed", False, "rank 0 (pid 100) died: killed by SIGKILL(-9)", 0, WorkerDied),
+        id="launch-a-death-before-collateral",
+    ),
+    pytest.param(
+        end(failures=(stopped(0), stopped(1)), stop_kind="interrupted", interrupted=True),
+        ("interrupted", False, "interrupted: all 2 ranks stopped", None, KeyboardInterrupt),
+        id="launch-interrupted",
+    ),
+    pytest.param(
+        end(failures=(raised(1), stopped(0)), interrupted=True, restarts=2),
+        (
+            "interrupted",
+            False,
+            "interrupted: all 2 ranks stopped (after 2 restarts)",
+            None,
+            KeyboardInterrupt,
+        ),
+        id="launch-interrupted-after-restarts-and-a-failure",
+    ),
+    pytest.param(
+        end(start_error=KeyboardInterrupt()),
+        ("interrupted", False, "interrupted while starting", None, KeyboardInterrupt),
+        id="launch-interrupted-while-starting",
+    ),
+    pytest.param(
+        end(start_error=LaunchError("the nodes never met\nmore")),
+        ("not started", False, "LaunchError: the nodes never met", None, LaunchError),
+        id="launch-could-not-start",
+    ),
+    pytest.param(
+        end(results={0: 1}),
+        ("short", False, "ranks [1] ended without a result", None, LaunchError),
+        id="launch-never-a-short-list",
+    ),
+    pytest.param(
+        end(
+            failures=(
+                RankFailure(
+                    2,
+                    "raised",
+                    exc_type="builtins.KeyboardInterrupt",
+                    message="interrupted on node 1",
+                    time=T,
+                ),
+                stopped(0),
+            ),
+            world_size=4,
+        ),
+        (
+            "failed",
+            False,
+            "rank 2 raised builtins.KeyboardInterrupt: interrupted on node 1",
+            2,
+            RankFailedError,
+        ),
+        id="launch-interrupted-on-another-node",
+    ),
+    pytest.param(
+        end("start", results={0: None, 1: None}),
+        ("ready", True, "2 ranks ready", None, [None, None]),
+        id="session-start-ready",
+    ),
+    pytest.param(
+        end("start", results={0: None}, failures=(died(1),)),
+        ("failed", False, "rank 1 (pid 101) died: killed by SIGKILL(-9)", 1, WorkerDied),
+        id="session-start-a-rank-died",
+    ),
+    pytest.param(
+        end("start", results={0: None}),
+        ("short", False, "the session's ranks ended while starting", None, LaunchError),
+        id="session-start-ended-short",
+    ),
+    pytest.param(
+        end("task", ranks=(1, 0), results={0: "zero", 1: "one"}),
+        ("ok", True, "all 2 ranks finished", None, ["one", "zero"]),
+        id="task-values-in-the-order-asked",
+    ),
+    pytest.param(
+        end("task", ranks=(1,), failures=(stopped(1),), interrupted=True, world_size=4),
+        (
+            "interrupted",
+            False,
+            "interrupted: ranks [1] stopped their task; the session lives on",
+            None,
+            KeyboardInterrupt,
+        ),
+        id="task-interrupted",
+    ),
+    pytest.param(
+        end("task", failures=(stopped(0),), interrupted=True, broken="rank 1 died"),
+        ("broken", False, "interrupted: all 2 ranks stopped", None, SessionBroken),
+        id="task-interrupted-but-broken",
+    ),
+    pytest.param(
+        end("task", ranks=(0,), mismatch="rank 0 waits in barrier at x.py:3. Run it on every rank"),
+        ("mismatch", False, "rank 0 waits in barrier at x.py:3", None, ProcessGroupMismatch),
+        id="task-mismatch",
+    ),
+    pytest.param(
+        end("task", results={0: 1, 1: 2}, broken="rank 1 did not stop"),
+        ("broken", False, "the session broke: rank 1 did not stop", None, SessionBroken),
+        id="task-broken-after-answers",
+    ),
+    pytest.param(
+        end("task", results={0: 1}, closing=True),
+        ("closed", False, "the session was closed while the task ran", None, LaunchError),
+        id="task-closed",
+    ),
+]
+
+
+@pytest.mark.parametrize(("run_end", "expected"), TABLE)
+def test_decide(run_end: RunEnd, expected: tuple[Any, ...]) -> None:
+    kind, ok, summary, root, value = expected
+    outcome = decide(run_end)
+    assert (outcome.kind, outcome.ok, outcome.summary, outcome.root_cause_rank) == (
+        kind,
+        ok,
+        summary,
+        root,
+    )
+    got = value_of(run_end, outcome)
+    if isinstance(value, list):
+        assert got == value
+    else:
+        assert isinstance(got, value), got
+    event = finished_event(run_end, outcome, now=T + 5)
+    assert (event.ok, event.summary, event.root_cause_rank) == (ok, summary, root)
+
+
+def test_a_verdict_reached_with_every_node_wins_over_this_nodes_records() -> None:
+    """A launch across nodes judges with every node's reports: the end carries that
+    verdict, and this node's records (fine here) do not overrule it."""
+    from notebook_launcher._launch.diagnosis import diagnose
+
+    elsewhere = diagnose([raised(3)], {})
+    run_end = end(results={0: 1, 1: 1}, world_size=4, verdict=elsewhere)
+    outcome = decide(run_end)
+    assert outcome.kind == "failed" and outcome.root_cause_rank == 3
+
+
+def test_the_ranks_own_exception_comes_back_with_its_message() -> None:
+    try:
+        raise KeyError("rank 1's own")
+    except KeyError as exc:
+        data = dump_exception(exc)
+    run_end = end(
+        failures=(RankFailure(1, "raised", 101, "builtins.KeyError", "'rank 1'", time=T),),
+        exc_data={1: data},
+    )
+    got = value_of(run_end, decide(run_end))
+    assert isinstance(got, KeyError) and got.args == ("rank 1's own",)
+    assert any("Raised on rank 1 of 2" in note for note in got.__notes__)
+
+
+def test_a_start_that_failed_names_no_failed_ranks() -> None:
+    run_end = end(start_error=OSError("no fds"), failures=(stopped(0),))
+    assert finished_event(run_end, decide(run_end)).failed_ranks == ()
