@@ -104,7 +104,10 @@ def nl_info(line: str = "") -> None:
 DIST_USAGE = """\
 %dist start [-n N] [--start-method M] [--mixed-precision P] [--dashboard D] [--port P]
             [--stall-after SECONDS|off]   (where every rank is, after that long without progress)
-%dist status | restart | stop
+            [--slurm "SBATCH OPTIONS"]    (N ranks in all on a Slurm job's nodes, e.g.
+                                           --slurm "--nodes 2 --partition debug --time 10")
+            [--cluster NAME]              (on the nodes of a SlurmCluster/AgentCluster here)
+%dist status | restart | stop            (stop: a job --slurm started ends too)
 %dist stacks             where every rank is now (each thread's stack; the odd rank named)
 %dist auto on|off        every following cell runs on the ranks (until off)
 %dist push NAME [NAME...] [--ranks R]    notebook variables into every rank
@@ -168,7 +171,30 @@ def _dist_parser() -> Any:
     parser.add_argument(
         "--stall-after", "--stall_after", default=argparse.SUPPRESS, type=_seconds_or_none
     )
+    parser.add_argument("--cluster", default=None)
     return parser
+
+
+def _take_option(words: list[str], name: str) -> tuple[list[str], str | None]:
+    """``words`` without ``name VALUE`` (or ``name=VALUE``), and the value: one whose text
+    starts with ``--`` (sbatch's options) argparse would take for an option of ours."""
+    out: list[str] = []
+    value = None
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == name:
+            if i + 1 >= len(words):
+                raise ValueError(f'{name} needs a value, e.g. {name} "--nodes 2"')
+            value = words[i + 1]
+            i += 2
+            continue
+        if word.startswith(name + "="):
+            value = word[len(name) + 1 :]
+        else:
+            out.append(word)
+        i += 1
+    return out, value
 
 
 def _seconds_or_none(text: str) -> float | None:
@@ -183,6 +209,8 @@ class DistMagics:
         self.shell = shell
         self.session: Any = None
         self.auto = False
+        #: the cluster ``%dist start --slurm`` made (it ends with ``%dist stop``)
+        self.cluster: Any = None
 
     def _need_session(self) -> Any:
         if self.session is None:
@@ -196,7 +224,9 @@ class DistMagics:
         import shlex
 
         try:
-            args = _dist_parser().parse_args(shlex.split(line))
+            words, slurm = _take_option(shlex.split(line), "--slurm")
+            args = _dist_parser().parse_args(words)
+            args.slurm = slurm
         except Exception as exc:  # noqa: BLE001 - argparse errors become usage errors
             raise UsageError(f"{exc}\n{DIST_USAGE}") from None
         command = args.command
@@ -213,6 +243,9 @@ class DistMagics:
             if self.session is not None:
                 self.session.close()
                 self.session = None
+            if self.cluster is not None:  # the job %dist start --slurm submitted ends
+                self.cluster.close()
+                self.cluster = None
             self.auto_mode(False)
             return None
         if command == "auto":
@@ -243,15 +276,46 @@ class DistMagics:
 
         if self.session is not None and self.session.status().state != "closed":
             raise UsageError("a session runs already: %dist restart, or %dist stop first")
-        self.session = start(
-            args.num_processes,
-            start_method=args.start_method,
-            mixed_precision=args.mixed_precision,
-            dashboard=args.dashboard,
-            use_port=args.use_port,
-            **({"stall_after": args.stall_after} if hasattr(args, "stall_after") else {}),
-        )
+        cluster = self._cluster(args)
+        try:
+            self.session = start(
+                args.num_processes,
+                start_method=args.start_method,
+                mixed_precision=args.mixed_precision,
+                dashboard=args.dashboard,
+                use_port=args.use_port,
+                cluster=cluster,
+                **({"stall_after": args.stall_after} if hasattr(args, "stall_after") else {}),
+            )
+        except BaseException:
+            if cluster is not None and cluster is self.cluster:  # ours: its job ends
+                cluster.close()
+                self.cluster = None
+            raise
         return self.session.status()
+
+    def _cluster(self, args: Any) -> Any:
+        """The cluster a session starts on: ``--slurm "OPTIONS"`` makes one (this magic's:
+        ``%dist stop`` ends its job), ``--cluster NAME`` takes the notebook's."""
+        if args.slurm is not None and args.cluster is not None:
+            raise UsageError("--slurm or --cluster, not both")
+        if args.cluster is not None:
+            cluster = self.shell.user_ns.get(args.cluster)
+            if cluster is None or not hasattr(cluster, "nodes_for_launch"):
+                raise UsageError(
+                    f"--cluster {args.cluster}: no SlurmCluster/AgentCluster of that name"
+                )
+            return cluster
+        if args.slurm is None:
+            return None
+        from .cluster import SlurmCluster
+
+        if self.cluster is None or not self.cluster.running:
+            try:
+                self.cluster = SlurmCluster.from_sbatch(args.slurm)
+            except ValueError as exc:
+                raise UsageError(f"--slurm {args.slurm!r}: {exc}") from None
+        return self.cluster
 
     def auto_mode(self, on: bool) -> None:
         cleanup = self.shell.input_transformers_cleanup

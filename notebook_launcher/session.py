@@ -30,20 +30,24 @@ import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._launch import compare as compare_values
 from ._launch import preflight, stall
 from ._launch.plan import plan_launch
+from ._launch.remote import plan_cluster
 from ._launch.session import SessionCore, TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dumps_checked
 from ._worker import compare as rank_compare
 from ._worker import session as rank_side
-from .errors import LaunchError, at_callers_line, interrupted
+from .errors import LaunchError, PreflightError, at_callers_line, interrupted
 from .ui import View, view_for
 from .ui.lazy import InCell, LazyView
 from .ui.stall import Stacks
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 _live: weakref.WeakSet[Session] = weakref.WeakSet()
 _cells = itertools.count(1)
@@ -59,15 +63,21 @@ def start(
     dashboard: bool | str | View = "auto",
     grace_period: float = 1.0,
     stall_after: float | None = stall.DEFAULT_STALL_AFTER,
+    cluster: Cluster | None = None,
 ) -> Session:
     """Start ``num_processes`` ranks that stay until :meth:`Session.close`.
 
     The options are :func:`notebook_launcher`'s (``stall_after``: a task that makes no
-    progress for that many seconds shows where every rank is; None: off). Call it from the notebook's own thread
-    (the ranks die with the thread that started them). Also a context manager::
+    progress for that many seconds shows where every rank is; None: off; ``cluster``: the
+    ranks live on a cluster's nodes, ``num_processes`` of them in all, split evenly). Call
+    it from the notebook's own thread (the ranks die with the thread that started them).
+    Also a context manager::
 
         with notebook_launcher.start(num_processes=2) as session:
             session.run(train_step)
+
+        cluster = SlurmCluster(nodes=2)
+        session = notebook_launcher.start(num_processes=4, cluster=cluster)  # 2 x 2 ranks
     """
     return Session(
         num_processes,
@@ -78,6 +88,7 @@ def start(
         dashboard=dashboard,
         grace_period=grace_period,
         stall_after=stall_after,
+        cluster=cluster,
     )
 
 
@@ -145,7 +156,11 @@ class Session:
         options = dict(self._options)
         dashboard = options.pop("dashboard")
         stall_after = options.pop("stall_after")
-        plan = plan_launch(None, self._num_processes, **options)
+        cluster = options.pop("cluster", None)
+        if cluster is not None:
+            plan = self._on_cluster(cluster, dashboard, options)
+        else:
+            plan = plan_launch(None, self._num_processes, **options)
         try:
             core = SessionCore(plan, stall_after)
         except BaseException:
@@ -159,6 +174,38 @@ class Session:
         note = core.port_note()
         if note:  # as a launch's header says it
             print(f"notebook_launcher: {note}", file=sys.stderr)
+
+    def _on_cluster(self, cluster: Cluster, dashboard: Any, options: dict[str, Any]) -> Any:
+        """The plan of a session on a cluster's nodes (started if need be: the view shows
+        the wait for its job and agents)."""
+        for name, default in (
+            ("use_port", "auto"),
+            ("master_addr", "127.0.0.1"),
+            ("start_method", None),
+        ):
+            if options.get(name, default) != default:
+                raise PreflightError(
+                    f"{name}={options[name]!r} with cluster=...: the cluster's nodes hold the "
+                    "ranks and this kernel drives them (leave it as it is)."
+                )
+        preflight.check_not_in_a_rank()
+        view = self._view(dashboard)
+        try:
+            nodes = cluster.nodes_for_launch(view.handle)
+        finally:
+            view.close()
+        return plan_cluster(
+            nodes,
+            cluster.store_address,
+            cluster.job_key,
+            cluster.launches,
+            self._num_processes,
+            cluster.gpus_per_node,
+            mixed_precision=options.get("mixed_precision", "no"),
+            grace_period=options.get("grace_period", 1.0),
+            session=True,
+            explain=cluster.job_state,
+        )
 
     def _view(self, dashboard: Any = None) -> View:
         choice = self._options["dashboard"] if dashboard is None else dashboard

@@ -308,6 +308,43 @@ def test_the_stall_view_sees_every_node(shared: SlurmCluster) -> None:
     assert handle.result(timeout=60) == [0, 1, 2, 3]
 
 
+def test_a_session_across_nodes(shared: SlurmCluster) -> None:
+    """What a notebook does with a session, on 2 nodes x 2 ranks: cells on every rank and on
+    one of the second node, values in and out, a failing cell and its frame, a rank that
+    fails while the others wait in a collective (the group is re-formed), an interrupt, a
+    restart on the same allocation, and the end (the agents stay for the next)."""
+    from notebook_launcher import start
+
+    job = shared.job_id
+    with start(num_processes=4, cluster=shared, dashboard=False) as session:
+        where = session.run_cell("import os\nhost = os.environ['SLURMD_NODENAME']\n(rank, host)")
+        a, b = (n.host for n in shared.nodes_for_launch())
+        assert where == [f"(0, '{a}')", f"(1, '{a}')", f"(2, '{b}')", f"(3, '{b}')"]
+        assert session.run_cell("rank * 10", ranks=[3]) == ["30"]  # %%rank 3
+        assert session.run_cell("rank", ranks=[3, 0]) == ["3", "0"]  # in the order asked
+        session.push(lr=0.5)
+        assert session.pull("lr") == [0.5] * 4
+        with pytest.raises(ZeroDivisionError) as info:
+            session.run_cell("if rank == 3:\n    bad = 1 / 0\ndist.barrier()")
+        notes = "\n".join(info.value.__notes__)
+        assert f"rank 3 on {b} raised ZeroDivisionError" in notes, notes
+        assert "re-formed their process group" in notes, notes  # 0, 1, 2 waited in barrier
+        assert session.post_mortem(3, "host") == repr(b)  # in rank 3's failing frame
+        assert session.run_cell("t = torch.ones(1); dist.all_reduce(t); t.item()") == ["4.0"] * 4
+        handle = session.submit(time.sleep, 60)
+        time.sleep(1.0)
+        session.interrupt()
+        with pytest.raises(KeyboardInterrupt):
+            handle.result(timeout=30)
+        assert session.pull("lr") == [0.5] * 4  # lives on, variables kept
+        old = set(session.status().pids)
+        session.restart()
+        assert shared.job_id == job and not old & set(session.status().pids)
+        assert session.run_cell("'lr' in dir()") == ["False"] * 4  # fresh ranks
+    agents = {n.hello.pid for n in shared.nodes_for_launch()}
+    wait_until(lambda: set(agent_processes(shared.job_key)) == agents, 10, "only the agents stay")
+
+
 # --- faults: each names the node and why, and leaves nothing ------------------------------
 
 

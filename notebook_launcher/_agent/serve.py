@@ -170,7 +170,7 @@ class Agent:
         except KeyError:
             return
         if message.main_thread:
-            interrupt_main_thread(proc)
+            proc.interrupt()
         else:
             proc.send_signal(message.signum)
 
@@ -210,22 +210,6 @@ def _on_this_node(spec: Any, local_count: int) -> Any:
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     return dataclasses.replace(spec, cwd=cwd, env=env, num_threads=threads, replace_environ=False)
-
-
-#: ``pidfd_send_signal`` flag (Linux 6.9): to the thread the pidfd names, not the process.
-_PIDFD_SIGNAL_THREAD = 1
-
-
-def interrupt_main_thread(proc: WorkerProcess) -> None:
-    """SIGINT to the rank's main thread (see ``_launch.session._interrupt_rank``)."""
-    if proc.exited:
-        return
-    try:
-        signal.pidfd_send_signal(proc.pidfd, signal.SIGINT, None, _PIDFD_SIGNAL_THREAD)
-    except ProcessLookupError:
-        pass
-    except OSError:
-        proc.send_signal(signal.SIGINT)
 
 
 def _close(fd: int) -> None:

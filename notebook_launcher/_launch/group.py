@@ -44,6 +44,8 @@ from .._wire.control import Channel, Raised, Reformed, Returned, Setup, Task
 from ..errors import RankFailure
 from . import forkserver
 
+#: ``pidfd_send_signal`` flag (Linux 6.9): to the thread the pidfd names, not the process.
+PIDFD_SIGNAL_THREAD = 1
 #: Unterminated output kept per stream before it is passed on as it is (bounded memory).
 MAX_PARTIAL_CHARS = 1 << 16
 #: When only output is ready, wait this long for more before reading: ranks that print
@@ -113,6 +115,23 @@ class WorkerProcess:
             else:
                 self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
         return self.returncode
+
+    def interrupt(self) -> None:
+        """SIGINT to the rank's main thread, where a session's task runs.
+
+        Sent to the process, the kernel may hand the signal to any of the rank's threads
+        (gloo's, OpenMP's): Python then notes it, but the main thread sleeps on in a blocking
+        call (``time.sleep``) until something else wakes it -- the interrupt is seen seconds
+        later or never. Sent to the main thread (the process's first, whose tid is its pid),
+        it interrupts that call. Older kernels lack the flag: then to the process."""
+        if self.returncode is not None:
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGINT, None, PIDFD_SIGNAL_THREAD)
+        except ProcessLookupError:
+            pass
+        except OSError:  # EINVAL: a kernel before 6.9
+            self.send_signal(signal.SIGINT)
 
     def send_signal(self, sig: int) -> None:
         """Signal the rank (its pidfd: never another process that took its pid). SIGKILL

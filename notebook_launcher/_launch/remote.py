@@ -783,7 +783,8 @@ def plan_cluster(
         )
     precision = preflight.check_mixed_precision(mixed_precision, gpus_per_node)
     backend = "nccl" if gpus_per_node else "gloo"
-    specs = remote_specs(nodes, per_node, store, "", backend, precision, max_restarts)
+    prefix = f"{job_key}/l{launch_no}/a0/pg"  # each launch and session: a group of its own
+    specs = remote_specs(nodes, per_node, store, prefix, backend, precision, max_restarts)
     for spec in specs:
         spec.session = session
     hosts = ", ".join(n.host for n in nodes)

@@ -456,6 +456,7 @@ class SessionCore:
                     started.master_addr, started.master_port, started.backend,
                     tuple(task.ranks), time.time(),
                     task=f"task {task.id}: {label}" if label else f"task {task.id}",
+                    hosts=_hosts_of(started, task.ranks),
                 )
             )  # fmt: skip
             for line in self.idle_output:  # what the ranks printed while nothing ran
@@ -854,27 +855,18 @@ class SessionCore:
         return stall.report(stall.of_group(self.group), "request")
 
 
-#: ``pidfd_send_signal`` flag (Linux 6.9): to the thread the pidfd names, not the process.
-PIDFD_SIGNAL_THREAD = 1
+def _hosts_of(started: LaunchStarted, ranks: list[int]) -> tuple[str, ...]:
+    """A cluster's hosts of ``ranks`` (the view labels their rows and lines with them)."""
+    if not started.hosts:
+        return ()
+    host = dict(zip(started.ranks, started.hosts, strict=False))
+    return tuple(host.get(r, "") for r in ranks)
 
 
-def _interrupt_rank(proc: WorkerProcess) -> None:
-    """SIGINT to the rank's main thread, where its task runs.
-
-    Sent to the process, the kernel may hand the signal to any of the rank's threads
-    (gloo's, OpenMP's): Python then notes it, but the main thread sleeps on in a blocking
-    call (``time.sleep``) until something else wakes it -- the interrupt is seen seconds
-    later or never. Sent to the main thread (the process's first, whose tid is its pid),
-    it interrupts that call. Older kernels lack the flag: then to the process.
-    """
-    if proc.exited:
-        return
-    try:
-        signal.pidfd_send_signal(proc.pidfd, signal.SIGINT, None, PIDFD_SIGNAL_THREAD)
-    except ProcessLookupError:
-        pass
-    except OSError:  # EINVAL: a kernel before 6.9
-        proc.send_signal(signal.SIGINT)
+def _interrupt_rank(proc: Any) -> None:
+    """SIGINT to the rank's main thread, where its task runs (``WorkerProcess.interrupt``;
+    a cluster's rank: its node's agent sends it)."""
+    proc.interrupt()
 
 
 def _raised_before(failure: RankFailure, task: TaskRun) -> bool:

@@ -337,7 +337,9 @@ class Link:
         #: why writing failed (the peer went away), once it did
         self.broken: str | None = None
         self.closed = False
-        self._writer: threading.Thread | None = None  # started by the first send
+        self._writer: threading.Thread | None = None  # started when a send must wait
+        #: frames handed to the writer and not yet written (later ones queue behind them)
+        self._queued = 0
 
     def __repr__(self) -> str:  # never the key
         return f"<Link fd={self.fileno()} sent={self._sent} received={self._received}>"
@@ -351,21 +353,37 @@ class Link:
         return mac.digest()[:TAG_BYTES]
 
     def send(self, message: Any) -> None:
-        """Queue ``message`` (never blocks on the network; a broken link drops it: the
-        reader sees the end of the connection)."""
+        """Send ``message``; never blocks on the network. While nothing waits to be
+        written, what the socket takes at once goes out from this thread (a session's
+        round trip: no thread hand-off); the rest, and whatever comes after it, goes to
+        the writer thread, in order. A broken link drops it: the reader sees the end of
+        the connection."""
         if self.closed:
             return
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if len(payload) + TAG_BYTES > MAX_FRAME:
             raise ValueError(f"a {len(payload)}-byte message is larger than a frame can carry")
-        with self._lock:  # the sequence number and the queue order agree
+        with self._lock:  # the sequence number and the order on the wire agree
+            tag = self._tag(self._out, self._sent, payload)
+            self._sent += 1
+            data = _LEN.pack(len(payload) + TAG_BYTES) + tag + payload
+            if not self._queued and self.broken is None:
+                try:
+                    sent = self.sock.send(data, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError as exc:
+                    self.broken = f"{type(exc).__name__}: {exc}"
+                    return
+                if sent == len(data):
+                    return
+                data = data[sent:]
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write, name="notebook-launcher-link")
                 self._writer.daemon = True
                 self._writer.start()
-            tag = self._tag(self._out, self._sent, payload)
-            self._sent += 1
-            self._queue.put(_LEN.pack(len(payload) + TAG_BYTES) + tag + payload)
+            self._queued += 1
+            self._queue.put(data)
 
     def _write(self) -> None:
         while True:
@@ -377,6 +395,9 @@ class Link:
             except OSError as exc:
                 self.broken = self.broken or f"{type(exc).__name__}: {exc}"
                 return
+            finally:
+                with self._lock:
+                    self._queued -= 1
 
     def receive(self, data: bytes) -> list[Any]:
         """The messages completed by ``data``; :class:`AuthError` for a frame whose tag is

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._events import Event, LaunchStarted, Output, ProgressUpdate
-from .model import clean_line
+from .model import LaunchModel, clean_line
 
 #: The most text a displayed text view keeps (its newest lines).
 MAX_SHOWN_CHARS = 200_000
@@ -65,12 +65,15 @@ class LazyView:
         if self._inner is not None:
             self._inner.close()
             return
+        model = LaunchModel()  # the labels the full view would give: [rank1], [n2:rank3]
         for event in self._buffer:
+            if isinstance(event, LaunchStarted):
+                model.apply(event)
             if isinstance(event, Output):
                 stream = sys.stderr if event.stream == "stderr" else sys.stdout
                 line = clean_line(event.text)
                 if line or event.text.endswith("\n"):
-                    stream.write(f"[rank{event.rank}] {line}\n")
+                    stream.write(f"{model.line_label(event.rank)} {line}\n")
         self._buffer.clear()
 
     def _show(self) -> None:
