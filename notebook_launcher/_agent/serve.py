@@ -285,11 +285,22 @@ def preload() -> None:
     """What every rank needs, imported once here so that forked ranks start at once."""
     import torch.distributed  # noqa: F401
 
-    for name in (*FORK_PRELOAD, "notebook_launcher._worker.entry"):
+    # numpy.random: a kernel that uses numpy hands its random state to the ranks, which
+    # would import it (~0.3 s each, all at once; numpy >= 2 loads it on first use)
+    for name in (*FORK_PRELOAD, "notebook_launcher._worker.entry", "numpy.random"):
         try:
             importlib.import_module(name)
         except ImportError:
             pass
+    # tqdm's lock holds a multiprocessing semaphore, whose first use starts multiprocessing's
+    # resource tracker (a new interpreter: 200-300 ms). Made once here, every forked rank
+    # inherits both, as ranks forked by a kernel do.
+    try:
+        import tqdm.std
+
+        tqdm.std.TqdmDefaultWriteLock.create_mp_lock()
+    except (ImportError, OSError):
+        pass
 
 
 def run(host: str, port: int, secret_file: str | None, job: str, node: int | None) -> int:

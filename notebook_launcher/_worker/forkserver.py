@@ -30,7 +30,9 @@ PRELOAD = (
     "torch",
     "torch.distributed",
     "cloudpickle",
-    "numpy",
+    # numpy >= 2 imports numpy.random on first use: a kernel that uses numpy hands its
+    # random state to every rank (_settings), which would import it each time (~0.1-0.3 s)
+    "numpy.random",
     "notebook_launcher.state",
     "notebook_launcher.utils",
     "notebook_launcher.utils.operations",  # utils loads its torch parts on first use
