@@ -63,6 +63,7 @@ from ._launch.record import RunRecord
 from ._launch.remote import plan_cluster
 from ._launch.session import TaskHandle
 from .errors import LaunchError, PreflightError, interrupted
+from .session import start as start_session
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
 from .ui.stall import Stacks
@@ -624,5 +625,10 @@ class _Launch:
             return as_child_failed(value, outcome.verdict, self.child_failed_name, per_node)
         return value
 
+
+# ``from notebook_launcher import notebook_launcher``, then ``notebook_launcher.start(...)``:
+# the function carries the package's ``start`` (sessions) too, so the cell reads the same
+# whether the name is the package or the function.
+notebook_launcher.start = start_session  # type: ignore[attr-defined]
 
 __all__ = ["notebook_launcher"]

@@ -27,11 +27,14 @@ after ``sanitize.cfg``. Editing in Jupyter instead: see README.md (``--from-ipyn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import re
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -195,8 +198,46 @@ def strip_machine_paths(nb: Any) -> None:
         nb.metadata.widgets = nbformat.from_dict(_map_strings(nb.metadata.widgets))
 
 
+#: Lessons that need a Slurm cluster: built against the one ``SLURM_CONF`` names, or a
+#: loopback cluster of three nodes started for the build (tests/slurm/, as root)
+NEEDS_SLURM = ("07_from_laptop_to_cluster",)
+
+
+@contextlib.contextmanager
+def _slurm_for(name: str) -> Iterator[None]:
+    if name not in NEEDS_SLURM or _slurm_answers():
+        yield
+        return
+    scripts = ROOT / "tests" / "slurm"
+    with tempfile.TemporaryDirectory() as where:
+        subprocess.run(["bash", str(scripts / "start-cluster.sh"), where, "3", "2"], check=True)
+        old = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = os.path.join(where, "slurm.conf")
+        try:
+            yield
+        finally:
+            subprocess.run(["bash", str(scripts / "stop-cluster.sh"), where], check=False)
+            if old is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = old
+
+
+def _slurm_answers() -> bool:
+    try:
+        done = subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
+
+
 def execute(nb: Any, name: str) -> None:
     """Run ``nb`` on the shipped kernelspec (installed into a temporary prefix)."""
+    with _slurm_for(name):
+        _execute(nb, name)
+
+
+def _execute(nb: Any, name: str) -> None:
     from nbclient import NotebookClient
 
     spec = _kernelspec()

@@ -27,7 +27,7 @@ import pytest
 import notebook_launcher
 from notebook_launcher._kernelspec import DISPLAY_NAME, KERNEL_NAME, install
 
-from .helpers import kernel_env
+from .helpers import SlurmTestCluster, kernel_env
 
 pytestmark = pytest.mark.notebook
 
@@ -37,7 +37,7 @@ NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])
 
 
-def test_notebooks_are_the_six_of_the_course() -> None:
+def test_notebooks_are_the_seven_of_the_course() -> None:
     assert NOTEBOOKS == [
         "01_quickstart.ipynb",
         "02_execution_process.ipynb",
@@ -45,6 +45,7 @@ def test_notebooks_are_the_six_of_the_course() -> None:
         "04_debugging.ipynb",
         "05_interactive_debugging.ipynb",
         "06_transformers_trainer.ipynb",
+        "07_from_laptop_to_cluster.ipynb",
     ]
 
 
@@ -336,8 +337,11 @@ def test_nbval_kernel_captures_fd_output_without_the_pytest_marker(
 
 
 @pytest.fixture(scope="module")
-def nbval_report(jupyter_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One nbval run over every notebook (one kernel each); its ``-rA`` report."""
+def nbval_report(
+    jupyter_path: str, tmp_path_factory: pytest.TempPathFactory, slurm: SlurmTestCluster
+) -> str:
+    """One nbval run over every notebook (one kernel each); its ``-rA`` report. Lesson 7
+    drives the test Slurm cluster (its kernel finds it through ``SLURM_CONF``)."""
     done = _nbval(
         [NOTEBOOK_DIR / name for name in NOTEBOOKS],
         ROOT,
