@@ -324,3 +324,42 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
+
+
+def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None:
+    """Without Slurm: the agents are started by whatever starts processes on the nodes (here,
+    this test, with the command the cluster gives), and launches and sessions run on them."""
+    import shlex
+
+    from notebook_launcher import AgentCluster, notebook_launcher, start
+    from notebook_launcher._events import NodesWaiting
+
+    cluster = AgentCluster(nodes=2, host="127.0.0.1", secret_file=str(tmp_path / "job.secret"))
+    said: list[str] = []
+
+    def report(event: Any) -> None:
+        if isinstance(event, NodesWaiting) and not said:
+            said.append(event.state)
+            for node in range(2):
+                start_agent(shlex.split(cluster.agent_command(node)))
+
+    try:
+        cluster.start(report=report)
+        assert said and "start an agent on each node: " in said[0]
+        assert "--secret-file" in said[0] and cluster.hub is not None
+        secret = cluster.hub.secret_env()["NOTEBOOK_LAUNCHER_AGENT_SECRET"]
+        assert (
+            secret not in said[0]
+            and oct(os.stat(tmp_path / "job.secret").st_mode & 0o777) == "0o600"
+        )
+        out = notebook_launcher(where, (2,), num_processes=4, cluster=cluster, dashboard=False)
+        assert sorted(out) == [(0, 8, "0"), (1, 8, "1"), (2, 8, "0"), (3, 8, "1")]
+        with start(num_processes=2, cluster=cluster, dashboard=False) as session:
+            assert session.run_cell("rank") == ["0", "1"]
+        job = cluster.job_key
+    finally:
+        cluster.close()
+    for proc in _started:
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    assert agent_processes(job) == []
