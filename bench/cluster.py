@@ -14,6 +14,7 @@ default; every rank does a barrier and returns its rank. Measured in the same ru
   * **two notebooks**: today's one-notebook-per-node path: two warm kernels (torch and the
     package imported) call ``notebook_launcher(..., num_nodes=2, node_rank=i)`` at once; the
     cell is done when both have their results;
+  * **Ctrl-C**: from the interrupt to every rank of every node stopped;
   * a **session** round trip across the nodes (``session.run`` of a trivial function);
     target <= 2 ms on loopback (a local session: ~0.5 ms, measured here too);
   * the **kernel's CPU** while 2 nodes x 4 ranks print 100 lines/s each for
@@ -199,6 +200,37 @@ def _seconds(kernel: subprocess.Popen[str]) -> float:
             continue
 
 
+def sleeps() -> None:
+    time.sleep(600)
+
+
+def ctrl_c(cluster: Any, total: int, runs: int) -> list[float]:
+    """From SIGINT to the cell's KeyboardInterrupt, every rank of every node stopped."""
+    import signal
+    import threading
+
+    from notebook_launcher import notebook_launcher
+
+    times = []
+    for _ in range(runs):
+        view = Timing()
+        pressed: list[float] = []
+
+        def press(view: Timing = view, pressed: list[float] = pressed) -> None:
+            while len(view.started) < total:
+                time.sleep(0.01)
+            time.sleep(0.3)
+            pressed.append(time.perf_counter())
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=press, daemon=True).start()
+        try:
+            notebook_launcher(sleeps, num_processes=total, cluster=cluster, dashboard=view)
+        except KeyboardInterrupt:
+            times.append(time.perf_counter() - pressed[0])
+    return times
+
+
 def round_trips(session: Any, count: int = 300) -> float:
     session.run(int)  # warm
     t0 = time.perf_counter()
@@ -263,12 +295,12 @@ def main() -> None:
             ratio = median(times) / median(done)
             print(f"  {name + ':':<48}{median(times) * 1000:8.1f} ms  ({ratio:.1f}x ours)")
 
+        stopped = ctrl_c(cluster, total, args.runs)
+        print(f"  Ctrl-C -> every rank of every node stopped:    {median(stopped) * 1000:8.1f} ms")
+
         remote_trip = local_trip = float("nan")
-        try:
-            with start_session(num_processes=total, cluster=cluster, dashboard=False) as session:
-                remote_trip = round_trips(session)
-        except TypeError:
-            print("  (sessions on a cluster: not available in this build)")
+        with start_session(num_processes=total, cluster=cluster, dashboard=False) as session:
+            remote_trip = round_trips(session)
         with start_session(num_processes=total, dashboard=False) as session:
             local_trip = round_trips(session)
         print(
