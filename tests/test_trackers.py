@@ -211,6 +211,9 @@ def test_find_executable_batch_size_halves_down_to_what_fits() -> None:
         "from notebook_launcher import init_empty_weights",
         "from notebook_launcher.utils import merge_fsdp_weights",
         "from notebook_launcher.utils.modeling import get_state_dict_from_offload",
+        # what Transformers imports from accelerate when it sees it installed
+        "from notebook_launcher.utils.modeling import clean_device_map, get_max_layer_size",
+        "from notebook_launcher.utils import DeepSpeedSchedulerWrapper",
         "import notebook_launcher.hooks",
         "import notebook_launcher.big_modeling",
         "from notebook_launcher import FP8RecipeKwargs",
