@@ -65,6 +65,8 @@ ACCELERATE_ONLY: dict[str, str] = {
             "HfDeepSpeedConfig",
             "FullyShardedDataParallelPlugin",
             "MegatronLMPlugin",
+            "MegatronLMDummyScheduler",
+            "MegatronLMDummyDataLoader",
             "TorchTensorParallelPlugin",
             "ParallelismConfig",
             "merge_fsdp_weights",

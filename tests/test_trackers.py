@@ -214,6 +214,8 @@ def test_find_executable_batch_size_halves_down_to_what_fits() -> None:
         # what Transformers imports from accelerate when it sees it installed
         "from notebook_launcher.utils.modeling import clean_device_map, get_max_layer_size",
         "from notebook_launcher.utils import DeepSpeedSchedulerWrapper",
+        # what Accelerate's by_feature/megatron_lm_gpt_pretraining.py imports
+        "from notebook_launcher.utils import MegatronLMDummyScheduler",
         "import notebook_launcher.hooks",
         "import notebook_launcher.big_modeling",
         "from notebook_launcher import FP8RecipeKwargs",
