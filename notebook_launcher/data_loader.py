@@ -535,13 +535,23 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     def _base_iter(self) -> Iterator[Any]:
         return super().__iter__()
 
-    def _reseed(self) -> None:
-        """After the epoch's iterator drew its base seed: seed the sampler's generator from
-        the global RNG, as a RandomSampler without a generator does when it starts."""
+    def _reseeded_base_iter(self) -> Iterator[Any]:
+        """The epoch's base iterator, the sampler's generator seeded from the global RNG
+        where a ``RandomSampler`` without a generator draws its seed: right after the
+        iterator's worker base seed, before the first index. A pool of workers draws its
+        first indices while the iterator is created, so the seed is worked out first (the
+        same two draws, peeked) and set before; the global RNG then advances past both."""
         gen = self.synchronized_generator
-        if self._reseed_generator and gen is not None:
-            gen.manual_seed(_seed_from_global_rng())
-            self._epoch_start_states = {k: g.get_state() for k, g in self._generators().items()}
+        assert gen is not None
+        with _global_rng_untouched():
+            if self.generator is None:
+                _seed_from_global_rng()  # the base seed, drawn again by the iterator
+            seed = _seed_from_global_rng()
+        gen.manual_seed(seed)
+        self._epoch_start_states = {k: g.get_state() for k, g in self._generators().items()}
+        base = self._base_iter()  # draws the base seed
+        _seed_from_global_rng()  # and the sampler's seed, as RandomSampler would
+        return base
 
     # ----------------------------------------------------------------- state tracking
     @property
@@ -619,6 +629,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         the sampler, whose generators hold the epoch's start states again, and nothing is
         drawn from the global RNG (the epoch drew its worker base seed and sampler seed
         before the checkpoint; drawing again would shift the resumed run's random stream).
+        Otherwise a single process's sampler generator is reseeded for the epoch
+        (:meth:`_reseeded_base_iter`).
         """
         self._sync_generator()
         self.set_epoch(self.iteration)
@@ -628,9 +640,9 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         if continues:
             with _global_rng_untouched():
                 return self._base_iter()
-        base = self._base_iter()
-        self._reseed()
-        return base
+        if self._reseed_generator and self.synchronized_generator is not None:
+            return self._reseeded_base_iter()
+        return self._base_iter()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         base = self._start_epoch()
