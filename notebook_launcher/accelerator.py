@@ -937,9 +937,11 @@ class Accelerator(ProcessControl):
             )
         rank_states = checkpointing.rng_state()
         rank_states["step"] = self.step
-        rank_states["dataloaders"] = [
-            dl.state_dict() for dl in self._dataloaders if isinstance(dl, DataLoaderShard)
-        ]
+        shards = [dl for dl in self._dataloaders if isinstance(dl, DataLoaderShard)]
+        rank_states["dataloaders"] = [dl.state_dict() for dl in shards]
+        # a stateful loader's state counts batches; its order (epoch, generator states)
+        # says which permutation they come from
+        rank_states["dataloader_orders"] = [dl.order_state() for dl in shards]
         checkpointing.save_rank_state(staging, self.process_index, rank_states)
         self.wait_for_everyone()
         if self.is_main_process:

@@ -718,8 +718,13 @@ def restore_rank_state(
         )
         return None
     set_rng_state(states)
-    for loader, loader_state in zip(dataloaders, states.get("dataloaders", []), strict=False):
+    orders = states.get("dataloader_orders", [])
+    for i, (loader, loader_state) in enumerate(
+        zip(dataloaders, states.get("dataloaders", []), strict=False)
+    ):
         loader.load_state_dict(loader_state)
+        if i < len(orders) and getattr(loader, "use_stateful_dataloader", False):
+            loader.load_order_state(orders[i])
     return int(states.get("step", 0))
 
 

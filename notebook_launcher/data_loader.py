@@ -482,6 +482,11 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         self._reseed_generator = reseed_generator
         self.use_stateful_dataloader = self._is_stateful()
         self._stateful_snapshot: dict[str, Any] | None = None
+        # the order state that goes with the snapshot (epoch, sampler generator states)
+        self._snapshot_order: dict[str, Any] | None = None
+        # set by load_state_dict of a stateful loader saved mid-epoch: the next iteration
+        # continues that epoch (its seeds were drawn before the checkpoint)
+        self._continues_epoch = False
         self.device = device
         self.synchronized_generator = synchronized_generator
         self.skip_batches = skip_batches
@@ -505,21 +510,48 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
             return self
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def _snapshot(self) -> None:
-        """Record the stateful position now: only the batches handed out are counted."""
+    def _snapshot(self, finished: bool = False) -> None:
+        """Record the stateful position now: only the batches handed out are counted.
+
+        With it, the order it belongs to: mid-epoch, the epoch and the sampler generators'
+        states at the epoch's start (the resumed epoch draws the same permutation); at the
+        epoch's end (``finished``), the next epoch and the generators as they are now.
+        """
         if self.use_stateful_dataloader:
-            self._stateful_snapshot = super().state_dict()  # type: ignore[misc]
+            if getattr(self, "_iterator", None) is None:  # a dispatcher's rank > 0 reads none
+                if self._stateful_snapshot is None:
+                    self._stateful_snapshot = self._fresh_stateful_state()
+            else:
+                self._stateful_snapshot = super().state_dict()  # type: ignore[misc]
+            if finished:
+                generators = {k: g.get_state() for k, g in self._generators().items()}
+                self._snapshot_order = {"iteration": self.iteration + 1, "generators": generators}
+            else:
+                self._snapshot_order = {
+                    "iteration": self.iteration,
+                    "generators": dict(self._epoch_start_states),
+                }
 
     def _base_iter(self) -> Iterator[Any]:
         return super().__iter__()
 
-    def _reseed(self) -> None:
-        """After the epoch's iterator drew its base seed: seed the sampler's generator from
-        the global RNG, as a RandomSampler without a generator does when it starts."""
+    def _reseeded_base_iter(self) -> Iterator[Any]:
+        """The epoch's base iterator, the sampler's generator seeded from the global RNG
+        where a ``RandomSampler`` without a generator draws its seed: right after the
+        iterator's worker base seed, before the first index. A pool of workers draws its
+        first indices while the iterator is created, so the seed is worked out first (the
+        same two draws, peeked) and set before; the global RNG then advances past both."""
         gen = self.synchronized_generator
-        if self._reseed_generator and gen is not None:
-            gen.manual_seed(_seed_from_global_rng())
-            self._epoch_start_states = {k: g.get_state() for k, g in self._generators().items()}
+        assert gen is not None
+        with _global_rng_untouched():
+            if self.generator is None:
+                _seed_from_global_rng()  # the base seed, drawn again by the iterator
+            seed = _seed_from_global_rng()
+        gen.manual_seed(seed)
+        self._epoch_start_states = {k: g.get_state() for k, g in self._generators().items()}
+        base = self._base_iter()  # draws the base seed
+        _seed_from_global_rng()  # and the sampler's seed, as RandomSampler would
+        return base
 
     # ----------------------------------------------------------------- state tracking
     @property
@@ -590,11 +622,31 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         return send_to_device(batch, self.device, non_blocking=self.non_blocking)
 
     # ----------------------------------------------------------------- iteration
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+    def _start_epoch(self, read: bool = True) -> Iterator[Any] | None:
+        """Sync the sampler's generator, set the epoch and (``read``) open the base loader.
+
+        A stateful loader restored mid-epoch continues that epoch: torchdata fast-forwards
+        the sampler, whose generators hold the epoch's start states again, and nothing is
+        drawn from the global RNG (the epoch drew its worker base seed and sampler seed
+        before the checkpoint; drawing again would shift the resumed run's random stream).
+        Otherwise a single process's sampler generator is reseeded for the epoch
+        (:meth:`_reseeded_base_iter`).
+        """
         self._sync_generator()
         self.set_epoch(self.iteration)
-        base = self._base_iter()
-        self._reseed()
+        continues, self._continues_epoch = self._continues_epoch, False
+        if not read:
+            return None
+        if continues:
+            with _global_rng_untouched():
+                return self._base_iter()
+        if self._reseed_generator and self.synchronized_generator is not None:
+            return self._reseeded_base_iter()
+        return self._base_iter()
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        base = self._start_epoch()
+        assert base is not None
         self.begin()
         try:
             try:
@@ -609,6 +661,10 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
                     upcoming = next(base)
                 except StopIteration:
                     self.end_of_dataloader = True
+                    # the epoch's end: a checkpoint taken from here on resumes at the next
+                    # epoch (torchdata's state says its iterator finished), not after the
+                    # last batch of this one, where nothing is left
+                    self._snapshot(finished=True)
                     if index >= self.skip_batches:
                         yield current
                     break
@@ -628,28 +684,62 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
 
         Saved mid-epoch, the generators' states are those of the start of the epoch, so that a
         resumed run replays the same order and ``skip_first_batches`` skips what was done.
-        A stateful loader (``use_stateful_dataloader``) returns torchdata's state instead,
-        at the batch being processed.
+        A stateful loader (``use_stateful_dataloader``) returns torchdata's state instead
+        (the same dict as a ``StatefulDataLoader``'s), at the batch being processed;
+        ``save_state`` saves its :meth:`order_state` beside it.
         """
-        if self.use_stateful_dataloader:
-            if self._stateful_snapshot is not None:  # also after a loop left with break
-                return dict(self._stateful_snapshot)
-            return super().state_dict()  # type: ignore[misc]
+        if not self.use_stateful_dataloader:
+            return self.order_state()
+        if self._stateful_snapshot is not None:  # also after a loop left with break
+            return dict(self._stateful_snapshot)
+        return self._fresh_stateful_state()
+
+    def order_state(self) -> dict[str, Any]:
+        """The epoch and the sampler generators' states that replay this loader's order
+        from where :meth:`state_dict` stands (for a stateful loader: torchdata's state
+        counts the batches, this says which permutation they come from)."""
+        if self._stateful_snapshot is not None and self._snapshot_order is not None:
+            return dict(self._snapshot_order)
         if self.in_progress:
             generators = dict(self._epoch_start_states)
         else:
             generators = {k: g.get_state() for k, g in self._generators().items()}
         return {"iteration": self.iteration, "generators": generators}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.use_stateful_dataloader:
-            super().load_state_dict(state)  # type: ignore[misc]
-            self._stateful_snapshot = None
-            return
+    def load_order_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`order_state` returned."""
         self.iteration = int(state["iteration"])
         for name, gen in self._generators().items():
             if name in state.get("generators", {}):
                 gen.set_state(state["generators"][name])
+
+    def _fresh_stateful_state(self) -> dict[str, Any]:
+        """torchdata's state of a loader not iterated yet. To read it, torchdata creates the
+        epoch's iterator, which draws its seed from the global RNG, and keeps it for the
+        next ``__iter__``: saving a checkpoint would then move that draw (and every random
+        number after it) to the moment of the save. The RNG is put back, and the iterator
+        dropped, so that the epoch draws when it starts, as without a checkpoint."""
+        with _global_rng_untouched():
+            state: dict[str, Any] = super().state_dict()  # type: ignore[misc]
+        self._iterator = None
+        self._initial_iter_for_state_dict = False
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.use_stateful_dataloader:
+            super().load_state_dict(state)  # type: ignore[misc]
+            self._stateful_snapshot = None
+            self._snapshot_order = None
+            finished = bool(state.get("_iterator_finished", False))
+            self._continues_epoch = _batches_yielded(state) > 0 and not finished
+            if finished:
+                # torchdata would build the finished iterator at the next __iter__, see that
+                # it is finished and build a fresh one: two seed draws where the run that
+                # never stopped made one. Build the finished one now, drawing nothing.
+                with _global_rng_untouched():
+                    self._iterator = self._get_iterator()
+            return
+        self.load_order_state(state)
 
 
 class SkipDataLoader(DataLoaderShard):
@@ -821,11 +911,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         return payload[0]
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        self._sync_generator()
-        self.set_epoch(self.iteration)
-        it = self._base_iter() if self.process_index == 0 else None
-        if it is not None:
-            self._reseed()
+        it = self._start_epoch(read=self.process_index == 0)
         first: list[Any] = []
         self.begin()
         try:
@@ -837,6 +923,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                 batch, real = current
                 if upcoming is None:
                     self.end_of_dataloader = True
+                    self._snapshot(finished=True)  # see DataLoaderShard.__iter__
                     self.remainder = real if real < self._global_size else 0
                     if not self.even_batches:
                         self.remainder = 0
@@ -869,6 +956,24 @@ def _on_device(batch: Any, device: torch.device) -> bool:
 
 def _seed_from_global_rng() -> int:
     return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+def _batches_yielded(state: dict[str, Any]) -> int:
+    """How far into its epoch torchdata's state is (single- or multi-process iterator)."""
+    if "_num_yielded" in state:
+        return int(state["_num_yielded"])
+    snapshot = state.get("_snapshot") or {}
+    return int(snapshot.get("_snapshot_step", 0)) + int(state.get("_steps_since_snapshot", 0))
+
+
+class _global_rng_untouched:
+    """Puts torch's global CPU generator back as it was on entry."""
+
+    def __enter__(self) -> None:
+        self._state = torch.get_rng_state()
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_rng_state(self._state)
 
 
 def prepare_data_loader(

@@ -54,6 +54,7 @@ import itertools
 import math
 import os
 import re
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -440,7 +441,8 @@ class PartialState:
 
     @contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's share of ``inputs`` (list, tuple, dict of those, or tensor).
+        """Yield this process's share of ``inputs`` (list, tuple, dict of those, tensor, or
+        a Hugging Face ``datasets.Dataset``: its rows).
 
         The first ``len % num_processes`` processes get one item more. With
         ``apply_padding=True`` every process gets the same number of items, shorter shares
@@ -617,11 +619,22 @@ def _shard_bounds(length: int, index: int, num: int) -> tuple[int, int]:
     return start, end
 
 
+def _is_hf_dataset(value: Any) -> bool:
+    """A Hugging Face ``datasets.Dataset``: sliced, it gives a dict of columns, not rows."""
+    datasets = sys.modules.get("datasets")  # only if the caller has imported it
+    return datasets is not None and isinstance(value, getattr(datasets, "Dataset", ()))
+
+
 def _split_value(value: Any, index: int, num: int, pad: bool, target: int) -> Any:
     if isinstance(value, Mapping):
         return _split_mapping(value, index, num, pad)
     length = len(value)
     start, end = _shard_bounds(length, index, num)
+    if _is_hf_dataset(value):  # rows by index, as Accelerate selects them
+        rows = list(range(start, end))
+        if pad and length and end - start < target:
+            rows += [rows[-1] if rows else length - 1] * (target - (end - start))
+        return value.select(rows)
     part = value[start:end]
     if not pad or length == 0 or end - start >= target:
         return part

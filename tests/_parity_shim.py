@@ -166,6 +166,23 @@ def _stand_in(name: str, fallback: str) -> Callable[..., Any]:
     return stand_in
 
 
+#: Modules (by ``__name__``) whose own imports of Accelerate-only names raise as without
+#: stand-ins (see :func:`install`).
+_STRICT_IMPORTERS: set[str] = set()
+
+
+def _importer_is_strict() -> bool:
+    """Whether the code importing now is one of :data:`_STRICT_IMPORTERS`: the first frame
+    outside the import machinery and this file."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (filename.startswith("<frozen importlib") or filename == __file__):
+            return frame.f_globals.get("__name__") in _STRICT_IMPORTERS
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 class _StandInModule(ModuleType):
     def __init__(self, name: str, key: str) -> None:
         super().__init__(name)
@@ -209,7 +226,7 @@ class AccelerateShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         if spec.name in ACCELERATE_ONLY_MODULES:
             key = ACCELERATE_ONLY_MODULES[spec.name]
-            if self.stand_in:
+            if self.stand_in and not _importer_is_strict():
                 return _StandInModule(spec.name, key)
             from notebook_launcher._accelerate_only import error_for
 
@@ -242,12 +259,18 @@ def _stand_in_package_names() -> None:
             try:
                 return original(attr)
             except AccelerateOnlyError:
+                if _importer_is_strict():
+                    raise
                 return _stand_in(attr, attr)
 
         module.__getattr__ = lookup  # type: ignore[method-assign]
 
 
-def install(sources: Path, stand_in_accelerate_only: bool = False) -> AccelerateShim:
+def install(
+    sources: Path,
+    stand_in_accelerate_only: bool = False,
+    strict_importers: Sequence[str] = (),
+) -> AccelerateShim:
     """Make ``import accelerate`` mean notebook_launcher in this process (for good).
 
     ``stand_in_accelerate_only``: the names and modules notebook_launcher leaves to Accelerate
@@ -255,9 +278,13 @@ def install(sources: Path, stand_in_accelerate_only: bool = False) -> Accelerate
     package's AccelerateOnlyError when used, instead of at the import. For their unit-test
     files, which import such names at the top next to the training API: the tests that use
     them fail at that error, the others run.
+    ``strict_importers``: modules (``__name__``, e.g. ``"__main__"`` for a script run by
+    ``runpy``) whose own imports get no stand-ins: they raise at the import, as a user's code
+    would, while libraries they use (Transformers imports ``dispatch_model``...) get them.
     """
     for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
         del sys.modules[name]  # a real Accelerate imported earlier (a forked rank inherits it)
+    _STRICT_IMPORTERS.update(strict_importers)
     shim = AccelerateShim(sources, stand_in_accelerate_only)
     sys.meta_path.insert(0, shim)
     if stand_in_accelerate_only:

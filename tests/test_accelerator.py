@@ -510,6 +510,80 @@ def test_save_load_state_resumes_bit_identically(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == ["epoch", "mid"]  # no staging left behind
 
 
+def _stateful_parts(seed: int) -> tuple[Any, ...]:
+    """A stateful training loader, and an evaluation loader first iterated at epoch end
+    (as Accelerate's complete_nlp_example has them)."""
+    acc = Accelerator(
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+        gradient_accumulation_steps=2,
+    )
+    parts = _parts(acc, seed)
+    evaluation = acc.prepare(DataLoader(TensorDataset(torch.arange(10.0)), batch_size=2))
+    return acc, parts, evaluation
+
+
+def _stateful_epoch(
+    acc: Accelerator, parts: tuple[Any, ...], evaluation: Any, save: str | None = None
+) -> list[float]:
+    """One epoch (6 batches a rank) of training then evaluation; ``save``: a checkpoint
+    after 4 batches (a whole number of accumulation steps: gradients being accumulated are
+    not saved)."""
+    model, opt, sched, loader = parts
+    seen = []
+    for i, (x, y) in enumerate(loader):
+        with acc.accumulate(model):
+            acc.backward(F.mse_loss(model(x), y))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        seen.append(float(x.sum()))
+        if save is not None and i == 3:
+            acc.save_state(save)
+    for _ in evaluation:
+        pass
+    return seen
+
+
+def _stateful_resume_worker(tmp: str) -> dict[str, Any]:
+    """A: 3 epochs, saving in the middle of epoch 0 (before evaluation ever ran) and of
+    epoch 1. B: 3 epochs, no checkpoint. C: resumed from A's epoch-1 checkpoint."""
+    out: dict[str, Any] = {}
+    acc, parts, evaluation = _stateful_parts(seed=0)
+    out["A_batches"] = [
+        _stateful_epoch(acc, parts, evaluation, save=os.path.join(tmp, f"e{e}") if e < 2 else None)
+        for e in range(3)
+    ]
+    out["A"] = _weights(acc, parts[0])
+    acc, parts, evaluation = _stateful_parts(seed=0)
+    for _ in range(3):
+        _stateful_epoch(acc, parts, evaluation)
+    out["B"] = _weights(acc, parts[0])
+    acc, parts, evaluation = _stateful_parts(seed=4)
+    acc.load_state(os.path.join(tmp, "e1"))
+    out["C_batches"] = [_stateful_epoch(acc, parts, evaluation) for _ in range(2)]
+    out["C"] = _weights(acc, parts[0])
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_stateful_loader_resumes_mid_epoch_bit_identically(tmp_path: Path) -> None:
+    """With use_stateful_dataloader, a checkpoint taken mid-epoch resumes the same
+    permutation where it stopped and the same random stream (Accelerate 1.15 resumes the
+    right number of batches from another permutation), and taking a checkpoint does not
+    change the training (reading an unused stateful loader's state drew from the global
+    RNG)."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    results = notebook_launcher(
+        _stateful_resume_worker, args=(str(tmp_path),), num_processes=2, dashboard=False
+    )
+    for r in results:
+        assert r["C_batches"][0] == r["A_batches"][1][4:]  # the rest of epoch 1
+        assert r["C_batches"][1] == r["A_batches"][2]
+        for name, value in r["A"].items():
+            assert torch.equal(r["B"][name], value), f"saving changed the training ({name})"
+            assert torch.equal(r["C"][name], value), f"the resumed run differs in {name}"
+
+
 def _uneven_worker() -> dict[str, Any]:
     acc = Accelerator()
     model = mlp(0)
@@ -719,6 +793,35 @@ def test_stateful_dataloader_uses_torchdata_as_in_accelerate() -> None:
     again = acc.prepare(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2))
     again.load_state_dict(state)
     assert [b.tolist() for (b,) in again] == seen[2:]
+
+
+def test_stateful_dataloader_saved_after_its_epoch_resumes_with_the_next() -> None:
+    """A loader that finished its epoch (an evaluation loader, when a checkpoint is taken
+    during the next training epoch) restores to a full next epoch, not to an empty one
+    (Accelerate's complete_nlp_example then evaluated nothing after resuming)."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+
+    def loader() -> Any:
+        return acc.prepare(DataLoader(TensorDataset(torch.arange(6.0)), batch_size=2))
+
+    done = loader()
+    everything = [b.tolist() for (b,) in done]
+    state = done.state_dict()
+    assert state["_iterator_finished"] is True
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for (b,) in resumed] == everything
+    # left with break: resumes after the batches it handed out; after the last one, the
+    # epoch is over (as in Accelerate, which marks the state finished at the last batch)
+    for stop_after, expected in ((0, everything[1:]), (1, everything[2:]), (2, everything)):
+        partial = loader()
+        for i, _ in enumerate(partial):
+            if i == stop_after:
+                break
+        again = loader()
+        again.load_state_dict(partial.state_dict())
+        assert [b.tolist() for (b,) in again] == expected
 
 
 def test_a_second_accelerator_updates_gradient_accumulation() -> None:

@@ -277,6 +277,20 @@ def test_split_inputs(inputs: Any, num: int, padding: bool, expected: list[Any])
     assert repr(inputs) == before  # the caller's data is never changed
 
 
+def test_split_inputs_hf_dataset_by_rows() -> None:
+    """A Hugging Face Dataset is split by rows (slicing one gives a dict of columns: each
+    rank got one "item" per column before; Accelerate's test_split_between_processes_dataset)."""
+    datasets = pytest.importorskip("datasets")
+    data = datasets.Dataset.from_list([{"k": v} for v in range(5)])
+    parts = [split_inputs(data, i, 2) for i in range(2)]
+    assert [p["k"] for p in parts] == [[0, 1, 2], [3, 4]]
+    assert all(isinstance(p, datasets.Dataset) for p in parts)
+    padded = [split_inputs(data, i, 2, True)["k"] for i in range(2)]
+    assert padded == [[0, 1, 2], [3, 4, 4]]
+    few = datasets.Dataset.from_list([{"k": 0}])
+    assert [split_inputs(few, i, 2, True)["k"] for i in range(2)] == [[0], [0]]
+
+
 def test_split_inputs_tensors_and_errors() -> None:
     t = torch.arange(10).reshape(5, 2).t().t()  # a non-contiguous-looking view of 5 rows
     parts = [split_inputs(t, i, 3, True) for i in range(3)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,11 @@ def test_find_executable_batch_size_halves_down_to_what_fits() -> None:
         "from notebook_launcher import init_empty_weights",
         "from notebook_launcher.utils import merge_fsdp_weights",
         "from notebook_launcher.utils.modeling import get_state_dict_from_offload",
+        # what Transformers imports from accelerate when it sees it installed
+        "from notebook_launcher.utils.modeling import clean_device_map, get_max_layer_size",
+        "from notebook_launcher.utils import DeepSpeedSchedulerWrapper",
+        # what Accelerate's by_feature/megatron_lm_gpt_pretraining.py imports
+        "from notebook_launcher.utils import MegatronLMDummyScheduler",
         "import notebook_launcher.hooks",
         "import notebook_launcher.big_modeling",
         "from notebook_launcher import FP8RecipeKwargs",
@@ -246,26 +252,33 @@ def test_patch_environment_restores_after_an_error() -> None:
     assert "NL_PATCH_TEST" not in os.environ
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("num_processes", [1, 2])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_loaders_draw_from_the_global_rng_as_accelerate_does(
-    shuffle: bool, num_processes: int
+    shuffle: bool, num_processes: int, num_workers: int
 ) -> None:
     """Same seed, same stream: after preparing a loader and running two epochs, the global
     RNG is where real Accelerate leaves it, and the batches are the same (its
-    by_feature/cross_validation.py ended fold 2 differently before)."""
+    by_feature/cross_validation.py ended fold 2 differently before). With workers too: a
+    pool draws its first indices while the epoch's iterator is created, which on one
+    process came before the sampler's generator was seeded for the epoch."""
     accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
     from notebook_launcher.data_loader import prepare_data_loader
 
     def run(prepare: Any) -> tuple[list[list[int]], float]:
         torch.manual_seed(1234)
-        loader = DataLoader(list(range(10)), batch_size=2, shuffle=shuffle)
+        loader = DataLoader(list(range(10)), batch_size=2, shuffle=shuffle, num_workers=num_workers)
         prepared = prepare(loader, num_processes=num_processes, process_index=0)
         batches = [b.tolist() for _ in range(2) for b in prepared]
         return batches, torch.rand(1).item()
 
-    ours = run(prepare_data_loader)
-    theirs = run(accelerate_data_loader.prepare_data_loader)
+    handler = signal.getsignal(signal.SIGCHLD)  # torch installs its own for worker processes
+    try:
+        ours = run(prepare_data_loader)
+        theirs = run(accelerate_data_loader.prepare_data_loader)
+    finally:
+        signal.signal(signal.SIGCHLD, handler)
     assert ours == theirs
 
 
