@@ -95,9 +95,10 @@ len(shard), sum(len(y) for _, y in shard)
 # %% [markdown]
 # ## Train, and meet the bug
 #
-# One epoch. Rank 1 reaches its sixth batch and `cross_entropy` raises. Rank 0 is waiting
-# for it in `all_reduce` at that moment: the session interrupts it, re-forms the process
-# group to free it, and the cell raises **rank 1's own exception**. Read the end of the
+# One epoch. Rank 1 reaches its sixth batch and `cross_entropy` raises. Rank 0 goes on
+# until it waits for rank 1 in `all_reduce` (never stopped half way through a step): the
+# session interrupts it there, re-forms the process group to free it, and the cell raises
+# **rank 1's own exception**. Read the end of the
 # error: which rank raised, the variables of the frame that failed (summarised: tensors by
 # shape and dtype), and that the session lives on.
 

@@ -236,6 +236,22 @@ def test_a_failing_task_keeps_the_session_and_the_variables(
     assert shared.pull("kept") == [[0, 0, 0], [1, 1, 1]]
 
 
+def test_a_failure_stops_the_others_where_they_wait_not_half_way(shared: Session) -> None:
+    """Rank 1 raises while rank 0 is still computing its step: rank 0 is not interrupted
+    at whatever line it is on (its step half taken), but where it waits for rank 1."""
+    shared.run_cell("import time\nsteps, done = 0, 0")
+    cell = (
+        "if rank == 1:\n    raise ValueError('bad batch')\n"
+        "steps += 1\ntime.sleep(0.3)  # the rest of the step\ndone += 1\n"
+        "dist.barrier()  # waits for rank 1, which raised: interrupted here"
+    )
+    with pytest.raises(ValueError, match="bad batch"):
+        shared.run_cell(cell)
+    assert shared.run_cell("steps, done") == ["(1, 1)", "(0, 0)"]
+    assert shared.status().state == "ready"
+    assert shared.run_cell("dist.barrier(); 'sound'") == ["'sound'"] * 2
+
+
 def test_a_failing_cells_variables_are_its_data(shared: Session) -> None:
     """A cell fails at the namespace's top level: its summary shows the data there, not
     what the namespace imported or defined, nor ``_``."""

@@ -9,7 +9,10 @@ prints meanwhile. Callers (the notebook's thread) submit tasks and wait on their
 What happens when a task goes wrong, and what the session makes of it:
 
 * a rank raises while others still run: the others are interrupted (SIGINT to their main
-  thread, once they began the task); a rank that does not answer within
+  thread, once they began the task): at once where they are seen waiting in a collective
+  (they wait for the failed rank), the ones still computing when they next wait in one or
+  after :data:`FAILED_GRACE` seconds, so that they stop where they wait for it, their
+  state whole, not at whatever line the signal finds (a step half taken); a rank that does not answer within
   :data:`REFORM_AFTER` seconds while it is seen in a collective (its ``BarrierEnter``; or
   within :data:`REFORM_UNSEEN_AFTER` seconds, seen nowhere: a collective torch runs for
   it, such as DDP's, is not reported, and a loaded machine may just be slow to deliver the
@@ -78,6 +81,9 @@ REFORM_AFTER = 0.3
 #: The same for a rank not seen in any collective: most likely in Python, and its
 #: interrupt only late (a loaded machine); perhaps in a collective nobody reported.
 REFORM_UNSEEN_AFTER = 2.0
+#: Seconds the ranks still computing when another rank of the task failed may run on
+#: before they are interrupted (they are as soon as they are seen waiting in a collective).
+FAILED_GRACE = 1.0
 #: Seconds the re-forming may take before the session gives up on a rank (it is stuck).
 REFORM_TIMEOUT = 5.0
 #: Lines a rank may print between tasks that are kept for the next task's view.
@@ -295,9 +301,13 @@ class TaskRun:
         self.reform_generation: int | None = None
         self.reformed: set[int] = set()
         self.give_up_at: float | None = None
+        #: after a rank failed: the ranks left to run on until they wait in a collective,
+        #: and until when at most (``FAILED_GRACE``)
+        self.spared: set[int] = set()
+        self.spare_until: float | None = None
 
     def next_deadline(self) -> float | None:
-        times = [t for t in (self.reform_at, self.give_up_at) if t is not None]
+        times = [t for t in (self.reform_at, self.give_up_at, self.spare_until) if t is not None]
         return min(times) if times else None
 
 
@@ -347,13 +357,14 @@ class SessionCore:
         plan = self.plan
         for spec in plan.specs:
             spec.session = True
-        listen, plan.listen = plan.listen, None
         # A rank is ready once it serves (Reformed(0)), not when it has its process group
         # (WorkerStarted): in between, an interrupt would still kill it.
         ready: set[int] = set()
 
         def make_group(on_event: Any, on_exit: Any, on_message: Any) -> Any:
-            return plan.group(plan.specs, None, listen, on_event, on_exit, on_message)
+            group = plan.group(plan.specs, None, plan.listen, on_event, on_exit, on_message)
+            plan.listen = None  # the group's now (until here plan.close() releases it)
+            return group
 
         def on_message(proc: WorkerProcess, message: Any) -> None:
             if isinstance(message, Raised):
@@ -522,12 +533,29 @@ class SessionCore:
         if task.reform_at is not None:
             task.reform_at = min(task.reform_at, soon)
 
-    def _unwind(self, task: TaskRun, kind: str) -> None:
-        """Interrupt the task's ranks that still run; free them by re-forming the group if
-        they do not answer soon (they wait in a collective). ``kind``: why
-        (``RunRecord.stop``'s kinds)."""
+    def _fail(self, task: TaskRun) -> None:
+        """A rank of the task raised (lock held): interrupt the ranks seen waiting in a
+        collective now (they wait for it); spare the ones still computing until they wait
+        in one (``_on_event``) or ``FAILED_GRACE`` passed (``_advance``)."""
+        waiting = task.record.barriers.waiting
+        computing = {
+            r for r in task.pending - task.interrupted if r in task.started and r not in waiting
+        }
+        if not computing or FAILED_GRACE <= 0:
+            self._unwind(task, "failed")
+            return
+        task.spared = computing
+        task.spare_until = time.monotonic() + FAILED_GRACE
+        self._unwind(task, "failed", spare=computing)
+
+    def _unwind(self, task: TaskRun, kind: str, spare: set[int] | None = None) -> None:
+        """Interrupt the task's ranks that still run (but ``spare``); free them by
+        re-forming the group if they do not answer soon (they wait in a collective), once
+        none is spared. ``kind``: why (``RunRecord.stop``'s kinds)."""
         task.record.stop(kind)
-        for rank in task.pending - task.interrupted:
+        if not spare:
+            task.spared, task.spare_until = set(), None
+        for rank in task.pending - task.interrupted - (spare or set()):
             assert self.group is not None
             if rank in task.started:
                 _interrupt_rank(self.group.proc(rank))
@@ -535,7 +563,7 @@ class SessionCore:
             else:
                 task.interrupt_on_start.add(rank)
             task.interrupted.add(rank)
-        if task.reform_at is None and task.reform_generation is None:
+        if not spare and task.reform_at is None and task.reform_generation is None:
             now = time.monotonic()
             task.unwound_at = task.unwound_at or now
             task.reform_at = now + REFORM_AFTER
@@ -567,6 +595,8 @@ class SessionCore:
                 if event.rank in task.interrupt_on_start and self.group is not None:
                     _interrupt_rank(self.group.proc(event.rank))
                     task.signalled_at[event.rank] = time.time()
+            if isinstance(event, BarrierEnter):
+                task.spared.discard(event.rank)  # it waits now: interrupt it (_advance)
             if isinstance(event, BarrierEnter) and task.mismatch is None:
                 outside = [r for r in self.world if r not in task.ranks]
                 if outside:
@@ -609,7 +639,7 @@ class SessionCore:
                 for e in events:
                     task.view.handle(e)
                 if task.pending and not task.record.stopping:
-                    self._unwind(task, "failed")
+                    self._fail(task)
             self._advance()
 
     def _on_exit(self, proc: WorkerProcess) -> None:
@@ -683,6 +713,10 @@ class SessionCore:
         if task is None:
             return
         now = time.monotonic()
+        if task.spare_until is not None and (
+            now >= task.spare_until or not task.spared & task.pending
+        ):
+            self._unwind(task, "failed")  # the spared ranks wait (or took too long): stop them
         # Once every rank answered there is nothing to wait for: decide now.
         due = task.reform_at is not None and (now >= task.reform_at or not task.pending)
         if due and self.broken is None:
