@@ -157,20 +157,28 @@ class Session:
         dashboard = options.pop("dashboard")
         stall_after = options.pop("stall_after")
         cluster = options.pop("cluster", None)
-        if cluster is not None:
-            plan = self._on_cluster(cluster, dashboard, options)
-        else:
-            plan = plan_launch(None, self._num_processes, **options)
+        plan = None
         try:
+            if cluster is not None:
+                plan = self._on_cluster(cluster, dashboard, options)
+            else:
+                plan = plan_launch(None, self._num_processes, **options)
             core = SessionCore(plan, stall_after)
         except BaseException:
-            plan.close()
+            if plan is not None:  # (Ctrl-C may land between its making and this line)
+                plan.close()
             raise
-        core.start(self._view(dashboard))  # (cleans up after itself when it fails)
-        self._core = core
-        if not _live:
-            atexit.register(_close_all)
-        _live.add(self)
+        try:
+            core.start(self._view(dashboard))  # (cleans up after itself when it fails)
+            self._core = core
+            if not _live:
+                atexit.register(_close_all)
+            _live.add(self)
+        except BaseException:  # Ctrl-C just after the ranks came up: they go too
+            self._core = None
+            _live.discard(self)
+            core.close(grace=0.0)
+            raise
         note = core.port_note()
         if note:  # as a launch's header says it
             print(f"notebook_launcher: {note}", file=sys.stderr)

@@ -93,6 +93,18 @@ def _wait_for_no_children(before: set[int], timeout: float = 5.0) -> set[int]:
         time.sleep(0.02)
 
 
+def _describe(pid: int) -> str:
+    """``1234 (python -m x, State: S)``: what a leftover child is, for the failure."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{pid}/status") as f:
+            state = next((line for line in f if line.startswith("State:")), "").strip()
+    except OSError:
+        return str(pid)
+    return f"{pid} ({argv[:200] or '?'}, {state})"
+
+
 @pytest.fixture(autouse=True)
 def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     env_before = {k: v for k, v in os.environ.items() if k not in _ENV_IGNORED}
@@ -107,13 +119,14 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
         problems.append(f"listening ports left open: {sorted(leaked_ports)}")
     extra = _wait_for_no_children(children_before)
     if extra:
+        described = [_describe(pid) for pid in sorted(extra)]
         for pid in extra:
             try:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
-        problems.append(f"child processes left behind: {sorted(extra)}")
+        problems.append(f"child processes left behind: {described}")
     env_after = {k: v for k, v in os.environ.items() if k not in _ENV_IGNORED}
     if env_after != env_before:
         changed = sorted(set(env_after.items()) ^ set(env_before.items()))

@@ -177,21 +177,27 @@ def plan_launch(
     fork_safe = preflight.fork_is_safe() if wants_fork else True  # may fork a probe
     busy = preflight.busy_threads() if wants_fork else []
     method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe, busy)
-    if rendezvous is None:
-        listen, port, port_note = preflight.bind_rendezvous(master_addr, use_port, node_rank)
-        if port_note:
-            port_note += f", using {port}"
-            reason += f"; {port_note}"
-    else:  # the rendezvous binds, on the node that holds its store
-        listen, master_addr, port, port_note = None, rendezvous.host, rendezvous.port, None
-    threads = 1 if (method == "fork" and not fork_safe) else threads_per_rank(nprocs)
-    specs = _specs(
-        nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method, threads
-    )
-    return LaunchPlan(
-        specs, method, reason, listen, num_nodes, node_rank, grace, rendezvous, max_restarts,
-        port_note,
-    )  # fmt: skip
+    listen = None
+    try:  # the socket is the plan's once made; until then (Ctrl-C included) ours to close
+        if rendezvous is None:
+            listen, port, port_note = preflight.bind_rendezvous(master_addr, use_port, node_rank)
+            if port_note:
+                port_note += f", using {port}"
+                reason += f"; {port_note}"
+        else:  # the rendezvous binds, on the node that holds its store
+            master_addr, port, port_note = rendezvous.host, rendezvous.port, None
+        threads = 1 if (method == "fork" and not fork_safe) else threads_per_rank(nprocs)
+        specs = _specs(
+            nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method, threads
+        )
+        return LaunchPlan(
+            specs, method, reason, listen, num_nodes, node_rank, grace, rendezvous,
+            max_restarts, port_note,
+        )  # fmt: skip
+    except BaseException:
+        if listen is not None:
+            listen.close()
+        raise
 
 
 def prepare_task(function: Any, args: tuple[Any, ...], kwargs: dict[str, Any], method: str) -> Any:

@@ -302,28 +302,32 @@ def _probe_fork() -> bool:
     """Fork a child that runs a parallel op; True when it finished in time. Ctrl-C at any
     moment leaves no child behind (not even a zombie): it is killed and reaped first."""
     parent = os.getpid()
-    with deferred_interrupts():  # the child and its pidfd, or neither
-        pid = quiet_fork()
-        if pid == 0:
-            code = 1
-            try:
-                die_with_parent(parent)
-                torch = sys.modules["torch"]
-                torch.ones(1 << 17).add_(1)  # at::parallel_for: the OpenMP pool
-                torch.ones(128, 128) @ torch.ones(128, 128)
-                code = 0
-            finally:
-                os._exit(code)
-        pidfd = os.pidfd_open(pid)
+    pid = pidfd = None
     done = False
-    try:
+    status = 0
+    try:  # (entered first: the deferred Ctrl-C is raised as the block below ends)
+        with deferred_interrupts():  # the child and its pidfd, or neither
+            pid = quiet_fork()
+            if pid == 0:
+                code = 1
+                try:
+                    die_with_parent(parent)
+                    torch = sys.modules["torch"]
+                    torch.ones(1 << 17).add_(1)  # at::parallel_for: the OpenMP pool
+                    torch.ones(128, 128) @ torch.ones(128, 128)
+                    code = 0
+                finally:
+                    os._exit(code)
+            pidfd = os.pidfd_open(pid)
         done = bool(select.select([pidfd], [], [], FORK_PROBE_TIMEOUT)[0])
     finally:
         with deferred_interrupts():
-            if not done:
-                os.kill(pid, signal.SIGKILL)
-            _, status = os.waitpid(pid, 0)
-            os.close(pidfd)
+            if pid:
+                if not done:
+                    os.kill(pid, signal.SIGKILL)
+                _, status = os.waitpid(pid, 0)
+            if pidfd is not None:
+                os.close(pidfd)
     return done and os.waitstatus_to_exitcode(status) == 0
 
 
@@ -505,32 +509,47 @@ def bind_rendezvous(
         if auto:
             raise PreflightError("with several nodes, give every node the same use_port.")
         return None, port, None
+    bound = None
+    try:  # quick; Ctrl-C meanwhile is raised as it ends, and the socket is closed, not lost
+        with deferred_interrupts():
+            bound = _bind(master_addr, port)
+    except BaseException:
+        if bound is not None:
+            bound[0].close()
+        raise
+    return bound
+
+
+def _bind(master_addr: str, port: int) -> tuple[socket.socket, int, str | None]:
     family = socket.AF_INET6 if ":" in master_addr else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    note = None
     try:
-        sock.bind((master_addr, port))
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        note = None
+        try:
+            sock.bind((master_addr, port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise PreflightError(
+                    f"cannot listen on {master_addr}:{port} ({exc.strerror}). Use "
+                    "master_addr='127.0.0.1' for a single machine."
+                ) from exc
+            sock.bind((master_addr, 0))
+            note = f"port {port} is busy"
+        try:
+            sock.listen(1024)
+        except OSError as exc:
+            # Two launches bound the same port at once (SO_REUSEADDR lets both bind): the
+            # second to listen loses. Same answer as a failed bind: take another port.
+            if exc.errno != errno.EADDRINUSE:
+                raise
             sock.close()
-            raise PreflightError(
-                f"cannot listen on {master_addr}:{port} ({exc.strerror}). Use "
-                "master_addr='127.0.0.1' for a single machine."
-            ) from exc
-        sock.bind((master_addr, 0))
-        note = f"port {port} is busy"
-    try:
-        sock.listen(1024)
-    except OSError as exc:
-        # Two launches bound the same port at once (SO_REUSEADDR lets both bind): the
-        # second to listen loses. Same answer as a failed bind: take another port.
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.bind((master_addr, 0))
+            sock.listen(1024)
+            note = f"port {port} is busy"
+        sock.set_inheritable(True)
+        return sock, sock.getsockname()[1], note
+    except BaseException:
         sock.close()
-        if exc.errno != errno.EADDRINUSE:
-            raise
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.bind((master_addr, 0))
-        sock.listen(1024)
-        note = f"port {port} is busy"
-    sock.set_inheritable(True)
-    return sock, sock.getsockname()[1], note
+        raise
