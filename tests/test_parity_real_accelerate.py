@@ -157,6 +157,31 @@ def test_real_accelerate_failure_raises_the_ranks_own_exception(default_warnings
     assert info.value.launch_failure.root_cause.rank == 1  # type: ignore[attr-defined]
 
 
+@pytest.mark.timeout(120)
+def test_real_accelerate_used_in_the_kernel_first_still_trains_as_one_group(
+    default_warnings: None,
+) -> None:
+    """A loader prepared with the real Accelerate in the kernel makes its one-process
+    singletons here; ranks forked after must not inherit them (every rank was process 0 of
+    1, distributed_type NO, and the launch trained twice on everything, silently)."""
+    from accelerate.data_loader import prepare_data_loader
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from torch.utils.data import DataLoader
+
+    prepare_data_loader(DataLoader(list(range(4)), batch_size=2))
+    assert PartialState._shared_state  # the kernel's own state, as a notebook leaves it
+    try:
+        results = notebook_launcher(
+            _real_accelerate_worker, args=(None,), num_processes=2, dashboard=False
+        )
+        assert [r["distributed_type"] for r in results] == ["MULTI_CPU"] * 2
+        assert [(r["num_processes"], r["process_index"]) for r in results] == [(2, 0), (2, 1)]
+        assert PartialState._shared_state  # the kernel's is its own business: kept
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
 # ------------------------------------------------------------------------------ Trainer
 
 

@@ -219,6 +219,27 @@ def _finish_multiprocessing() -> None:
         util._run_finalizers()
 
 
+def _forget_accelerates_state() -> None:
+    """A forked rank starts as a fresh process would, for the real Accelerate too: its
+    singletons made in the kernel (a loader prepared there, an ``Accelerator``) would give
+    every rank the kernel's one-process state (``distributed_type`` NO, process 0 of 1),
+    silently. Accelerate's own launcher refuses to launch then; a rank simply forgets."""
+    state = sys.modules.get("accelerate.state")
+    if state is None:
+        return
+    for name, kwargs in (
+        ("AcceleratorState", {"reset_partial_state": True}),
+        ("GradientState", {}),
+        ("PartialState", {}),
+    ):
+        reset = getattr(getattr(state, name, None), "_reset_state", None)
+        if reset is not None:
+            try:
+                reset(**kwargs)
+            except Exception:  # noqa: BLE001 - another version's signature: leave it be
+                pass
+
+
 def _serve(
     spec: WorkerSpec, channel: Channel, listen_fd: int | None, task: TaskTuple | bytes | None
 ) -> int:
@@ -227,6 +248,7 @@ def _serve(
     stacks.install()  # the kernel can see where this rank is, from now on
     stacks.install_flight(spec.backend)
     runtime.run_start_hooks()  # forget what a forked rank inherited (e.g. the state)
+    _forget_accelerates_state()
     pid = os.getpid()
 
     def phase(name: str) -> None:  # what the dashboard shows until WorkerStarted
