@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from .._events import MetricsLogged, Output, ProgressUpdate
 from .._launch import stall
 from .._launch.group import WorkerGroup, WorkerProcess
 from .._launch.plan import FORK_PRELOAD, threads_per_rank
@@ -30,6 +31,11 @@ from .._wire import agent as wire
 
 #: Seconds a turn of the loop waits when nothing happens (a pending SIGTERM is seen then).
 TURN = 0.5
+#: Seconds the agent gathers chatty items (output lines, progress, metrics) before it sends
+#: them as one Batch: a rank printing 100 lines/s cost the kernel a frame per line. Anything
+#: else (a rank started, returned, raised, exited; a barrier) is sent at once.
+COALESCE = 0.02
+_CHATTY = (Output, ProgressUpdate, MetricsLogged)
 
 #: The exit status of an agent that could not join (bad secret, unreachable kernel).
 EXIT_CANNOT_JOIN = 2
@@ -42,6 +48,8 @@ class Agent:
         self.link = link
         self.group: WorkerGroup | None = None
         self.batch: list[Any] = []
+        #: when the batch's oldest chatty item came (None: nothing waits)
+        self._chatty_since: float | None = None
         #: why Slurm (or someone) asked the agent to end: its SIGTERM
         self.ending: str | None = None
         self._announced = False
@@ -67,8 +75,9 @@ class Agent:
                 if self.ending is not None:
                     return self._end()
                 if self.group is not None and not self.group._closed:
-                    self.group.pump(TURN, wake=link_fd)
-                    self._flush()
+                    self.group.pump(self._turn(), wake=link_fd)
+                    if self._due():
+                        self._flush()
                     ready = _readable(selector)
                 else:
                     ready = bool(selector.select(TURN))
@@ -187,10 +196,27 @@ class Agent:
     def _message(self, proc: WorkerProcess, message: Any) -> None:
         self.batch.append(wire.FromRank(proc.rank, message))
 
+    def _due(self) -> bool:
+        """Send the batch now: it holds something other than chatty items, or the oldest
+        chatty one waited ``COALESCE`` seconds."""
+        if not self.batch:
+            return False
+        if self._chatty_since is None:
+            self._chatty_since = time.monotonic()
+        return time.monotonic() - self._chatty_since >= COALESCE or not all(
+            isinstance(item, _CHATTY) for item in self.batch
+        )
+
+    def _turn(self) -> float:
+        if self._chatty_since is None:
+            return TURN
+        return max(0.0, self._chatty_since + COALESCE - time.monotonic())
+
     def _flush(self) -> None:
         if self.ending is not None and not self._announced:  # before the exits it explains
             self._announced = True
             self.link.send(wire.AgentEnding(self.ending))
+        self._chatty_since = None
         if self.batch:
             items, self.batch = self.batch, []
             self.link.send(wire.Batch(items))
