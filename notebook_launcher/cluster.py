@@ -307,8 +307,6 @@ class AgentCluster(Cluster):
         cluster.start()   # prints the command, waits for both agents
     """
 
-    kind = "agents"
-
     def __init__(
         self,
         nodes: int,

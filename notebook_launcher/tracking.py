@@ -118,34 +118,6 @@ def log(values: Mapping[str, Any], step: int | None = None) -> None:
     runtime.emit(MetricsLogged(rank=rank, step=int(step), values=tuple(pairs), time=time.time()))
 
 
-_TRACKER_NAMES = frozenset(
-    {
-        "LOGGER_TYPE_TO_CLASS",
-        "AimTracker",
-        "ClearMLTracker",
-        "CometMLTracker",
-        "DVCLiveTracker",
-        "GeneralTracker",
-        "MLflowTracker",
-        "SwanLabTracker",
-        "TensorBoardTracker",
-        "TrackioTracker",
-        "WandBTracker",
-        "filter_trackers",
-        "get_available_trackers",
-        "on_main_process",
-        "register_tracker_class",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    # Accelerate's tracker names at Accelerate's module path, without making log() heavy.
-    if name in _TRACKER_NAMES:
-        return getattr(importlib.import_module("notebook_launcher.trackers"), name)
-    raise AttributeError(f"module 'notebook_launcher.tracking' has no attribute {name!r}")
-
-
 __all__ = [
     "log",
     "AimTracker",
@@ -164,3 +136,12 @@ __all__ = [
     "on_main_process",
     "register_tracker_class",
 ]
+#: Accelerate's tracker names, at its module path (``notebook_launcher.trackers``' own)
+_TRACKER_NAMES = frozenset(__all__) - {"log"}
+
+
+def __getattr__(name: str) -> Any:
+    # Accelerate's tracker names at Accelerate's module path, without making log() heavy.
+    if name in _TRACKER_NAMES:
+        return getattr(importlib.import_module("notebook_launcher.trackers"), name)
+    raise AttributeError(f"module 'notebook_launcher.tracking' has no attribute {name!r}")

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from .. import _stacks
 from .._events import Event, RankStacks, StacksTaken, StallOver, ThreadStack
+from .._posix import descendants
 from .._stacks import FILE_PREFIX, FLIGHT_PREFIX, STACK_SIGNAL
 
 #: Default seconds without progress before the stall view shows (launch and session option).
@@ -103,27 +104,6 @@ def _find(pid: int, prefix: str) -> tuple[str, str] | None:
         if name.startswith(prefix):
             return f"{base}/{fd}", name[len(prefix) :].split(" ")[0]
     return None
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first), from /proc."""
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
 
 
 def _catches(pid: int, sig: int) -> bool:
@@ -204,7 +184,7 @@ def _take(
             if not _signal(dump, pidfd):
                 missing[rank] = ENDED
             if children:
-                for child in descendants(pid):
+                for child, _ in descendants(pid):
                     kid = _open(rank, child)
                     if kid is not None:
                         kids.setdefault(rank, []).append(kid)
@@ -537,7 +517,6 @@ __all__ = [
     "REFRESH",
     "StallWatch",
     "check_stall_after",
-    "descendants",
     "flight_findings",
     "note",
     "of_group",
