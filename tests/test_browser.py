@@ -30,7 +30,7 @@ import pytest
 
 import notebook_launcher
 
-from .helpers import free_port, kernel_env
+from .helpers import SlurmTestCluster, free_port, kernel_env
 
 pytestmark = pytest.mark.browser
 
@@ -643,4 +643,76 @@ def test_the_stall_view_in_jupyterlab(lab: dict[str, Any]) -> None:
         final = page.evaluate(DASHBOARDS)
         assert [v["live"] for v in final] == [False], final
         assert page.evaluate(STALL_VIEW) is None  # it resolved: no stall view is kept
+        assert not errors, errors
+
+
+CLUSTER_CELLS = [
+    "import os\n"
+    "os.environ['SLURM_CONF'] = {conf!r}  # the tests' loopback Slurm cluster\n"
+    "from notebook_launcher import SlurmCluster, notebook_launcher\n"
+    "cluster = SlurmCluster(nodes=2)",
+    "def train(steps):\n"
+    "    import time\n"
+    "    import torch.distributed as dist\n"
+    "    from tqdm.auto import tqdm\n"
+    "    for step in tqdm(range(steps), desc='step'):\n"
+    "        time.sleep(0.15)\n"
+    "        if step % 10 == 0:\n"
+    "            print(f'step {step}', flush=True)\n"
+    "    dist.barrier()\n"
+    "    return dist.get_rank()\n"
+    "\n"
+    "notebook_launcher(train, args=(40,), num_processes=4, cluster=cluster)",
+    "cluster.close()\nprint('CLUSTER DONE')",
+]
+
+#: Each visible dashboard row's rank and the host it names.
+ROW_HOSTS = """() => Array.from(document.querySelectorAll(
+        '.jp-OutputArea-output .nl-dashboard .nl-row')).filter(r => r.offsetParent)
+    .map(r => [r.dataset.rank, r.querySelector('.nl-host')?.textContent ?? ''])"""
+
+
+@pytest.mark.timeout(180)
+def test_a_cluster_launch_in_jupyterlab(lab: dict[str, Any], slurm: SlurmTestCluster) -> None:
+    """One cell drives a 2-node Slurm job of the tests' loopback cluster: the live dashboard
+    has a row per rank of both nodes, each naming its node, bars that move, output labelled
+    with node and rank; it ends "done" and the job ends with ``cluster.close()``."""
+    notebook = nbformat.v4.new_notebook()
+    cells = [CLUSTER_CELLS[0].format(conf=slurm.conf), *CLUSTER_CELLS[1:]]
+    notebook.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    path = Path(lab["root"]) / "cluster.ipynb"
+    nbformat.write(notebook, path)
+    with _notebook_page(lab, path) as (page, errors, info):
+        assert info["kernel"] == "python3" and info["status"] == "idle", info
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        page.wait_for_function(
+            "() => document.querySelectorAll('.nl-dashboard:not(.nl-snapshot) .nl-bar').length >= 4",
+            timeout=120_000,
+        )
+        _wait(page, 1.0)
+        live = page.evaluate(DASHBOARDS)[-1]
+        hosts = page.evaluate(ROW_HOSTS)
+        page.locator(".jp-Cell").nth(1).scroll_into_view_if_needed()
+        _shot(page, "cluster_lab_live_1280x800_sidebar.png")
+        assert live["live"] and [r["rank"] for r in live["rows"]] == ["0", "1", "2", "3"], live
+        assert all(r["status"] == "running" for r in live["rows"]), live
+        assert all(b["desc"] == "step" for r in live["rows"] for b in r["bars"]), live
+        by_rank = dict(hosts)
+        # two ranks on each of two of the cluster's nodes, named in their rows
+        assert by_rank["0"] == by_rank["1"] != by_rank["2"] == by_rank["3"], hosts
+        assert {by_rank["0"], by_rank["2"]} <= {"n1", "n2", "n3"}, hosts
+        outputs = _wait_for_output(page, 2, "CLUSTER DONE", seconds=90)
+        assert "CLUSTER DONE" in outputs[2], outputs
+        assert f"[{by_rank['2']}:rank2] step 0" in outputs[1], outputs[1]
+        final = page.evaluate(DASHBOARDS)[-1]
+        assert not final["live"] and {r["status"] for r in final["rows"]} == {"done"}, final
+        assert not page.evaluate(WRAPPED)
+        page.locator(".jp-Cell").nth(1).scroll_into_view_if_needed()
+        _shot(page, "cluster_lab_done_1280x800_sidebar.png")
+        page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+        page.set_viewport_size({"width": 1920, "height": 1080})
+        page.locator(".jp-Cell").nth(1).scroll_into_view_if_needed()
+        _shot(page, "cluster_lab_1920_full_width.png")
+        assert not page.evaluate(WRAPPED)
         assert not errors, errors
