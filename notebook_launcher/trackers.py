@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .state import PartialState
+from .state import PartialState, parse_flag_from_env
 from .utils.dataclasses import LoggerType
 from .utils.imports import (
     is_aim_available,
@@ -389,13 +389,6 @@ class AimTracker(GeneralTracker):
         self.writer.close()
 
 
-def _env_bool(key: str, default: bool) -> bool:
-    value = os.environ.get(key)
-    if value is None:
-        return default
-    return value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
-
-
 class MLflowTracker(GeneralTracker):
     """MLflow: a run in experiment ``experiment_name`` (created with its artifacts under
     ``logging_dir`` if new). Each argument may also come from its ``MLFLOW_*`` variable
@@ -424,7 +417,7 @@ class MLflowTracker(GeneralTracker):
         self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
         tags = os.environ.get("MLFLOW_TAGS", tags)
         self.tags = json.loads(tags) if isinstance(tags, str) else tags
-        self.nested_run = _env_bool("MLFLOW_NESTED_RUN", bool(nested_run))
+        self.nested_run = parse_flag_from_env("MLFLOW_NESTED_RUN", bool(nested_run))
         self.run_name = os.environ.get("MLFLOW_RUN_NAME", run_name)
         self.description = description
         self.logging_dir = os.fspath(logging_dir) if logging_dir is not None else None

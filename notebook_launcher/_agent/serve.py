@@ -27,6 +27,7 @@ from .._events import MetricsLogged, Output, ProgressUpdate
 from .._launch import stall
 from .._launch.group import WorkerGroup, WorkerProcess
 from .._launch.plan import FORK_PRELOAD, threads_per_rank
+from .._posix import close_quietly
 from .._wire import agent as wire
 
 #: Seconds a turn of the loop waits when nothing happens (a pending SIGTERM is seen then).
@@ -50,6 +51,8 @@ class Agent:
         self.batch: list[Any] = []
         #: when the batch's oldest chatty item came (None: nothing waits)
         self._chatty_since: float | None = None
+        #: the batch holds something that is not chatty: send it now
+        self._urgent = False
         #: why Slurm (or someone) asked the agent to end: its SIGTERM
         self.ending: str | None = None
         self._announced = False
@@ -62,7 +65,7 @@ class Agent:
         # A forked rank must not hold the kernel's connection (the kernel would not see it
         # end when the agent goes) -- nor its writer's lock, which it never touches.
         link_fd = self.link.fileno()
-        os.register_at_fork(after_in_child=lambda: _close(link_fd))
+        os.register_at_fork(after_in_child=lambda: close_quietly(link_fd))
         pending = self.link.receive(first) if first else []
         selector = selectors.DefaultSelector()
         selector.register(link_fd, selectors.EVENT_READ)
@@ -154,7 +157,7 @@ class Agent:
         except BaseException as exc:  # noqa: BLE001 - the kernel must hear why
             self.link.send(wire.AgentEnding(f"its ranks could not start: {exc!r}"))
         for proc in group.procs:
-            self.batch.append(wire.RankStarted(proc.rank, proc.pid))
+            self._add(wire.RankStarted(proc.rank, proc.pid))
         self._flush()
 
     def _stacks(self, message: wire.TakeStacks) -> None:
@@ -184,28 +187,33 @@ class Agent:
             proc.send_signal(message.signum)
 
     def _event(self, event: Any) -> None:
-        self.batch.append(event)
+        self._add(event)
 
     def _exited(self, proc: WorkerProcess) -> None:
-        self.batch.append(
+        self._add(
             wire.RankExited(
                 proc.rank, proc.pid, proc.returncode or 0, proc.stage, proc.note, proc.signalled
             )
         )
 
     def _message(self, proc: WorkerProcess, message: Any) -> None:
-        self.batch.append(wire.FromRank(proc.rank, message))
+        self._add(wire.FromRank(proc.rank, message))
+
+    def _add(self, item: Any) -> None:
+        self.batch.append(item)
+        if not isinstance(item, _CHATTY):
+            self._urgent = True
 
     def _due(self) -> bool:
         """Send the batch now: it holds something other than chatty items, or the oldest
         chatty one waited ``COALESCE`` seconds."""
         if not self.batch:
             return False
+        if self._urgent:
+            return True
         if self._chatty_since is None:
             self._chatty_since = time.monotonic()
-        return time.monotonic() - self._chatty_since >= COALESCE or not all(
-            isinstance(item, _CHATTY) for item in self.batch
-        )
+        return time.monotonic() - self._chatty_since >= COALESCE
 
     def _turn(self) -> float:
         if self._chatty_since is None:
@@ -216,7 +224,7 @@ class Agent:
         if self.ending is not None and not self._announced:  # before the exits it explains
             self._announced = True
             self.link.send(wire.AgentEnding(self.ending))
-        self._chatty_since = None
+        self._chatty_since, self._urgent = None, False
         if self.batch:
             items, self.batch = self.batch, []
             self.link.send(wire.Batch(items))
@@ -236,13 +244,6 @@ def _on_this_node(spec: Any, local_count: int) -> Any:
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     return dataclasses.replace(spec, cwd=cwd, env=env, num_threads=threads, replace_environ=False)
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
 
 
 def _readable(selector: selectors.BaseSelector) -> bool:

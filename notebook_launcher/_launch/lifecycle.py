@@ -44,15 +44,13 @@ from . import stall
 from .diagnosis import Stranded, Verdict, diagnose, exception_for, summary_line
 from .record import RunRecord
 
-#: What a run is, for the words of its end: a launch (an attempt of one), a session's
-#: start (its ranks coming up), or a session's task.
-PURPOSES = ("launch", "start", "task")
-
 
 @dataclass(frozen=True)
 class RunEnd:
     """What one run of ranks left, frozen when it closed: the input of :func:`decide`."""
 
+    #: what the run was, for the words of its end: "launch" (an attempt of one), "start"
+    #: (a session's ranks coming up) or "task" (a session's task)
     purpose: str
     #: the run's ranks in the order asked (a task's values follow it)
     ranks: tuple[int, ...]
@@ -336,7 +334,6 @@ class GroupRun:
 
 
 __all__ = [
-    "PURPOSES",
     "GroupRun",
     "Outcome",
     "RunEnd",

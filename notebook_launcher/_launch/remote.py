@@ -48,7 +48,7 @@ from .._events import Event, LaunchStarted, RankStacks, WorkerStarted
 from .._posix import deferred_interrupts
 from .._spec import WorkerSpec
 from .._wire import agent as wire
-from .._wire.control import Raised, Reformed, Returned
+from .._wire.control import Raised, Returned
 from ..errors import ClusterError, PreflightError, RankFailure
 from . import preflight
 from .plan import LaunchPlan
@@ -570,8 +570,6 @@ class RemoteGroup:
                 proc.result = message.data
             elif isinstance(message, Raised):
                 proc.failure, proc.exc_data = message.failure, message.exc_data
-            elif isinstance(message, Reformed):
-                pass
         elif isinstance(item, wire.RankExited):
             proc = self.proc(item.rank)
             if proc.exited:
@@ -653,10 +651,6 @@ class RemoteGroup:
     def terminate(self) -> None:
         for node in self._live_nodes():
             node.link.send(wire.Terminate())
-
-    def kill(self) -> None:
-        for proc in self.running:
-            proc.send_signal(signal.SIGKILL)
 
     def stop(self) -> None:
         try:

@@ -318,10 +318,8 @@ class SessionCore:
         self.plan = plan
         self.stall_after = stall_after
         self.world = [s.rank for s in plan.specs]
-        #: the ranks' lifecycle (started, then routed to this core's callbacks), and their
-        #: group (``run.group``: a ``WorkerGroup``, or a cluster's ``RemoteGroup``)
+        #: the ranks' lifecycle (started, then routed to this core's callbacks)
         self.run: GroupRun | None = None
-        self.group: Any = None
         self.task: TaskRun | None = None
         self.broken: str | None = None
         self.generation = 0
@@ -336,6 +334,12 @@ class SessionCore:
         self._closed = False
         self._close_lock = threading.Lock()
         self._pump: threading.Thread | None = None
+
+    @property
+    def group(self) -> Any:
+        """The ranks (``run.group``: a ``WorkerGroup``, or a cluster's ``RemoteGroup``);
+        None until they are up."""
+        return self.run.group if self.run is not None else None
 
     def port_note(self) -> str | None:
         """ "port 29500 is busy, using 41234" when the session could not have its port."""
@@ -397,7 +401,7 @@ class SessionCore:
                 self._wake_r, self._wake_w = os.pipe()
                 for fd in (self._wake_r, self._wake_w):
                     os.set_blocking(fd, False)
-                self.run, self.group = run, run.group
+                self.run = run
                 run.group.route(self._on_event, self._on_exit, self._on_message)
                 self._pump = threading.Thread(
                     target=self._pump_loop, name="notebook-launcher-session", daemon=True
@@ -407,7 +411,7 @@ class SessionCore:
             # Ctrl-C (or an error) at any moment before the pump runs: nothing is left --
             # no rank, no fd -- and the view says how the start ended
             if self._pump is None:
-                self.run = self.group = None
+                self.run = None
                 end = run.close("start", world)
                 self._close_wake()
                 if not told:
@@ -558,7 +562,7 @@ class SessionCore:
         for rank in task.pending - task.interrupted - (spare or set()):
             assert self.group is not None
             if rank in task.started:
-                _interrupt_rank(self.group.proc(rank))
+                self.group.proc(rank).interrupt()  # SIGINT to its main thread
                 task.signalled_at[rank] = time.time()
             else:
                 task.interrupt_on_start.add(rank)
@@ -593,13 +597,12 @@ class SessionCore:
             if isinstance(event, WorkerStarted):
                 task.started.add(event.rank)
                 if event.rank in task.interrupt_on_start and self.group is not None:
-                    _interrupt_rank(self.group.proc(event.rank))
+                    self.group.proc(event.rank).interrupt()
                     task.signalled_at[event.rank] = time.time()
             if isinstance(event, BarrierEnter):
                 task.spared.discard(event.rank)  # it waits now: interrupt it (_advance)
-            if isinstance(event, BarrierEnter) and task.mismatch is None:
                 outside = [r for r in self.world if r not in task.ranks]
-                if outside:
+                if outside and task.mismatch is None:
                     task.mismatch = (
                         f"rank {event.rank} waits "
                         f"in {event.kind} at {_where(event.location)}, which needs every rank, but "
@@ -895,12 +898,6 @@ def _hosts_of(started: LaunchStarted, ranks: list[int]) -> tuple[str, ...]:
         return ()
     host = dict(zip(started.ranks, started.hosts, strict=False))
     return tuple(host.get(r, "") for r in ranks)
-
-
-def _interrupt_rank(proc: Any) -> None:
-    """SIGINT to the rank's main thread, where its task runs (``WorkerProcess.interrupt``;
-    a cluster's rank: its node's agent sends it)."""
-    proc.interrupt()
 
 
 def _raised_before(failure: RankFailure, task: TaskRun) -> bool:
