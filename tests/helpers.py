@@ -62,9 +62,10 @@ def wait_until(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def agent_processes(job: str | None = None) -> list[int]:
-    """Pids of live agent processes (of ``job``), and of the ranks they forked (a forked
-    rank keeps its agent's command line); not the ``srun`` that started them."""
+def agent_processes(job: str | None = None, slurm_conf: str | None = None) -> list[int]:
+    """Pids of live agent processes (of ``job``; of the Slurm cluster ``slurm_conf`` names,
+    so that another test process's cluster is not counted), and of the ranks they forked (a
+    forked rank keeps its agent's command line); not the ``srun`` that started them."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -77,8 +78,18 @@ def agent_processes(job: str | None = None) -> list[int]:
         command = b" ".join(argv[1:4])
         ours = b"python" in os.path.basename(argv[0]) and command == b"-m notebook_launcher agent"
         if ours and (job is None or job.encode() in argv):
+            if slurm_conf is not None and not _in_environ(entry, f"SLURM_CONF={slurm_conf}"):
+                continue
             found.append(int(entry))
     return found
+
+
+def _in_environ(pid: str, entry: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 class SlurmTestCluster:

@@ -65,7 +65,7 @@ def cluster_clean(slurm: SlurmTestCluster) -> Iterator[SlurmTestCluster]:
 
     def processes() -> list[int]:
         kept = {p for c in _module_clusters if c.running for p in agent_processes(c.job_key)}
-        return [p for p in agent_processes() if p not in kept]
+        return [p for p in agent_processes(slurm_conf=slurm.conf) if p not in kept]
 
     wait_until(lambda: jobs() == [], 30, f"Slurm holds no job (it has {jobs()})")
     wait_until(lambda: processes() == [], 30, "no agent or rank process is left")
@@ -384,6 +384,9 @@ def test_scancel_ends_the_launch_saying_so(cluster_clean: SlurmTestCluster) -> N
             sleeps, num_processes=4, cluster=cluster, dashboard=False, block=False
         )
         wait_until(lambda: len(agent_processes(cluster.job_key)) == 2 + 4, 60, "4 ranks run")
+        # the leftover checks find this cluster's agents and ranks by its SLURM_CONF
+        mine = set(agent_processes(slurm_conf=cluster_clean.conf))
+        assert set(agent_processes(cluster.job_key)) <= mine
         assert cluster.job_id is not None
         subprocess.run(["scancel", cluster.job_id], check=True, timeout=30)
         with pytest.raises(WorkerDied) as info:

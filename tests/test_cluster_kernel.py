@@ -21,7 +21,8 @@ def kernel(slurm: SlurmTestCluster) -> Iterator[object]:
     with started_kernel() as kc:  # (its environment names the test cluster: SLURM_CONF)
         yield kc
     wait_until(lambda: slurm.jobs() == [], 30, "Slurm holds no job")
-    wait_until(lambda: agent_processes() == [], 30, "no agent or rank is left")
+    left = lambda: agent_processes(slurm_conf=slurm.conf)  # noqa: E731 - (this cluster's)
+    wait_until(lambda: left() == [], 30, "no agent or rank is left")
 
 
 def test_dist_start_on_slurm_then_cells_then_stop(kernel: object, slurm: SlurmTestCluster) -> None:
