@@ -42,7 +42,7 @@ from typing import Any
 
 from ._events import Event, NodesWaiting
 from ._launch import slurm
-from ._launch.remote import AgentHub, RemoteNode
+from ._launch.remote import AgentHub, ClusterPlan, RemoteNode, plan_cluster
 from .errors import ClusterError
 
 #: Seconds the agents have to join once the scheduler started them.
@@ -217,6 +217,22 @@ class Cluster:
         self.close()
 
     # -- what launches use ------------------------------------------------------------------------
+
+    def plan(
+        self, report: Callable[[Event], None], num_processes: int | None, **options: Any
+    ) -> ClusterPlan:
+        """The plan of a launch or a session (``options``: ``plan_cluster``'s) on this
+        cluster's nodes, started if need be (``report`` is told of the wait)."""
+        return plan_cluster(
+            self.nodes_for_launch(report),
+            self.store_address,
+            self.job_key,
+            self.launches,
+            num_processes,
+            self.gpus_per_node,
+            explain=self.job_state,
+            **options,
+        )
 
     def nodes_for_launch(self, report: Callable[[Event], None] | None = None) -> list[RemoteNode]:
         """The nodes, started if needed; :class:`ClusterError` when one is gone (saying why,

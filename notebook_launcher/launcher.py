@@ -60,7 +60,6 @@ from ._launch.lifecycle import GroupRun, RunEnd, add_note, decide, finished_even
 from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
-from ._launch.remote import plan_cluster
 from ._launch.session import TaskHandle
 from .errors import LaunchError, PreflightError, interrupted
 from .session import start as start_session
@@ -302,18 +301,12 @@ def _on_cluster(
     task = prepare_task(function, tuple(args), dict(kwargs or {}), "agent")
     view = _view(dashboard, block)
     try:
-        nodes = cluster.nodes_for_launch(view.handle)
-        plan = plan_cluster(
-            nodes,
-            cluster.store_address,
-            cluster.job_key,
-            cluster.launches,
+        plan = cluster.plan(
+            view.handle,
             num_processes,
-            cluster.gpus_per_node,
             mixed_precision=mixed_precision,
             grace_period=grace_period,
             max_restarts=policy.max_restarts,
-            explain=cluster.job_state,
         )
     except BaseException as exc:  # the nodes could not be had: said, then raised
         never = RunEnd("launch", (), 0, start_error=exc)

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 from ._launch import compare as compare_values
 from ._launch import preflight, stall
 from ._launch.plan import plan_launch
-from ._launch.remote import plan_cluster
 from ._launch.session import SessionCore, TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dumps_checked
@@ -199,21 +198,15 @@ class Session:
         preflight.check_not_in_a_rank()
         view = self._view(dashboard)
         try:
-            nodes = cluster.nodes_for_launch(view.handle)
+            return cluster.plan(
+                view.handle,
+                self._num_processes,
+                mixed_precision=options.get("mixed_precision", "no"),
+                grace_period=options.get("grace_period", 1.0),
+                session=True,
+            )
         finally:
             view.close()
-        return plan_cluster(
-            nodes,
-            cluster.store_address,
-            cluster.job_key,
-            cluster.launches,
-            self._num_processes,
-            cluster.gpus_per_node,
-            mixed_precision=options.get("mixed_precision", "no"),
-            grace_period=options.get("grace_period", 1.0),
-            session=True,
-            explain=cluster.job_state,
-        )
 
     def _view(self, dashboard: Any = None) -> View:
         choice = self._options["dashboard"] if dashboard is None else dashboard
