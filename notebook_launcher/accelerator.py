@@ -421,11 +421,7 @@ class Accelerator(ProcessControl):
         """
         if device_placement is None:
             device_placement = self.device_placement
-        if getattr(model, "_is_accelerate_prepared", False):
-            # Prepared already (a second prepare, find_executable_batch_size's retry): not
-            # wrapped again, registered once (save_state would write it twice otherwise).
-            if not any(m is model for m in self._models):
-                self._models.append(model)
+        if _registered_again(model, self._models):
             return model
         self._models.append(model)
         if device_placement:
@@ -470,9 +466,7 @@ class Accelerator(ProcessControl):
 
             optimizer = accelerator.prepare_optimizer(torch.optim.AdamW(model.parameters()))
         """
-        if getattr(optimizer, "_is_accelerate_prepared", False):
-            if not any(o is optimizer for o in self._optimizers):
-                self._optimizers.append(optimizer)  # type: ignore[arg-type]
+        if _registered_again(optimizer, self._optimizers):
             return optimizer  # type: ignore[return-value]
         if device_placement is None:
             device_placement = self.device_placement
@@ -490,9 +484,7 @@ class Accelerator(ProcessControl):
 
             scheduler = accelerator.prepare_scheduler(StepLR(optimizer, step_size=10))
         """
-        if getattr(scheduler, "_is_accelerate_prepared", False):
-            if not any(s is scheduler for s in self._schedulers):
-                self._schedulers.append(scheduler)
+        if _registered_again(scheduler, self._schedulers):
             return scheduler
         optimizer = getattr(scheduler, "optimizer", None)
         optimizers = [
@@ -517,9 +509,7 @@ class Accelerator(ProcessControl):
 
             loader = accelerator.prepare_data_loader(DataLoader(dataset, batch_size=16))
         """
-        if getattr(data_loader, "_is_accelerate_prepared", False):
-            if not any(d is data_loader for d in self._dataloaders):
-                self._dataloaders.append(data_loader)
+        if _registered_again(data_loader, self._dataloaders):
             return data_loader  # type: ignore[return-value]
         if device_placement is None:
             device_placement = self.device_placement
@@ -1198,6 +1188,16 @@ def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], data: Any) -> Any:
     if isinstance(data, (list, tuple)):
         return type(data)(_map_tensors(fn, v) for v in data)
     return data
+
+
+def _registered_again(obj: Any, registry: list[Any]) -> bool:
+    """``obj`` was prepared already (a second prepare, find_executable_batch_size's retry):
+    True, and it is registered once -- not wrapped again (save_state would write it twice)."""
+    if not getattr(obj, "_is_accelerate_prepared", False):
+        return False
+    if not any(item is obj for item in registry):
+        registry.append(obj)
+    return True
 
 
 __all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "Accelerator"]
