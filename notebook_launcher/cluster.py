@@ -279,22 +279,9 @@ class Cluster:
 
 def _notice_gone(node: RemoteNode) -> None:
     """Read what the agent said while nothing listened: its end, or that it is ending."""
-    from ._wire import agent as wire
-
-    while node.gone is None:
-        import select
-
-        ready, _, _ = select.select([node.link.fileno()], [], [], 0)
-        if not ready:
-            return
-        messages = node.link.read()
-        if messages is None:
-            node.gone = "its connection ended"
-            node.link.close()
-            return
-        for message in messages:
-            if isinstance(message, wire.AgentEnding):
-                node.ending = message.why
+    if not node.drain():
+        node.gone = "its connection ended"
+        node.link.close()
 
 
 def _torch_version() -> str:

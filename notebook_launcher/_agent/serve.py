@@ -107,10 +107,7 @@ class Agent:
         """Say why we end, stop the ranks, report their exits, leave."""
         self._flush()
         if self.group is not None:
-            self.group.terminate()
-            deadline = time.monotonic() + self.group.grace + 1.0
-            while not self.group.finished and time.monotonic() < deadline:
-                self.group.pump(0.05)
+            self.group.stop()  # SIGTERM, SIGKILL after the grace period; their exits reported
         self._close_ranks()
         return 128 + signal.SIGTERM
 

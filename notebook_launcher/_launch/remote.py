@@ -31,6 +31,7 @@ import itertools
 import logging
 import os
 import secrets
+import select
 import selectors
 import signal
 import socket
@@ -77,12 +78,27 @@ class RemoteNode:
 
     @property
     def label(self) -> str:
-        name = self.hello.slurm_node or self.hello.host
-        return f"node {self.index} ({name})" if name else f"node {self.index}"
+        return f"node {self.index} ({self.host})" if self.host else f"node {self.index}"
 
     @property
     def host(self) -> str:
         return self.hello.slurm_node or self.hello.host
+
+    def drain(self) -> bool:
+        """Read what the agent said while nothing listened: that it is ending (``ending``).
+        False when its connection ended."""
+        if self.gone is not None:
+            return True  # (its link may be closed: nothing to read)
+        poller = select.poll()
+        poller.register(self.link.fileno(), select.POLLIN)
+        while poller.poll(0):
+            messages = self.link.read()
+            if messages is None:
+                return False
+            for message in messages:
+                if isinstance(message, wire.AgentEnding):
+                    self.ending = message.why
+        return True
 
 
 @dataclass
@@ -476,14 +492,8 @@ class RemoteGroup:
 
     def _drain_stale(self, node: RemoteNode) -> None:
         """What the agent said while no group listened (it may be ending)."""
-        while node.gone is None and _readable(node.link.fileno()):
-            messages = node.link.read()
-            if messages is None:
-                self._node_gone(node, "its connection ended")
-                return
-            for message in messages:
-                if isinstance(message, wire.AgentEnding):
-                    node.ending = message.why
+        if not node.drain():
+            self._node_gone(node, "its connection ended")
 
     def send(self, proc: RemoteRank, message: Any) -> bool:
         if not proc.conn_open:
@@ -851,15 +861,6 @@ def remote_specs(
         for node in nodes
         for local in range(per_node)
     ]
-
-
-def _readable(fd: int) -> bool:
-    sel = selectors.DefaultSelector()
-    try:
-        sel.register(fd, selectors.EVENT_READ)
-        return bool(sel.select(0))
-    finally:
-        sel.close()
 
 
 __all__ = [
