@@ -451,6 +451,28 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.timeout(60)
+def test_a_rank_that_dies_while_spared_after_a_failure_ends_the_task() -> None:
+    """Rank 0 raises; rank 1, still computing (spared until it waits), dies meanwhile: the
+    session is broken and the cell ends at once -- it hung when the spared rank's end set
+    a re-forming deadline on a broken session that never re-forms."""
+    with start() as session:
+        with pytest.raises(ValueError, match="first") as info:
+            session.run_cell(
+                "import os, signal, time\n"
+                "if rank == 0:\n"
+                "    raise ValueError('first')\n"
+                "time.sleep(0.2)\n"
+                "os.kill(os.getpid(), signal.SIGKILL)"
+            )
+        assert "The session is broken (rank 1 died (killed by SIGKILL))" in "\n".join(
+            info.value.__notes__
+        )
+        assert session.status().state == "broken"
+        session.restart()
+        assert session.run_cell("rank") == ["0", "1"]
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_killed_rank_breaks_the_session_and_restart_brings_fresh_ranks(
     method: str, capsys: pytest.CaptureFixture[str]

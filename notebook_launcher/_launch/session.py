@@ -542,9 +542,8 @@ class SessionCore:
         collective now (they wait for it); spare the ones still computing until they wait
         in one (``_on_event``) or ``FAILED_GRACE`` passed (``_advance``)."""
         waiting = task.record.barriers.waiting
-        computing = {
-            r for r in task.pending - task.interrupted if r in task.started and r not in waiting
-        }
+        # (a rank yet to begin the task is spared too: it runs until it waits, as the rest)
+        computing = {r for r in task.pending - task.interrupted if r not in waiting}
         if not computing or FAILED_GRACE <= 0:
             self._unwind(task, "failed")
             return
@@ -835,9 +834,9 @@ class SessionCore:
             for p in self.group.running:
                 p.send_signal(signal.SIGKILL)
         task = self.task
-        if task is not None:
-            task.reform_at = None
-            task.give_up_at = None
+        if task is not None:  # nothing left to wait for but their exits
+            task.reform_at = task.give_up_at = task.spare_until = None
+            task.spared = set()
 
     # -- the end -------------------------------------------------------------------------
 
