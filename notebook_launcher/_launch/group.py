@@ -133,14 +133,22 @@ class WorkerProcess:
         except OSError:  # EINVAL: a kernel before 6.9
             self.send_signal(signal.SIGINT)
 
+    def _ended_unreaped(self) -> bool:
+        """It has exited, not yet reaped (only a child of ours can say; else False)."""
+        try:
+            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            return os.waitid(os.P_PIDFD, self.pidfd, flags) is not None
+        except OSError:  # not our child (the forkserver's), or its pidfd is closed
+            return False
+
     def send_signal(self, sig: int) -> None:
         """Signal the rank (its pidfd: never another process that took its pid). SIGKILL
         takes its descendants first, SIGTERM notes them (killed when it has ended): the
         daemons a rank started outside its process group end with it too."""
         if self.returncode is not None:
             return
-        if sig in (signal.SIGTERM, signal.SIGKILL):
-            self.signalled = True
+        if sig in (signal.SIGTERM, signal.SIGKILL) and not self._ended_unreaped():
+            self.signalled = True  # (one that had died already, e.g. SIGKILLed, is a death)
         if sig == signal.SIGKILL:
             kill_descendants(self.pid)
         elif sig == signal.SIGTERM and self.tree is None:

@@ -119,7 +119,7 @@ class Channel:
     """One end of a control channel: ``send(message)`` and ``recv() -> message``."""
 
     def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+        self.conn: Connection | _Closed = conn
 
     def send(self, message: Any) -> None:
         self.conn.send_bytes(encode(message))
@@ -134,7 +134,25 @@ class Channel:
         return self.conn.fileno()
 
     def close(self) -> None:
-        self.conn.close()
+        """Close it and let the Connection go here: its ``__del__`` (Python code, where a
+        Ctrl-C can land and be printed as "Exception ignored") runs now, inside the caller's
+        ``deferred_interrupts`` block, not wherever the last reference would have died."""
+        conn, self.conn = self.conn, _CLOSED
+        conn.close()
+        del conn
+
+
+class _Closed:
+    """What a closed Channel holds: every use fails as a closed Connection's does."""
+
+    def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        raise OSError("handle is closed")
+
+
+_CLOSED = _Closed()
 
 
 __all__ = [
