@@ -12,6 +12,7 @@ fast and never pull in torch or the process machinery.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -53,6 +54,12 @@ if TYPE_CHECKING:
     from .utils.random import synchronize_rng_states
 
 __version__ = "0.1.0"
+
+# The one side effect of importing, as Lightning does on import: torch.cuda.is_available()
+# (and autocast("cuda"), GradScaler("cuda"), a pinned DataLoader, which ask it) then counts
+# GPUs through NVML instead of initialising the CUDA driver in the kernel, which would make
+# every later fork unable to use CUDA. The user's own value is kept. (_placement.NVML_CHECK_ENV)
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 _LAZY = {
     "Accelerator": "notebook_launcher.accelerator",

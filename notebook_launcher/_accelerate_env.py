@@ -33,6 +33,7 @@ def accelerate_env(
     backend: str,
     threads_per_rank: int | None,
     environ: Mapping[str, str],
+    on_gpu: bool | None = None,
 ) -> dict[str, str]:
     """Variables to set in every rank so that real Accelerate sees the launch we made.
 
@@ -42,6 +43,8 @@ def accelerate_env(
         threads_per_rank: CPU threads the launcher gives each rank, or ``None`` when the user
             chose them (``OMP_NUM_THREADS`` is then left as it is).
         environ: the kernel's environment (read for the debug flags).
+        on_gpu: whether the ranks use GPUs (None: they do on nccl); ranks that share a GPU,
+            or a lone GPU rank, are on gloo yet not on the CPU.
 
     What is set, and why (``accelerate launch`` sets the same):
 
@@ -67,7 +70,9 @@ def accelerate_env(
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     env = {
         "ACCELERATE_MIXED_PRECISION": mixed_precision,
-        "ACCELERATE_USE_CPU": "true" if backend == "gloo" else "false",
+        "ACCELERATE_USE_CPU": "false"
+        if (backend == "nccl" if on_gpu is None else on_gpu)
+        else "true",
         "FORK_LAUNCHED": "1",
     }
     if any(_flag(environ, key) for key in _DEBUG_FLAGS):

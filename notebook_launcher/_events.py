@@ -75,6 +75,11 @@ class LaunchStarted:
     task: str = ""
     #: a cluster's launch: the host of each of ``ranks`` (the views name it in the row)
     hosts: tuple[str, ...] = ()
+    #: where the ranks run, on GPUs ("2 rank(s), one per GPU (cuda:0, cuda:1), on NCCL");
+    #: empty for CPU ranks on a machine without GPUs
+    placement: str = ""
+    #: what the user should read before the ranks start (ranks sharing a GPU), or empty
+    banner: str = ""
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def capture() -> dict[str, Any]:
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "cuda_rng": [s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()]
-        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        if torch.cuda.is_initialized()  # (is_available() would initialise the driver)
         else None,
     }
     return settings

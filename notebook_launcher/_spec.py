@@ -48,6 +48,11 @@ class WorkerSpec:
     #: which restart this is (0: the first attempt) and how many are allowed
     restart_count: int = 0
     max_restarts: int = 0
+    #: where this rank runs ("cpu", "cuda:1"), decided by ``_placement.place``; the rank
+    #: makes it its current device before any other CUDA work
+    device: str = "cpu"
+    #: this rank's share of its GPU's memory when ranks share one (None: all of it)
+    memory_fraction: float | None = None
 
 
 __all__ = ["LAUNCHER_ENV", "WorkerSpec"]

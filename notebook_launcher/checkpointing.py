@@ -486,7 +486,7 @@ def rng_state() -> dict[str, Any]:
         states["numpy_random_seed"] = np.random.get_state()
     except ImportError:
         pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
         states["torch_cuda_manual_seed"] = torch.cuda.get_rng_state_all()
     return states
 

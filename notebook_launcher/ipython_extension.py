@@ -48,7 +48,9 @@ def info_lines() -> list[str]:
     except ImportError as exc:  # pragma: no cover - torch is a dependency
         lines.append(("torch", f"not importable: {exc}"))
         return _format(lines)
-    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from ._placement import inventory
+
+    found = inventory()  # never the CUDA runtime: the kernel forks the ranks
     backends = [
         name
         for name, ok in (
@@ -58,13 +60,16 @@ def info_lines() -> list[str]:
         if ok
     ]
     method, reason = preflight.resolve_start_method(None, preflight.cuda_initialized())
-    if cuda_devices:
-        devices = f"{cuda_devices} CUDA device(s): " + ", ".join(
-            torch.cuda.get_device_name(i) for i in range(cuda_devices)
+    if found.count:
+        devices = f"{found.count} CUDA device(s): " + ", ".join(
+            g.name or f"cuda:{g.index}" for g in found.gpus
         )
-        workers = f"one per GPU (num_processes <= {cuda_devices}), backend nccl"
+        workers = (
+            f"one per GPU on NCCL (num_processes <= {found.count}); more ranks share the "
+            "GPUs on gloo; devices='cpu' for CPU ranks"
+        )
     else:
-        devices = f"CPU only ({os.cpu_count()} cores)"
+        devices = f"CPU only ({os.cpu_count()} cores; {found.source})"
         workers = "CPU processes, backend gloo"
     lines += [
         ("torch", torch.__version__),

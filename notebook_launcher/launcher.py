@@ -101,6 +101,7 @@ def notebook_launcher(
     raise_child_failed: bool | None = None,
     cluster: Cluster | None = None,
     stall_after: float | None = stall.DEFAULT_STALL_AFTER,
+    devices: str | list[int] | tuple[int, ...] = "auto",
 ) -> Any:
     """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
 
@@ -146,6 +147,16 @@ def notebook_launcher(
     named -- until progress resumes. ``handle.stacks()`` shows it on demand for a
     ``block=False`` launch, and an interrupted stuck launch says where each rank was.
 
+    ``devices`` (where the ranks run; the kernel itself never touches CUDA):
+
+    * ``"auto"`` (default): one rank per GPU on NCCL; more ranks than GPUs share them on
+      gloo, each held to its share of the GPU's memory (said in a banner: lessons written
+      for two ranks run on Colab's one GPU); CPU ranks on gloo where there is no GPU. One
+      rank alone is not a distributed job: ``distributed_type`` NO, no NCCL communicator.
+    * ``"gpu"``: one rank per GPU, refused when there are fewer GPUs than ranks.
+    * ``"cpu"``: CPU ranks on gloo, the GPUs hidden from them.
+    * ``[0, 2]``: those GPUs, one rank each (``num_processes`` may be left out).
+
     Extras beyond Accelerate: ``kwargs`` for the function, ``start_method``
     (``None`` chooses: fork unless CUDA is initialised here, then a forkserver),
     ``dashboard`` (``"auto"``, ``True``, ``False``, or any object with the
@@ -176,6 +187,7 @@ def notebook_launcher(
             cluster, function, args, kwargs, num_processes, mixed_precision, max_restarts,
             log_line_prefix_template, dashboard, grace_period, block, restart_on_exception,
             raise_child_failed,
+            devices,
             others=dict(num_nodes=(num_nodes, 1), node_rank=(node_rank, 0),
                         rdzv_backend=(rdzv_backend, "static"), rdzv_endpoint=(rdzv_endpoint, ""),
                         start_method=(start_method, None)),
@@ -224,6 +236,7 @@ def notebook_launcher(
         grace_period=grace_period,
         rendezvous=meeting,
         max_restarts=policy.max_restarts,
+        devices=devices,
     )
     try:
         task = prepare_task(function, tuple(args), dict(kwargs or {}), plan.start_method)
@@ -277,6 +290,7 @@ def _on_cluster(
     block: bool,
     restart_on_exception: Any,
     raise_child_failed: bool | None,
+    devices: Any,
     others: dict[str, tuple[Any, Any]],
 ) -> _Launch:
     """A launch on a cluster's nodes: one controller, every rank of the job planned here."""
@@ -307,6 +321,7 @@ def _on_cluster(
             mixed_precision=mixed_precision,
             grace_period=grace_period,
             max_restarts=policy.max_restarts,
+            devices=devices,
         )
     except BaseException as exc:  # the nodes could not be had: said, then raised
         never = RunEnd("launch", (), 0, start_error=exc)

@@ -63,6 +63,7 @@ def start(
     grace_period: float = 1.0,
     stall_after: float | None = stall.DEFAULT_STALL_AFTER,
     cluster: Cluster | None = None,
+    devices: str | list[int] | tuple[int, ...] = "auto",
 ) -> Session:
     """Start ``num_processes`` ranks that stay until :meth:`Session.close`.
 
@@ -70,7 +71,8 @@ def start(
     progress for that many seconds shows where every rank is; None: off; ``cluster``: the
     ranks live on a cluster's nodes, ``num_processes`` of them in all, split evenly). Call
     it from the notebook's own thread (the ranks die with the thread that started them).
-    Also a context manager::
+    ``devices``: where the ranks run (:func:`notebook_launcher`'s ``devices``). Also a
+    context manager::
 
         with notebook_launcher.start(num_processes=2) as session:
             session.run(train_step)
@@ -88,6 +90,7 @@ def start(
         grace_period=grace_period,
         stall_after=stall_after,
         cluster=cluster,
+        devices=devices,
     )
 
 
@@ -204,6 +207,7 @@ class Session:
                 mixed_precision=options.get("mixed_precision", "no"),
                 grace_period=options.get("grace_period", 1.0),
                 session=True,
+                devices=options.get("devices", "auto"),
             )
         finally:
             view.close()

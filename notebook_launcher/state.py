@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from ._placement import DEVICE_ENV
 from ._worker import barriers, runtime
 from .utils.constants import FP16_ON_CPU_WARNING, parse_mixed_precision
 from .utils.dataclasses import DistributedType
@@ -555,15 +556,24 @@ def _build_partial_state(
         env = launch_env()
         local = env.local_rank if env is not None else _env_int("LOCAL_RANK", default=rank)
         backend_name: str | None = str(dist.get_backend())
-        if cuda and backend_name is not None and "nccl" in backend_name:
+        launched = os.environ.get(runtime.LAUNCHER_ENV) == "1" and not cpu
+        placed = os.environ.get(DEVICE_ENV) if launched else None
+        if placed:  # a launched rank: where the launcher placed it (_placement.place)
+            device = torch.device(placed)
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+        elif cuda and backend_name is not None and "nccl" in backend_name:
             device = torch.device("cuda", local % max(torch.cuda.device_count(), 1))
             torch.cuda.set_device(device)
-            dtype = DistributedType.MULTI_GPU
         else:
             device = torch.device("cpu")
-            # Accelerate's rule: one CPU process is not distributed (no DDP wrapping), even
-            # with a process group of one
-            dtype = DistributedType.MULTI_CPU if world > 1 else DistributedType.NO
+        # Accelerate's rule: one process is not distributed (no DDP wrapping), even with a
+        # process group of one
+        if world == 1:
+            dtype = DistributedType.NO
+        else:
+            gpu = device.type == "cuda"
+            dtype = DistributedType.MULTI_GPU if gpu else DistributedType.MULTI_CPU
     else:
         rank, world, local = 0, 1, 0
         backend_name = None

@@ -2,7 +2,8 @@
 
 Module paths say where code runs:
 
-* bottom -- ``errors``, ``_events``, ``_spec``, ``_posix``, ``_serialization``, ``_wire/``:
+* bottom -- ``errors``, ``_events``, ``_spec``, ``_posix``, ``_serialization``,
+  ``_placement``, ``_wire/``:
   plain data and codecs both sides share; they import only each other;
 * ``_launch/`` -- the kernel side (preflight, worker group, forkserver client, diagnosis);
 * ``_agent/`` -- the node side: a node's agent, run for a kernel on another machine, starts
@@ -42,6 +43,8 @@ BOTTOM = (
     "_serialization",
     "_settings",
     "_accelerate_env",
+    # where every rank runs (inventory without the CUDA runtime, placement): both sides
+    "_placement",
     "_wire",
     # Accelerate's names left to Accelerate, and the modules that only raise their error
     "_accelerate_only",

@@ -290,8 +290,9 @@ def hello(claimed: dict[str, Any]) -> wire.NodeHello:
     import torch
 
     from .. import __version__
+    from .._placement import inventory
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = inventory().count  # never the CUDA runtime: the agent forks the ranks
     return wire.NodeHello(
         host=claimed["host"],
         pid=os.getpid(),

@@ -25,9 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _settings
+from .. import _placement, _settings
 from .._accelerate_env import accelerate_env
 from .._events import LaunchStarted
+from .._placement import Placement
 from .._serialization import dumps_checked, payload_size_warning, share_class_identities
 from .._spec import WorkerSpec
 from ..errors import LargePayloadWarning
@@ -57,6 +58,8 @@ class LaunchPlan:
     max_restarts: int = 0
     #: "port 29500 is busy, using 41234" when the port asked for was taken (also in reason)
     port_note: str | None = None
+    #: where the ranks run and why (:func:`notebook_launcher._placement.place`)
+    placement: Placement | None = None
 
     @property
     def world_size(self) -> int:
@@ -86,7 +89,17 @@ class LaunchPlan:
             max_restarts=self.max_restarts,
             rendezvous=job.describe() if job is not None and self._shown(job) else "",
             log_line_prefix_template=line_prefix,
+            placement=self._placement_shown(),
+            banner=(self.placement.banner or "") if self.placement is not None else "",
         )
+
+    def _placement_shown(self) -> str:
+        """The placement line the views show: on GPUs (or GPUs hidden from CPU ranks);
+        plain CPU ranks on a machine without GPUs say nothing new."""
+        p = self.placement
+        if p is None or not (p.on_gpu or p.env):
+            return ""
+        return p.reason
 
     @staticmethod
     def _shown(job: NodeJob) -> bool:
@@ -153,6 +166,7 @@ def plan_launch(
     grace_period: Any = 1.0,
     rendezvous: RendezvousConfig | None = None,
     max_restarts: int = 0,
+    devices: Any = "auto",
 ) -> LaunchPlan:
     """Check everything, choose the start method, bind the rendezvous port (unless a
     ``rendezvous`` of nodes will decide where the store is).
@@ -166,9 +180,14 @@ def plan_launch(
     preflight.check_nodes(num_nodes, node_rank)
     preflight.check_master_addr(master_addr)
     grace = preflight.check_grace_period(grace_period)
-    gpus = preflight.cuda_device_count()
-    nprocs = preflight.resolve_num_processes(num_processes, gpus)
-    precision = preflight.check_mixed_precision(mixed_precision, gpus)
+    wanted = _placement.check_devices(devices)
+    found = _placement.inventory()
+    nprocs = preflight.resolve_num_processes(
+        num_processes, _placement.num_processes_for(wanted, found) or 0
+    )
+    where = _placement.place(found, nprocs, wanted, world_size=nprocs * num_nodes)
+    preflight.check_placement(where, found)
+    precision = preflight.check_mixed_precision(mixed_precision, where.on_gpu)
     preflight.check_no_process_group_in_parent()
     state = sys.modules.get("notebook_launcher.state")
     preflight.check_no_state_in_parent(getattr(state, "state_in_use", None))
@@ -187,12 +206,20 @@ def plan_launch(
         else:  # the rendezvous binds, on the node that holds its store
             master_addr, port, port_note = rendezvous.host, rendezvous.port, None
         threads = 1 if (method == "fork" and not fork_safe) else threads_per_rank(nprocs)
-        specs = _specs(
-            nprocs, num_nodes, node_rank, master_addr, port, gpus, precision, method, threads
+        specs = rank_specs(
+            where,
+            first_rank=node_rank * nprocs,
+            world_size=nprocs * num_nodes,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            store=(master_addr, port),
+            precision=precision,
+            threads=threads,
+            method=method,
         )
         return LaunchPlan(
             specs, method, reason, listen, num_nodes, node_rank, grace, rendezvous,
-            max_restarts, port_note,
+            max_restarts, port_note, where,
         )  # fmt: skip
     except BaseException:
         if listen is not None:
@@ -230,42 +257,65 @@ def threads_per_rank(nprocs: int) -> int | None:
     return max(1, cores // nprocs)
 
 
-def _specs(
-    nprocs: int,
-    num_nodes: int,
+def rank_specs(
+    placement: Placement,
+    *,
+    first_rank: int,
+    world_size: int,
     node_rank: int,
-    master_addr: str,
-    port: int,
-    gpus: int,
+    num_nodes: int,
+    store: tuple[str, int],
     precision: str,
-    method: str,
     threads: int | None,
+    method: str = "fork",
+    store_prefix: str | None = None,
+    max_restarts: int = 0,
+    session: bool = False,
 ) -> list[WorkerSpec]:
+    """One node's specs: local rank ``i`` is global rank ``first_rank + i`` on the device
+    ``placement`` gave it. The one builder of specs, for this machine's launches and
+    sessions and for every node of a cluster (whose agent completes what only the node
+    knows: its environment, a working directory that exists there)."""
     extra = {  # what real Accelerate (and Transformers' Trainer) reads to join the group
-        **accelerate_env(precision, "nccl" if gpus else "gloo", threads, os.environ),
+        **accelerate_env(precision, placement.backend, threads, os.environ, placement.on_gpu),
         "NOTEBOOK_LAUNCHER_START_METHOD": method,
     }
-    env = extra if method == "fork" else {**os.environ, **extra}
+    inherit = method == "fork" or store_prefix is not None  # forked here, or by an agent
+    base = {} if inherit else dict(os.environ)
     settings = _settings.capture()  # fork too: Python reseeds `random` in a forked child
+    nprocs = len(placement.devices)
     return [
         WorkerSpec(
-            rank=node_rank * nprocs + local,
+            rank=first_rank + local,
             local_rank=local,
-            world_size=nprocs * num_nodes,
+            world_size=world_size,
             local_world_size=nprocs,
             node_rank=node_rank,
-            master_addr=master_addr,
-            master_port=port,
-            backend="nccl" if gpus else "gloo",
-            env=env,
+            master_addr=store[0],
+            master_port=store[1],
+            backend=placement.backend,
+            env={**base, **extra, **placement.rank_env(local)},
             cwd=os.getcwd(),
             sys_path=list(sys.path),
-            replace_environ=method != "fork",
+            replace_environ=not inherit,
             num_threads=threads,
             settings=settings,
+            session=session,
+            store_prefix=store_prefix,
+            num_nodes=num_nodes,
+            max_restarts=max_restarts,
+            device=placement.devices[local],
+            memory_fraction=placement.memory_fraction,
         )
         for local in range(nprocs)
     ]
 
 
-__all__ = ["FORK_PRELOAD", "LaunchPlan", "plan_launch", "prepare_task", "threads_per_rank"]
+__all__ = [
+    "FORK_PRELOAD",
+    "LaunchPlan",
+    "plan_launch",
+    "prepare_task",
+    "rank_specs",
+    "threads_per_rank",
+]

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .. import _placement
 from .._posix import deferred_interrupts, die_with_parent, quiet_fork
 from .._spec import LAUNCHER_ENV
 from ..errors import PreflightError
@@ -41,24 +42,22 @@ def check_args(args: Any, kwargs: Any) -> None:
         raise PreflightError(f"kwargs must be a dict, got {type(kwargs).__name__}.")
 
 
-def cuda_device_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def cuda_initialized() -> bool:
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_initialized())
+    """Whether the CUDA driver is initialised in this kernel (by torch or by anything else):
+    then a forked rank cannot use CUDA (see :func:`notebook_launcher._placement.driver_initialized`)."""
+    return _placement.driver_initialized()
 
 
-def resolve_num_processes(num_processes: Any, gpus: int) -> int:
+def resolve_num_processes(num_processes: Any, gpus: int, where: str = "python") -> int:
+    """``num_processes`` checked; None means one per GPU (``gpus``), refused without any.
+    ``where``: "magic" when it was typed as ``%dist start -n N`` (the hint says so)."""
     if num_processes is None:
         if gpus:
             return gpus
+        fix = "-n 2" if where == "magic" else "num_processes=2"
         raise PreflightError(
             "num_processes=None means one process per GPU, and this machine has no GPU. "
-            "Say how many CPU workers to start, e.g. notebook_launcher(fn, num_processes=2)."
+            f"Say how many CPU workers to start, e.g. {fix}."
         )
     if isinstance(num_processes, bool) or not isinstance(num_processes, int):
         raise PreflightError(
@@ -67,21 +66,57 @@ def resolve_num_processes(num_processes: Any, gpus: int) -> int:
         )
     if num_processes <= 0:
         raise PreflightError(f"num_processes must be at least 1, got {num_processes}.")
-    if gpus and num_processes > gpus:
-        raise PreflightError(
-            f"num_processes={num_processes} but only {gpus} GPU(s) are visible: one process "
-            f"per GPU. Use num_processes<={gpus}, or hide the GPUs (CUDA_VISIBLE_DEVICES='' "
-            "before starting the kernel) to run CPU workers."
-        )
     return num_processes
 
 
-def check_mixed_precision(mixed_precision: Any, gpus: int) -> str:
+#: Below this much free /dev/shm, several NCCL ranks on one machine may fail (NCCL's
+#: shared-memory transport; Docker's default is 64 MiB).
+SMALL_SHM_BYTES = 512 * 1024 * 1024
+
+
+def check_placement(placement: _placement.Placement, found: _placement.Inventory) -> None:
+    """What the GPUs in use need, asked without touching CUDA: an architecture the
+    installed torch supports (refused otherwise), and room in /dev/shm for NCCL (warned)."""
+    used = {int(d.split(":")[1]) for d in placement.devices if d.startswith("cuda:")}
+    if not used:
+        return
+    in_use = _placement.Inventory(tuple(g for g in found.gpus if g.index in used), found.source)
+    bad = _placement.unsupported_gpus(in_use)
+    if bad:
+        import torch
+
+        raise PreflightError(
+            f"{', '.join(bad)}: this torch ({torch.__version__}) was not built for that GPU "
+            f"architecture (it has {' '.join(_arch_flags())}). Install a torch build for it "
+            "(e.g. wheels for an older CUDA from pytorch.org), or run CPU ranks with "
+            "devices='cpu'."
+        )
+    if placement.backend == "nccl" and len(placement.devices) > 1:
+        free = _placement.shm_bytes()
+        if free is not None and free < SMALL_SHM_BYTES:
+            warnings.warn(
+                f"/dev/shm has only {free // 2**20} MiB free, and NCCL's shared-memory "
+                f"transport between the {len(placement.devices)} GPU ranks lives there: a "
+                "launch may fail or hang. In Docker start the container with --shm-size=2g "
+                "(or --ipc=host); or set NCCL_SHM_DISABLE=1 before launching.",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def _arch_flags() -> list[str]:
+    import torch
+
+    getter = getattr(torch._C, "_cuda_getArchFlags", None)
+    return str(getter() if callable(getter) else "").split()
+
+
+def check_mixed_precision(mixed_precision: Any, on_gpu: bool | int) -> str:
     try:
         value = parse_mixed_precision(mixed_precision, "notebook_launcher(mixed_precision=...)")
     except ValueError as exc:
         raise PreflightError(str(exc)) from None
-    if value == "fp16" and not gpus:
+    if value == "fp16" and not on_gpu:
         warnings.warn(FP16_ON_CPU_WARNING, UserWarning, stacklevel=3)
     return value
 

@@ -35,7 +35,6 @@ import select
 import selectors
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -43,8 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _settings
-from .._accelerate_env import accelerate_env
+from .. import _placement
 from .._events import Event, LaunchStarted, RankStacks, WorkerStarted
 from .._posix import deferred_interrupts
 from .._spec import WorkerSpec
@@ -52,7 +50,7 @@ from .._wire import agent as wire
 from .._wire.control import Raised, Returned
 from ..errors import ClusterError, PreflightError, RankFailure
 from . import preflight
-from .plan import LaunchPlan
+from .plan import LaunchPlan, rank_specs
 
 log = logging.getLogger("notebook_launcher.cluster")
 
@@ -760,6 +758,7 @@ def plan_cluster(
     max_restarts: int = 0,
     session: bool = False,
     explain: Callable[[], str] | None = None,
+    devices: Any = "auto",
 ) -> ClusterPlan:
     """Check a launch on a cluster's ``nodes`` and plan every rank of it."""
     grace = preflight.check_grace_period(grace_period)
@@ -779,18 +778,34 @@ def plan_cluster(
             f"ask for a multiple of {count} (e.g. {count * max(1, round(total / count))})."
         )
     per_node = total // count
-    if gpus_per_node and per_node > gpus_per_node:
-        raise PreflightError(
-            f"num_processes={total} is {per_node} ranks per node, but the nodes have "
-            f"gpus_per_node={gpus_per_node}: one rank per GPU, so at most "
-            f"{gpus_per_node * count} in all."
-        )
-    precision = preflight.check_mixed_precision(mixed_precision, gpus_per_node)
-    backend = "nccl" if gpus_per_node else "gloo"
+    wanted = _placement.check_devices(devices)
+    # every node is placed alike (the agents said how many GPUs each has)
+    where = _placement.place(
+        _placement.Inventory.of_count(gpus_per_node, "agent"),
+        per_node,
+        wanted,
+        world_size=total,
+    )
+    precision = preflight.check_mixed_precision(mixed_precision, where.on_gpu)
     prefix = f"{job_key}/l{launch_no}/a0/pg"  # each launch and session: a group of its own
-    specs = remote_specs(nodes, per_node, store, prefix, backend, precision, max_restarts)
-    for spec in specs:
-        spec.session = session
+    specs = [
+        spec
+        for node in nodes
+        for spec in rank_specs(
+            where,
+            first_rank=node.index * per_node,
+            world_size=total,
+            node_rank=node.index,
+            num_nodes=count,
+            store=store,
+            precision=precision,
+            threads=None,
+            method="agent",
+            store_prefix=prefix,
+            max_restarts=max_restarts,
+            session=session,
+        )
+    ]
     hosts = ", ".join(n.host for n in nodes)
     return ClusterPlan(
         specs,
@@ -823,46 +838,6 @@ class RemoteStacks:
         return self.group.take_stacks(self.ranks, timeout)
 
 
-def remote_specs(
-    nodes: list[RemoteNode],
-    per_node: int,
-    store: tuple[str, int],
-    prefix: str,
-    backend: str,
-    mixed_precision: str,
-    max_restarts: int = 0,
-) -> list[WorkerSpec]:
-    """Every rank's spec for a job of ``per_node`` ranks on each node: global rank
-    ``node * per_node + local``, the group on the kernel's ``store`` under ``prefix``.
-
-    What only a node knows (its environment, which the ranks inherit; a working directory
-    that exists there; its cores' share per rank) the agent completes."""
-    env = accelerate_env(mixed_precision, backend, None, os.environ)
-    settings = _settings.capture()
-    world = per_node * len(nodes)
-    return [
-        WorkerSpec(
-            rank=node.index * per_node + local,
-            local_rank=local,
-            world_size=world,
-            local_world_size=per_node,
-            node_rank=node.index,
-            master_addr=store[0],
-            master_port=store[1],
-            backend=backend,
-            env=dict(env),
-            cwd=os.getcwd(),
-            sys_path=list(sys.path),
-            settings=settings,
-            store_prefix=prefix,
-            num_nodes=len(nodes),
-            max_restarts=max_restarts,
-        )
-        for node in nodes
-        for local in range(per_node)
-    ]
-
-
 __all__ = [
     "CLOSE_TIMEOUT",
     "HANDSHAKE_TIMEOUT",
@@ -873,5 +848,4 @@ __all__ = [
     "ClusterPlan",
     "RemoteRank",
     "plan_cluster",
-    "remote_specs",
 ]

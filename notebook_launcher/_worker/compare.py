@@ -55,7 +55,7 @@ class _RngState:
         import torch
 
         yield "torch", _Random(torch.get_rng_state())
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_initialized():
             for i, state in enumerate(torch.cuda.get_rng_state_all()):
                 yield f"cuda:{i}", _Random(state)
         yield "random", _Random(random.getstate())

@@ -120,10 +120,12 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> tuple[str, A
 
     if spec.num_threads is not None:
         torch.set_num_threads(spec.num_threads)
-    device = "cpu"
-    if spec.backend == "nccl":
-        torch.cuda.set_device(spec.local_rank)
-        device = f"cuda:{spec.local_rank}"
+    device = spec.device
+    index = _cuda_index(device)
+    if index is not None:  # first, before any CUDA work: no stray context on GPU 0
+        torch.cuda.set_device(index)
+        if spec.memory_fraction is not None:  # ranks that share this GPU: a share each
+            torch.cuda.set_per_process_memory_fraction(spec.memory_fraction, index)
     timeout = timedelta(seconds=spec.pg_timeout_s)
     store: Any
     if spec.store_prefix is not None:  # a node's kernel holds the store: join as a client
@@ -137,17 +139,41 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> tuple[str, A
         store = dist.TCPStore(
             spec.master_addr, spec.master_port, spec.world_size, is_master, **store_kwargs
         )
+    group_kwargs: dict[str, Any] = {}
+    if spec.backend == "nccl" and index is not None and _takes_device_id(dist):
+        # the communicator is made now, with its device known, not lazily at the barrier
+        group_kwargs["device_id"] = torch.device("cuda", index)
     dist.init_process_group(
-        spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
+        spec.backend,
+        store=store,
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timeout,
+        **group_kwargs,
     )
     # Everyone's connections are up before anyone runs the function: otherwise a rank that
     # returns at once could close its side while a peer is still connecting, and that peer
     # would fail (and be taken for one left waiting in a collective).
-    if spec.backend == "nccl":
-        dist.barrier(device_ids=[spec.local_rank])
-    else:
-        dist.barrier()
+    if spec.world_size > 1:
+        if spec.backend == "nccl":
+            dist.barrier(device_ids=[index])
+        else:
+            dist.barrier()
     return device, store
+
+
+def _cuda_index(device: str) -> int | None:
+    """``"cuda:2"`` -> 2; None for the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    _, _, number = device.partition(":")
+    return int(number) if number else 0
+
+
+def _takes_device_id(dist: Any) -> bool:
+    import inspect
+
+    return "device_id" in inspect.signature(dist.init_process_group).parameters
 
 
 def run(
@@ -271,7 +297,7 @@ def _serve(
         if listen_fd is not None:
             os.close(listen_fd)
         if spec.settings is not None:  # what a forked rank inherits (and `random`)
-            _settings.apply(spec.settings, spec.local_rank if spec.backend == "nccl" else None)
+            _settings.apply(spec.settings, _cuda_index(device))
         runtime.emit(WorkerStarted(spec.rank, spec.local_rank, pid, device, time.time()))
         progress.install(spec.rank)
         if not spec.session:

@@ -53,6 +53,7 @@ STATUS_COLOURS = {
 BAR_COLOURS = {"": "#1976d2", "success": "#43a047", "danger": "#e53935", "stopped": "#9e9e9e"}
 RED = "#c62828"
 GREY = "#757575"
+AMBER = "#e65100"
 GREEN = "#2e7d32"
 MONO = "font-family:var(--jp-code-font-family,monospace)"
 CUT = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;min-width:0"
@@ -94,6 +95,8 @@ def header_parts(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> lis
         if s.rendezvous:
             where = f"{s.backend}, {s.rendezvous}"
         parts.append(f"{where} ({port_note})" if port_note else where)
+        if s.placement:
+            parts.append(s.placement)
     elif m.rendezvous is not None or m.nodes_waiting is not None:
         parts.append(m.waiting_text())
     if m.restarts:
@@ -118,7 +121,15 @@ def header(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> str:
     return (
         f"<div class='nl-head' title='{attr(full)}' style='display:flex;flex-wrap:wrap;"
         "column-gap:6px;align-items:baseline;padding:2px 0'>" + " ".join(cells) + "</div>"
-    )
+    ) + banner(m)
+
+
+def banner(m: LaunchModel) -> str:
+    """What the user should read before the ranks start (ranks sharing a GPU), if any."""
+    text = m.started.banner if m.started is not None else ""
+    if not text:
+        return ""
+    return f"<div class='nl-banner' style='color:{AMBER};padding:2px 0'>\u2139 {esc(text)}</div>"
 
 
 def alerts(m: LaunchModel) -> str:

@@ -123,6 +123,8 @@ class TextView:
         now = self.clock()
         if isinstance(event, LaunchStarted):
             self._write(f"notebook_launcher: {self._header(event)}\n")
+            if event.banner:
+                self._write(f"notebook_launcher: note: {event.banner}\n")
         elif isinstance(event, ProgressUpdate):
             if event.disabled:
                 return
@@ -183,9 +185,10 @@ class TextView:
         )
         where = e.rendezvous or f"on {e.master_addr}:{e.master_port}"
         restarts = f", up to {e.max_restarts} restarts" if e.max_restarts else ""
+        placed = f"; {e.placement}" if e.placement else ""
         return (
             f"{e.local_world_size} rank{'s' if e.local_world_size != 1 else ''}{nodes}, "
-            f"{e.start_method} ({e.start_reason}), {e.backend} {where}{restarts}"
+            f"{e.start_method} ({e.start_reason}), {e.backend} {where}{restarts}{placed}"
         )
 
     def rank_line(self, state: RankState, now: float) -> str:

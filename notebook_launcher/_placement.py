@@ -1,0 +1,570 @@
+"""Where every rank runs: the one owner of device placement.
+
+Three questions, answered here and nowhere else:
+
+* **What does this machine (or node) have?** :func:`inventory` lists the GPUs this process
+  may use *without reaching the CUDA runtime*: NVML (``libnvidia-ml``) when it can answer,
+  a throwaway child interpreter when it cannot (MIG instances, a ROCm build), nothing at all
+  when there is no NVIDIA driver or torch was built without CUDA. ``cudaGetDeviceCount``
+  (what ``torch.cuda.is_available()`` calls) initialises the driver, and a process that
+  forks after that hands its children a CUDA they cannot use ("Cannot re-initialize CUDA in
+  forked subprocess"), while ``torch.cuda.is_initialized()`` still says False.
+* **Is the driver already initialised here?** :func:`driver_initialized` asks the driver
+  itself when ``libcuda`` is loaded (``cuDeviceGetCount`` answers ``NOT_INITIALIZED``
+  before ``cuInit``; it initialises nothing), so a user's cell, bitsandbytes or any library
+  that called ``cuInit`` is seen, not only torch's own flag.
+* **Where does each rank go?** :func:`place` turns an inventory, a rank count and the
+  user's ``devices=`` into a :class:`Placement`: each local rank's device, the backend,
+  what the ranks may see, whether there is a process group at all, and one line saying why.
+
+Importing the package calls :func:`make_cuda_checks_fork_safe`, as Lightning does on
+import: ``torch.cuda.is_available()`` then counts devices through NVML, so the user's own
+``is_available()``, ``autocast("cuda")`` and ``GradScaler("cuda")`` in the kernel no longer
+poison the next launch.
+
+Bottom layer: imports nothing of ours but :mod:`.errors`, and torch only inside functions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PreflightError
+
+#: torch counts devices through NVML when this is "1" (no driver initialisation).
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+#: The device a launched rank uses ("cpu", "cuda:1"): read by the rank's state objects.
+DEVICE_ENV = "NOTEBOOK_LAUNCHER_DEVICE"
+#: The values ``devices=`` takes besides a list of GPU indices.
+DEVICE_CHOICES = ("auto", "cpu", "gpu")
+
+
+def make_cuda_checks_fork_safe() -> None:
+    """Let ``torch.cuda.is_available()`` ask NVML instead of initialising the driver (the
+    user's own value, if any, is kept)."""
+    os.environ.setdefault(NVML_CHECK_ENV, "1")
+
+
+# ---- the inventory --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU this process may use, as CUDA will number it (``cuda:index``)."""
+
+    index: int
+    name: str = ""
+    uuid: str = ""
+    memory_bytes: int = 0
+    #: compute capability, e.g. (9, 0) for an H100; None when it could not be asked
+    capability: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The GPUs of a machine (or of a cluster's node), and how we know."""
+
+    gpus: tuple[Gpu, ...] = ()
+    #: how it was found: "no CUDA build", "CUDA_VISIBLE_DEVICES", "no NVIDIA driver",
+    #: "nvml", "probe" (a child interpreter), "agent" (a node said so), "given"
+    source: str = "nvml"
+    #: why the probe was needed, or what went wrong asking (shown by %nl_info)
+    note: str = ""
+
+    @property
+    def count(self) -> int:
+        return len(self.gpus)
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return "no GPU" + (f" ({self.source})" if self.source not in ("nvml", "given") else "")
+        names = sorted({g.name for g in self.gpus if g.name})
+        kind = f" ({', '.join(names)})" if names else ""
+        return f"{self.count} GPU(s){kind}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "uuid": g.uuid,
+                    "memory_bytes": g.memory_bytes,
+                    "capability": list(g.capability) if g.capability else None,
+                }
+                for g in self.gpus
+            ],
+            "source": self.source,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], source: str | None = None) -> Inventory:
+        gpus = tuple(
+            Gpu(
+                int(g["index"]),
+                str(g.get("name", "")),
+                str(g.get("uuid", "")),
+                int(g.get("memory_bytes", 0)),
+                (int(g["capability"][0]), int(g["capability"][1])) if g.get("capability") else None,
+            )
+            for g in data.get("gpus", [])
+        )
+        return cls(gpus, source or str(data.get("source", "given")), str(data.get("note", "")))
+
+    @classmethod
+    def of_count(cls, count: int, source: str = "given") -> Inventory:
+        """An inventory known only by its count (an older agent's hello)."""
+        return cls(tuple(Gpu(i) for i in range(max(0, count))), source)
+
+
+_CACHE: dict[tuple[str | None, str | None], Inventory] = {}
+
+
+def inventory(environ: Mapping[str, str] | None = None, *, fresh: bool = False) -> Inventory:
+    """This process's GPUs, found without touching the CUDA runtime (cached per
+    ``CUDA_VISIBLE_DEVICES``: the GPUs of a machine do not change while a kernel lives)."""
+    env = os.environ if environ is None else environ
+    key = (env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER"))
+    if not fresh and key in _CACHE:
+        return _CACHE[key]
+    found = _take_inventory(env)
+    _CACHE[key] = found
+    return found
+
+
+def _take_inventory(env: Mapping[str, str]) -> Inventory:
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and _visible_entries(visible) == []:
+        return Inventory((), "CUDA_VISIBLE_DEVICES")
+    if not _cuda_build():
+        return Inventory((), "no CUDA build")
+    if not _nvidia_driver_present():
+        if _hip_build():  # ROCm: no NVML, its own driver; a child asks
+            return _probe(env, "a ROCm build")
+        return Inventory((), "no NVIDIA driver")
+    try:
+        devices = _nvml_devices()
+    except OSError as exc:
+        return _probe(env, f"NVML could not answer ({exc})")
+    if any(mig for _, mig in devices):
+        return _probe(env, "MIG is enabled on a GPU")
+    gpus = [gpu for gpu, _ in devices]
+    if visible is None:
+        return Inventory(tuple(gpus), "nvml")
+    picked = _apply_visible(gpus, _visible_entries(visible))
+    if picked is None:
+        return _probe(env, f"CUDA_VISIBLE_DEVICES={visible!r} names devices NVML cannot map")
+    return Inventory(tuple(picked), "nvml")
+
+
+def _cuda_build() -> bool:
+    """Whether torch was built with CUDA (or ROCm): asked without initialising anything."""
+    import torch
+
+    return bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
+
+
+def _hip_build() -> bool:
+    import torch
+
+    return bool(getattr(torch.version, "hip", None))
+
+
+def _nvidia_driver_present() -> bool:
+    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl")
+
+
+def _visible_entries(value: str) -> list[str]:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: up to the first empty or negative entry."""
+    out = []
+    for raw in value.split(","):
+        item = raw.strip()
+        if not item or item.startswith("-"):
+            break
+        out.append(item)
+    return out
+
+
+def _apply_visible(gpus: list[Gpu], entries: list[str]) -> list[Gpu] | None:
+    """The GPUs ``entries`` select, renumbered from 0 as CUDA does; None when an entry is
+    one NVML cannot map (a MIG instance); CUDA stops at the first entry it cannot find."""
+    picked: list[Gpu] = []
+    for entry in entries:
+        if entry.startswith("MIG-"):
+            return None
+        if entry.isdigit():
+            match = [g for g in gpus if g.index == int(entry)]
+        else:
+            match = [g for g in gpus if g.uuid and g.uuid.startswith(entry)]
+        if len(match) != 1 or any(g.index == match[0].index for g in picked):
+            break
+        picked.append(match[0])
+    out = []
+    for i, g in enumerate(picked):
+        out.append(Gpu(i, g.name, g.uuid, g.memory_bytes, g.capability))
+    return out
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+def _nvml_devices() -> list[tuple[Gpu, bool]]:
+    """Every GPU NVML sees (index, name, uuid, memory, capability) and whether MIG is on.
+    NVML is the management library: it never initialises CUDA. Raises OSError when it is
+    missing or answers with an error."""
+    lib = ctypes.CDLL("libnvidia-ml.so.1")
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            raise OSError(f"{what} returned NVML error {result}")
+
+    check(lib.nvmlInit_v2(), "nvmlInit")
+    try:
+        count = ctypes.c_uint()
+        check(lib.nvmlDeviceGetCount_v2(ctypes.byref(count)), "nvmlDeviceGetCount")
+        out = []
+        for i in range(count.value):
+            handle = ctypes.c_void_p()
+            check(lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)), "GetHandle")
+            name = ctypes.create_string_buffer(96)
+            uuid = ctypes.create_string_buffer(96)
+            lib.nvmlDeviceGetName(handle, name, 96)
+            lib.nvmlDeviceGetUUID(handle, uuid, 96)
+            memory = _NvmlMemory()
+            lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
+            major, minor = ctypes.c_int(), ctypes.c_int()
+            cap: tuple[int, int] | None = None
+            if (
+                lib.nvmlDeviceGetCudaComputeCapability(
+                    handle, ctypes.byref(major), ctypes.byref(minor)
+                )
+                == 0
+            ):
+                cap = (major.value, minor.value)
+            current, pending = ctypes.c_uint(), ctypes.c_uint()
+            mig = (
+                lib.nvmlDeviceGetMigMode(handle, ctypes.byref(current), ctypes.byref(pending)) == 0
+                and current.value == 1
+            )
+            gpu = Gpu(
+                i, name.value.decode(errors="replace"), uuid.value.decode(), memory.total, cap
+            )
+            out.append((gpu, mig))
+        return out
+    finally:
+        lib.nvmlShutdown()
+
+
+_PROBE = """
+import json, torch
+n = torch.cuda.device_count()
+gpus = []
+for i in range(n):
+    p = torch.cuda.get_device_properties(i)
+    gpus.append({"index": i, "name": p.name, "uuid": str(getattr(p, "uuid", "")),
+                 "memory_bytes": int(p.total_memory), "capability": [p.major, p.minor]})
+print(json.dumps({"gpus": gpus}))
+"""
+
+
+def _probe(env: Mapping[str, str], why: str) -> Inventory:
+    """Ask a throwaway child interpreter (its CUDA dies with it; ours stays untouched)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE],
+            check=False,
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        data = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return Inventory((), "probe", f"{why}; the probe failed: {exc}")
+    return dataclasses.replace(Inventory.from_json(data, "probe"), note=why)
+
+
+def set_inventory_for_tests(found: Inventory | None) -> None:
+    """Pin (or with None forget) the inventory every later call returns."""
+    _CACHE.clear()
+    if found is not None:
+        _CACHE[(os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER"))] = (
+            found
+        )
+
+
+# ---- is the driver initialised here? -----------------------------------------------------
+
+_CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def driver_initialized() -> bool:
+    """Whether the CUDA driver is initialised in this process, by torch or by anything
+    else (a user's ``cuInit``, bitsandbytes, CuPy, numba): then a forked child cannot use
+    CUDA. Asks nothing that initialises it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return True
+    if not _libcuda_loaded():
+        return False
+    try:
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return False
+    count = ctypes.c_int()
+    return bool(lib.cuDeviceGetCount(ctypes.byref(count)) != _CUDA_ERROR_NOT_INITIALIZED)
+
+
+def _libcuda_loaded() -> bool:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return any("libcuda.so" in line for line in maps)
+    except OSError:
+        return False
+
+
+# ---- where each rank goes ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Each local rank's device, the backend, and why."""
+
+    #: one per local rank: "cpu" or "cuda:N"
+    devices: tuple[str, ...]
+    #: "nccl" (one GPU per rank), or "gloo" (CPU ranks, ranks sharing a GPU, and a lone
+    #: rank: one rank is not a distributed job, so it gets no NCCL communicator to set up)
+    backend: str
+    #: each rank's share of its GPU's memory when ranks share one; None: all of it
+    memory_fraction: float | None
+    #: one line for the dashboard: what was decided and why
+    reason: str
+    #: what the user should read before the ranks start (sharing a GPU), or None
+    banner: str | None = None
+    #: variables the ranks get on top of the kernel's (GPUs hidden from CPU ranks)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def on_gpu(self) -> bool:
+        return any(d.startswith("cuda") for d in self.devices)
+
+    def rank_env(self, local_rank: int) -> dict[str, str]:
+        """What one rank adds to its environment: its device (read by its state objects)."""
+        return {**self.env, DEVICE_ENV: self.devices[local_rank]}
+
+
+def check_devices(devices: Any) -> str | tuple[int, ...]:
+    """``devices=`` as given: "auto", "cpu", "gpu", or GPU indices; else a PreflightError."""
+    if devices is None:
+        return "auto"
+    if isinstance(devices, str):
+        value = devices.strip().lower()
+        if value in ("cuda", "gpus"):
+            value = "gpu"
+        if value in DEVICE_CHOICES:
+            return value
+    elif isinstance(devices, Sequence) and not isinstance(devices, (bytes, bytearray)):
+        items = list(devices)
+        if (
+            items
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items)
+            and len(set(items)) == len(items)
+        ):
+            return tuple(items)
+    raise PreflightError(
+        f"devices={devices!r} is not a placement: use 'auto' (one rank per GPU, ranks share "
+        "the GPUs when there are more ranks than GPUs, CPU ranks without GPUs), 'gpu' (one "
+        "rank per GPU, refused when there are too few), 'cpu' (CPU ranks on gloo, GPUs "
+        "hidden from them), or a list of distinct GPU indices such as [0, 2]."
+    )
+
+
+def num_processes_for(devices: str | tuple[int, ...], found: Inventory) -> int | None:
+    """The rank count ``num_processes=None`` means: one per GPU in use (None: no GPU)."""
+    if isinstance(devices, tuple):
+        return len(devices)
+    if devices == "cpu" or not found.count:
+        return None
+    return found.count
+
+
+def place(
+    found: Inventory,
+    num_processes: int,
+    devices: str | tuple[int, ...] = "auto",
+    *,
+    world_size: int | None = None,
+    hint_num_processes: str = "num_processes",
+) -> Placement:
+    """Decide every local rank's device for ``num_processes`` ranks on this machine (or on
+    one node of a job of ``world_size`` ranks).
+
+    >>> place(Inventory.of_count(0), 2).devices
+    ('cpu', 'cpu')
+    >>> p = place(Inventory.of_count(2), 2)
+    >>> p.devices, p.backend
+    (('cuda:0', 'cuda:1'), 'nccl')
+    >>> p = place(Inventory.of_count(1), 2)
+    >>> p.devices, p.backend, p.memory_fraction
+    (('cuda:0', 'cuda:0'), 'gloo', 0.475)
+    >>> place(Inventory.of_count(1), 1).backend
+    'gloo'
+    """
+    world = num_processes if world_size is None else world_size
+    # One rank on its own is not a distributed job (Accelerate: distributed_type NO): it
+    # gets a gloo group of one (milliseconds; torch.distributed calls still work), not an
+    # NCCL communicator (half a second to set up, and nothing to talk to).
+    lone = world == 1
+    hide = {"CUDA_VISIBLE_DEVICES": ""}
+    if devices == "cpu" or (devices == "auto" and not found.count):
+        why = "CPU ranks" if devices == "cpu" or found.source != "nvml" else "no GPU"
+        return Placement(
+            ("cpu",) * num_processes,
+            "gloo",
+            None,
+            f"{num_processes} CPU rank(s) on gloo ({why})",
+            env=hide if found.count else {},
+        )
+    if isinstance(devices, tuple):
+        missing = [i for i in devices if i >= found.count]
+        if missing:
+            raise PreflightError(
+                f"devices={list(devices)} names GPU(s) {missing}, but this machine has "
+                f"{found.describe()} (cuda:0..cuda:{max(found.count - 1, 0)}). Pass indices "
+                "that exist, or devices='cpu' for CPU ranks."
+            )
+        if num_processes != len(devices):
+            raise PreflightError(
+                f"devices={list(devices)} is one rank per listed GPU, but {hint_num_processes}="
+                f"{num_processes}. Leave {hint_num_processes} out, or list "
+                f"{num_processes} GPU(s)."
+            )
+        chosen = [f"cuda:{i}" for i in devices]
+    elif not found.count:  # devices == "gpu"
+        raise PreflightError(
+            f"devices='gpu' asks for one rank per GPU, and {found.describe()} is visible here. "
+            "Use devices='cpu' (or leave devices out) to run CPU ranks."
+        )
+    elif num_processes <= found.count:
+        chosen = [f"cuda:{i}" for i in range(num_processes)]
+    elif devices == "gpu":
+        raise PreflightError(
+            f"{hint_num_processes}={num_processes} but only {found.count} GPU(s) are visible, "
+            f"and devices='gpu' asks for one rank per GPU. Use {hint_num_processes}<="
+            f"{found.count}; or devices='auto' to let {num_processes} ranks share the "
+            "GPU(s) over gloo; or devices='cpu' for CPU ranks."
+        )
+    else:
+        return _shared(found, num_processes, hint_num_processes)
+    if lone:
+        return Placement(
+            tuple(chosen),
+            "gloo",
+            None,
+            f"1 rank on {chosen[0]} (one rank is not a distributed job: no NCCL communicator)",
+        )
+    return Placement(
+        tuple(chosen),
+        "nccl",
+        None,
+        f"{num_processes} rank(s), one per GPU ({', '.join(chosen)}), on NCCL",
+    )
+
+
+def _shared(found: Inventory, num_processes: int, hint: str) -> Placement:
+    """More ranks than GPUs: the ranks take the GPUs in turn, on gloo (NCCL refuses two
+    ranks on one device), each held to its share of the GPU's memory."""
+    chosen = tuple(f"cuda:{r % found.count}" for r in range(num_processes))
+    per_gpu = -(-num_processes // found.count)
+    share = round(0.95 / per_gpu, 3)
+    gpus = f"{found.count} GPU" + ("s" if found.count > 1 else "")
+    banner = (
+        f"{num_processes} ranks share {gpus} over gloo (NCCL needs one GPU per rank): each "
+        f"may use {share:.0%} of its GPU's memory, and collectives go through the CPU. For "
+        f"one rank per GPU on NCCL pass {hint}={found.count}; for CPU ranks pass "
+        "devices='cpu'."
+    )
+    return Placement(
+        chosen,
+        "gloo",
+        share,
+        f"{num_processes} ranks share {gpus} on gloo, {share:.0%} of its memory each",
+        banner,
+    )
+
+
+# ---- checks that need the inventory ------------------------------------------------------
+
+
+def unsupported_gpus(found: Inventory, arch_flags: str | None = None) -> list[str]:
+    """The GPUs the installed torch was not built for (Kaggle's P100 on CUDA 13 wheels),
+    each as "cuda:0 (Tesla P100, sm_60)"; asked without initialising CUDA."""
+    if arch_flags is None:
+        import torch
+
+        getter = getattr(torch._C, "_cuda_getArchFlags", None)
+        arch_flags = getter() if callable(getter) else None
+    if not arch_flags:
+        return []
+    binary: list[tuple[int, int]] = []
+    ptx: list[tuple[int, int]] = []
+    for flag in arch_flags.split():
+        kind, _, num = flag.partition("_")
+        if not num.isdigit():
+            continue
+        cap = (int(num[:-1]), int(num[-1]))
+        (binary if kind == "sm" else ptx).append(cap)
+    bad = []
+    for gpu in found.gpus:
+        if gpu.capability is None:
+            continue
+        major, minor = gpu.capability
+        ok = any(b[0] == major and b[1] <= minor for b in binary) or any(
+            p <= gpu.capability for p in ptx
+        )
+        if not ok:
+            bad.append(f"cuda:{gpu.index} ({gpu.name or 'GPU'}, sm_{major}{minor})")
+    return bad
+
+
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    """Free bytes of /dev/shm (NCCL's shared-memory transport lives there), or None."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+__all__ = [
+    "DEVICE_CHOICES",
+    "DEVICE_ENV",
+    "NVML_CHECK_ENV",
+    "Gpu",
+    "Inventory",
+    "Placement",
+    "check_devices",
+    "driver_initialized",
+    "inventory",
+    "make_cuda_checks_fork_safe",
+    "num_processes_for",
+    "place",
+    "set_inventory_for_tests",
+    "shm_bytes",
+    "unsupported_gpus",
+]
