@@ -471,7 +471,7 @@ def place(
         )
     else:
         return _shared(found, num_processes, hint_num_processes)
-    if lone:
+    if lone and devices != "gpu":  # ("gpu": NCCL asked for, a group of one)
         return Placement(
             tuple(chosen),
             "gloo",

@@ -153,7 +153,8 @@ def notebook_launcher(
       gloo, each held to its share of the GPU's memory (said in a banner: lessons written
       for two ranks run on Colab's one GPU); CPU ranks on gloo where there is no GPU. One
       rank alone is not a distributed job: ``distributed_type`` NO, no NCCL communicator.
-    * ``"gpu"``: one rank per GPU, refused when there are fewer GPUs than ranks.
+    * ``"gpu"``: one rank per GPU on NCCL (a lone rank too), refused when there are fewer
+      GPUs than ranks.
     * ``"cpu"``: CPU ranks on gloo, the GPUs hidden from them.
     * ``[0, 2]``: those GPUs, one rank each (``num_processes`` may be left out).
 

@@ -20,7 +20,9 @@ import pytest
 
 from notebook_launcher._posix import socket_inodes
 
-from . import helpers
+from . import gpus, helpers
+
+gpus.hide()  # every tier but `gpu` runs CPU ranks, as on CI (see tests/gpus.py)
 
 #: The test tiers (registered in pyproject.toml). Every test file declares exactly one with
 #: ``pytestmark``, so ``pytest -m unit`` is the fast loop and nothing runs unclassified.
@@ -160,6 +162,24 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
         reset()
     if problems:
         pytest.fail(f"{request.node.nodeid} left things behind: " + "; ".join(problems))
+
+
+@pytest.fixture(autouse=True)
+def gpu_tier_sees_the_gpus(request: pytest.FixtureRequest, no_leftovers: None) -> Iterator[None]:
+    """A ``gpu`` test gets the machine's GPUs back for its duration (see tests/gpus.py)."""
+    if request.node.get_closest_marker("gpu") is None:
+        yield
+        return
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    if gpus.MACHINE_VISIBLE is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus.MACHINE_VISIBLE
+    try:
+        yield
+    finally:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        if hidden is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = hidden
 
 
 @pytest.fixture(scope="session", autouse=True)

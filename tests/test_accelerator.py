@@ -33,8 +33,6 @@ from .helpers import Recorder
 
 pytestmark = pytest.mark.multiprocess
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread() -> Iterator[None]:
@@ -159,7 +157,6 @@ def test_bf16_autocast_on_cpu() -> None:
     assert torch.allclose(plain(x), x @ plain.weight.t() + plain.bias)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks fp16 on a CPU")
 def test_fp16_on_cpu_trains_in_fp32_with_a_warning() -> None:
     # Accelerate's behaviour: accepted, no autocast and no GradScaler on a CPU.
     with pytest.warns(UserWarning, match="fp16' on CPU"):
@@ -169,42 +166,6 @@ def test_fp16_on_cpu_trains_in_fp32_with_a_warning() -> None:
     with acc.autocast():
         assert model(torch.randn(3, 4)).dtype == torch.float32
     assert "forward" not in model.__dict__  # no autocast wrapper on the model either
-
-
-@needs_cuda
-def test_fp16_grad_scaler_on_gpu(tmp_path: Path) -> None:
-    acc = Accelerator(mixed_precision="fp16")
-    assert acc.scaler is not None and acc.device.type == "cuda"
-    model = mlp().cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, opt = acc.prepare(model, opt)
-    x = torch.randn(4, 8, device="cuda")
-    acc.backward(model(x).sum())
-    scale = acc.scaler.get_scale()
-    # gradients are scaled; clip_grad_norm_ unscales them first
-    norm = acc.clip_grad_norm_(model.parameters(), 1e9)
-    assert torch.isfinite(norm)
-    opt.step()
-    assert not acc.optimizer_step_was_skipped
-    for p in model.parameters():
-        p.grad = torch.full_like(p, float("inf"))
-    opt.step()
-    assert acc.optimizer_step_was_skipped and acc.scaler.get_scale() < scale
-    # the scaler's state is part of save_state / load_state
-    acc.save_state(tmp_path / "ckpt")
-    saved_scale = acc.scaler.get_scale()
-    acc.scaler.update(new_scale=1.0)
-    acc.load_state(tmp_path / "ckpt")
-    assert acc.scaler.get_scale() == saved_scale
-    assert "scaler.pt" in os.listdir(tmp_path / "ckpt")
-
-
-@needs_cuda
-def test_cuda_placement() -> None:
-    acc = Accelerator()
-    model, loader = acc.prepare(mlp(), DataLoader(data(8), batch_size=4))
-    assert next(model.parameters()).device.type == "cuda"
-    assert all(x.device.type == "cuda" for x, _ in loader)
 
 
 def test_clip_grad() -> None:

@@ -17,11 +17,13 @@ import torch
 from notebook_launcher import notebook_launcher
 from notebook_launcher._events import StacksTaken
 
+from . import gpus
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU: NCCL's flight recorder (the gloo path runs in test_stall.py)",
+        not gpus.count(),
+        reason=gpus.REASON + ": NCCL's flight recorder (the gloo path runs in test_stall.py)",
     ),
     pytest.mark.timeout(180),
 ]
@@ -67,8 +69,13 @@ def reduce_then_wait() -> int:
 def test_the_stall_view_carries_nccls_flight_recorder() -> None:
     n = min(torch.cuda.device_count(), 2)
     seen = Reports()
-    handle = notebook_launcher(
-        reduce_then_wait, num_processes=n, dashboard=seen, stall_after=2.0, block=False
+    handle = notebook_launcher(  # devices="gpu": NCCL even for one rank on one GPU
+        reduce_then_wait,
+        num_processes=n,
+        dashboard=seen,
+        stall_after=2.0,
+        block=False,
+        devices="gpu",
     )
     try:
         report = seen.wait("time.sleep(60)")

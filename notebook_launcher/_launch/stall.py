@@ -30,7 +30,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -279,7 +279,31 @@ def report(
     source = _as_ranks(ranks)
     stacks, flight = source.take(timeout)
     findings, odd = _stacks.findings(stacks)
+    hint = nccl_hint(flight)
+    if hint:
+        findings = (*findings, hint)
     return StacksTaken(reason, quiet, stacks, findings, odd, time.time(), flight)
+
+
+#: What to try when every rank waits inside the same NCCL collective.
+NCCL_HINT = (
+    "every rank is inside the same NCCL collective ({what}), none behind: NCCL's own "
+    "transfer is stuck. On consumer, PCIe-only or virtualised GPUs peer-to-peer copies can "
+    "hang: try NCCL_P2P_DISABLE=1 (os.environ before launching: the ranks inherit it); "
+    "NCCL_DEBUG=INFO makes the ranks say which transport they use."
+)
+
+
+def nccl_hint(flight: Sequence[tuple[int, str]]) -> str | None:
+    """The hint for a hang inside NCCL: every rank's flight recorder at the same
+    collective, started and not completed, nobody behind; None otherwise."""
+    lines = [line for _, line in flight]
+    if len(lines) < 2 or any("behind" in line or "(completed)" in line for line in lines):
+        return None
+    places = {line.split(" (")[0] for line in lines}
+    if len(places) != 1 or not lines[0].startswith("last collective #"):
+        return None
+    return NCCL_HINT.format(what=places.pop().removeprefix("last collective "))
 
 
 def _as_ranks(ranks: Any) -> Ranks:
@@ -518,6 +542,7 @@ __all__ = [
     "StallWatch",
     "check_stall_after",
     "flight_findings",
+    "nccl_hint",
     "note",
     "of_group",
     "read_flight",
