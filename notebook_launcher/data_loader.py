@@ -619,7 +619,12 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
             return batch
         from .utils.operations import send_to_device
 
-        return send_to_device(batch, self.device, non_blocking=self.non_blocking)
+        # A pinned batch goes to the GPU without blocking, as a hand-written loop copies it:
+        # a blocking copy waits for every kernel queued before it, so the CPU cannot queue
+        # the next step while the GPU runs this one. Stream order keeps it correct, and
+        # torch's pinned allocator keeps the buffer until the copy is done.
+        fast = self.pin_memory and self.device.type == "cuda"
+        return send_to_device(batch, self.device, non_blocking=self.non_blocking or fast)
 
     # ----------------------------------------------------------------- iteration
     def _start_epoch(self, read: bool = True) -> Iterator[Any] | None:

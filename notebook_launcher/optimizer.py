@@ -44,7 +44,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler = scaler
         self.gradient_state = GradientState()
         self.device_placement = device_placement
-        self._is_overflow = False
+        #: bool, or (scale after, scale before) of the last step, compared when asked
+        self._is_overflow: bool | tuple[torch.Tensor, torch.Tensor] = False
         self._optimizer_step_pre_hooks = optimizer._optimizer_step_pre_hooks
         self._optimizer_step_post_hooks = optimizer._optimizer_step_post_hooks
         if device_placement and optimizer.state:
@@ -95,24 +96,41 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.scaler is None:
             self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        scale_before = self.scaler.get_scale()
+        # The scale before and after, kept as tensors: reading them (get_scale) waits for
+        # the GPU, twice a step; whether the step was skipped is asked when someone asks.
+        before = self._scale_tensor()
         result = (
             self.scaler.step(self.optimizer, closure)
             if closure
             else self.scaler.step(self.optimizer)
         )
         self.scaler.update()
-        self._is_overflow = self.scaler.get_scale() < scale_before
+        after = self._scale_tensor()
+        if before is None or after is None:
+            self._is_overflow = False
+        else:
+            self._is_overflow = (after, before)
         return result
+
+    def _scale_tensor(self) -> Any:
+        scale = getattr(self.scaler, "_scale", None)
+        if not isinstance(scale, torch.Tensor):  # before its first step, or another scaler
+            value = self.scaler.get_scale() if self.scaler is not None else None
+            return None if value is None else torch.tensor(float(value))
+        return scale.detach().clone()
 
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last ``step`` was skipped by the GradScaler (inf/NaN gradients)."""
-        return self._is_overflow
+        return self.is_overflow
 
     @property
     def is_overflow(self) -> bool:
-        return self._is_overflow
+        pending = self._is_overflow
+        if isinstance(pending, tuple):  # compared now, once
+            after, before = pending
+            self._is_overflow = bool((after.cpu() < before.cpu()).item())
+        return bool(self._is_overflow)
 
     def train(self) -> None:
         if hasattr(self.optimizer, "train"):

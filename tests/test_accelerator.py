@@ -790,3 +790,19 @@ def test_a_second_accelerator_updates_gradient_accumulation() -> None:
     acc = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
     assert acc.gradient_accumulation_steps == 2 == GradientState().num_steps
     assert Accelerator().gradient_accumulation_steps == 1  # Accelerate's rule: latest wins
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_a_skipped_scaler_step_is_known_without_reading_the_scale_each_step(bad: bool) -> None:
+    """fp16's GradScaler: the scale is compared when step_was_skipped is asked, not read
+    (a wait for the GPU) twice in every step."""
+    from notebook_launcher.optimizer import AcceleratedOptimizer
+
+    w = torch.nn.Parameter(torch.ones(3))
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    opt = AcceleratedOptimizer(torch.optim.SGD([w], lr=0.1), scaler=scaler)
+    scaler.scale((w * (float("inf") if bad else 1.0)).sum()).backward()
+    opt.step()
+    assert isinstance(opt._is_overflow, tuple)  # nothing read yet
+    assert opt.step_was_skipped is bad and opt.is_overflow is bad
+    assert torch.equal(w.detach(), torch.ones(3) if bad else torch.full((3,), 0.9))

@@ -379,3 +379,30 @@ def test_a_batch_sampler_passed_as_the_sampler_is_sharded() -> None:
     assert [b.tolist() for b in shards[1]] == [[2, 3], [6, 7], [0, 1]]  # even_batches wraps
     skipped = skip_first_batches(shards[1], 1)
     assert [b.tolist() for b in skipped] == [[6, 7], [0, 1]]
+
+
+@pytest.mark.parametrize(
+    ("pinned", "asked", "expected"),
+    [(True, False, True), (False, False, False), (False, True, True)],
+)
+def test_a_pinned_loader_copies_to_the_gpu_without_blocking(
+    monkeypatch: pytest.MonkeyPatch, pinned: bool, asked: bool, expected: bool
+) -> None:
+    """What a hand-written loop does (``.to(device, non_blocking=True)`` from pinned memory),
+    so the CPU queues the next step while the GPU runs this one. Asked of a CUDA device
+    without reaching it: the copy itself is a spy."""
+    from notebook_launcher import data_loader
+    from notebook_launcher.utils import operations
+
+    seen = []
+    monkeypatch.setattr(
+        operations,
+        "send_to_device",
+        lambda batch, device, non_blocking=False: seen.append(non_blocking),
+    )
+    loader = data_loader.DataLoaderShard(
+        list(range(4)), device=torch.device("cuda", 0), batch_size=2, non_blocking=asked
+    )
+    loader.pin_memory = pinned  # (pinning itself needs a GPU; only the flag matters here)
+    loader._to_device(torch.zeros(2))
+    assert seen == [expected]
