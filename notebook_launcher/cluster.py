@@ -280,7 +280,7 @@ class Cluster:
 def _notice_gone(node: RemoteNode) -> None:
     """Read what the agent said while nothing listened: its end, or that it is ending."""
     if not node.drain():
-        node.gone = "its connection ended"
+        node.gone = node.lost()
         node.link.close()
 
 

@@ -10,8 +10,10 @@ ranks with it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -362,4 +364,157 @@ def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None
     for proc in _started:
         proc.communicate(timeout=30)
         assert proc.returncode == 0
+    assert agent_processes(job) == []
+
+
+class TamperingProxy:
+    """A man in the middle between one agent and the hub, forwarding whole frames (plain or
+    sealed: both are a length, then the bytes). Once :meth:`arm`-ed, the agent's next frame
+    goes up with a forged one right behind it, in one write (so the hub reads both at once):
+    that frame again (``"replay"``), or the kernel's last frame sent back to it
+    (``"reflect"``); or the kernel's next frame reaches the agent twice (``"replay to the
+    agent"``)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.target = target
+        self.mode: str | None = None
+        self.forged = threading.Event()
+        self._last_down = b""
+        self._socks: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def arm(self, mode: str) -> None:
+        self.mode = mode
+
+    def _serve(self) -> None:
+        try:
+            agent, _ = self.server.accept()
+        except OSError:
+            return
+        kernel = socket.create_connection(self.target)
+        self._socks += [agent, kernel]
+        down = threading.Thread(target=self._pipe, args=(kernel, agent, False), daemon=True)
+        down.start()
+        self._pipe(agent, kernel, True)
+        down.join()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
+        buf = b""
+        try:
+            while chunk := src.recv(1 << 16):
+                buf += chunk
+                while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
+                    size = 4 + int.from_bytes(buf[:4], "big")
+                    frame, buf = buf[:size], buf[size:]
+                    if not up and self.mode == "replay to the agent":
+                        self.mode = None
+                        frame += frame
+                        self.forged.set()
+                    elif not up:
+                        self._last_down = frame
+                    elif self.mode in ("replay", "reflect"):
+                        mode, self.mode = self.mode, None
+                        frame += frame if mode == "replay" else self._last_down
+                        self.forged.set()
+                    dst.sendall(frame)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self._socks:
+            sock.close()
+        self._thread.join(10)
+
+
+def prints_then_sleeps() -> None:
+    print("started", flush=True)
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("forgery", ["replay", "reflect"])
+def test_a_tampered_frame_ends_that_nodes_connection_and_names_it(
+    tmp_path: Path, forgery: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A frame replayed by someone on the path, or one of the kernel's own reflected back:
+    the launch fails naming the node and the tampering (a public error, the frames verified
+    before it in the same read were handled), the connection ends, and the next launch
+    does not run over it."""
+    from notebook_launcher import AgentCluster, ClusterError, WorkerDied, notebook_launcher
+
+    cluster = AgentCluster(nodes=1, host="127.0.0.1", secret_file=str(tmp_path / "job.secret"))
+    proxies: list[TamperingProxy] = []
+
+    def report(event: Any) -> None:
+        if not proxies and cluster.hub is not None:
+            proxies.append(TamperingProxy((cluster.hub.host, cluster.hub.port)))
+            argv = shlex.split(cluster.agent_command(0))
+            argv[argv.index("--connect") + 1] = proxies[0].address
+            start_agent(argv)
+
+    try:
+        cluster.start(report=report)
+        job = cluster.job_key
+        proxies[0].arm(forgery)  # the agent's next frame: its ranks started (their pids)
+        with pytest.raises(WorkerDied) as info:
+            notebook_launcher(prints_then_sleeps, num_processes=2, cluster=cluster, dashboard=False)
+        assert proxies[0].forged.is_set()
+        text = str(info.value)
+        assert "Node 0 (" in text and "its connection was tampered with" in text, text
+        assert "failed its check" in text, text
+        # the frame verified before the forged one was handled: the ranks' pids are known
+        failures = info.value.launch_failure.failures if info.value.launch_failure else []
+        assert failures and all(f.pid for f in failures), failures
+        with pytest.raises(ClusterError, match="lost 1 node.*tampered with"):
+            notebook_launcher(prints_then_sleeps, num_processes=2, cluster=cluster)
+        assert not cluster.running
+        assert any("tampered with" in r.getMessage() for r in caplog.records)
+    finally:
+        cluster.close()
+        for proxy in proxies:
+            proxy.close()
+    (agent,) = _started
+    out, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 0, out  # the kernel closed it: it ended its ranks and left
+    assert agent_processes(job) == []
+
+
+def test_a_tampered_frame_from_the_kernel_ends_the_agent_and_its_ranks(tmp_path: Path) -> None:
+    """The kernel's Start reaches the agent twice: the agent starts the ranks the genuine one
+    asked for, then stops them and leaves, saying why; the launch names the node as gone."""
+    from notebook_launcher import AgentCluster, WorkerDied, notebook_launcher
+
+    cluster = AgentCluster(nodes=1, host="127.0.0.1", secret_file=str(tmp_path / "job.secret"))
+    proxies: list[TamperingProxy] = []
+
+    def report(event: Any) -> None:
+        if not proxies and cluster.hub is not None:
+            proxies.append(TamperingProxy((cluster.hub.host, cluster.hub.port)))
+            argv = shlex.split(cluster.agent_command(0))
+            argv[argv.index("--connect") + 1] = proxies[0].address
+            start_agent(argv)
+
+    try:
+        cluster.start(report=report)
+        job = cluster.job_key
+        proxies[0].arm("replay to the agent")
+        with pytest.raises(WorkerDied) as info:
+            notebook_launcher(prints_then_sleeps, num_processes=2, cluster=cluster, dashboard=False)
+        text = str(info.value)
+        assert "Node 0 (" in text and "the connection from the kernel was tampered" in text, text
+    finally:
+        cluster.close()
+        for proxy in proxies:
+            proxy.close()
+    (agent,) = _started
+    out, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 3, out
+    assert "the kernel's connection was tampered with (frame 1 failed its check" in out, out
     assert agent_processes(job) == []

@@ -40,6 +40,8 @@ _CHATTY = (Output, ProgressUpdate, MetricsLogged)
 
 #: The exit status of an agent that could not join (bad secret, unreachable kernel).
 EXIT_CANNOT_JOIN = 2
+#: The exit status of an agent whose connection to the kernel was tampered with.
+EXIT_TAMPERED = 3
 
 
 class Agent:
@@ -71,10 +73,12 @@ class Agent:
         selector.register(link_fd, selectors.EVENT_READ)
         try:
             while True:
-                for message in pending:
+                for message in pending:  # what was verified before a frame that failed
                     if self._handle(message) is False:
                         return 0
                 pending = []
+                if self.link.failed is not None:
+                    return self._tampered(self.link.failed)
                 if self.ending is not None:
                     return self._end()
                 if self.group is not None and not self.group._closed:
@@ -86,6 +90,8 @@ class Agent:
                     ready = bool(selector.select(TURN))
                 if ready:
                     messages = self.link.read()
+                    if messages is None and self.link.failed is not None:
+                        return self._tampered(self.link.failed)
                     if messages is None:  # the kernel is gone: so are we
                         self._close_ranks()
                         return 0
@@ -102,6 +108,24 @@ class Agent:
             if os.environ.get("SLURM_JOB_ID")
             else "its agent got SIGTERM"
         )
+
+    def _tampered(self, why: str) -> int:
+        """A frame from the kernel failed its check: nothing more from it is trusted. The
+        ranks stop and the agent leaves, telling the kernel why first (what it sends is still
+        sealed: the kernel can check it)."""
+        self.ending = (
+            f"its agent left: the connection from the kernel was tampered with ({why}); "
+            "something on the network between them changes what they send"
+        )
+        print(
+            f"notebook_launcher agent on {socket.gethostname()}: the kernel's connection was "
+            f"tampered with ({why}): stopping this node's ranks and leaving",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._flush()
+        self._close_ranks()
+        return EXIT_TAMPERED
 
     def _end(self) -> int:
         """Say why we end, stop the ranks, report their exits, leave."""

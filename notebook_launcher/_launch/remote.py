@@ -86,19 +86,34 @@ class RemoteNode:
 
     def drain(self) -> bool:
         """Read what the agent said while nothing listened: that it is ending (``ending``).
-        False when its connection ended."""
+        False when its connection ended (or failed its check: see :meth:`lost`)."""
         if self.gone is not None:
             return True  # (its link may be closed: nothing to read)
         poller = select.poll()
         poller.register(self.link.fileno(), select.POLLIN)
         while poller.poll(0):
             messages = self.link.read()
-            if messages is None:
-                return False
-            for message in messages:
+            for message in messages or ():
                 if isinstance(message, wire.AgentEnding):
                     self.ending = message.why
+            if messages is None or self.link.failed is not None:
+                return False
         return True
+
+    def lost(self) -> str:
+        """Why its connection is of no more use: tampered with (a frame failed its check,
+        and the kernel closes it), or ended."""
+        if self.link.failed is not None:
+            return tampered(self.link.failed)
+        return self.ending or "its connection ended"
+
+
+def tampered(why: str) -> str:
+    """What a node's connection that failed its check is called, wherever it is noticed."""
+    return (
+        f"its connection was tampered with: {why}; something on the network between this "
+        "kernel and the node changes what they send. The kernel closed that connection"
+    )
 
 
 @dataclass
@@ -302,7 +317,7 @@ class AgentHub:
         link = wire.kernel_link(sock, key)
         try:
             hello = self._first_message(link, pending.reader.rest())
-        except (wire.AuthError, ClusterError) as exc:
+        except ClusterError as exc:
             link.close()
             self._note_refused(pending.peer, str(exc))
             return
@@ -318,6 +333,8 @@ class AgentHub:
         messages = link.receive(rest) if rest else []
         deadline = time.monotonic() + self.handshake_timeout
         while not messages:
+            if link.failed is not None:
+                raise ClusterError(tampered(link.failed))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ClusterError("the agent sent nothing after its handshake")
@@ -331,6 +348,8 @@ class AgentHub:
             if not data:
                 raise ClusterError("the agent closed the connection after its handshake")
             messages = link.receive(data)
+        if link.failed is not None:
+            raise ClusterError(tampered(link.failed))
         hello = messages[0]
         if not isinstance(hello, wire.NodeHello):
             raise ClusterError(f"the agent's first message was a {type(hello).__name__}")
@@ -493,7 +512,7 @@ class RemoteGroup:
     def _drain_stale(self, node: RemoteNode) -> None:
         """What the agent said while no group listened (it may be ending)."""
         if not node.drain():
-            self._node_gone(node, "its connection ended")
+            self._node_gone(node, node.lost())
 
     def send(self, proc: RemoteRank, message: Any) -> bool:
         if not proc.conn_open:
@@ -537,15 +556,10 @@ class RemoteGroup:
                 continue
             node: RemoteNode = key.data
             messages = node.link.read() if node.gone is None else None
-            try:
-                if messages is None:
-                    self._node_gone(node, node.ending or "its connection ended")
-                    continue
-                for message in messages:
-                    self._handle(node, message)
-            except wire.AuthError as exc:
-                node.link.close()
-                self._node_gone(node, f"its connection broke the protocol ({exc})")
+            for message in messages or ():  # what was verified before a frame that failed
+                self._handle(node, message)
+            if messages is None or node.link.failed is not None:
+                self._node_gone(node, node.lost())
 
     def _handle(self, node: RemoteNode, message: Any) -> None:
         if isinstance(message, wire.Batch):
@@ -596,10 +610,14 @@ class RemoteGroup:
             self._on_event(item)
 
     def _node_gone(self, node: RemoteNode, why: str) -> None:
-        """The agent's connection ended: its ranks died with it."""
+        """The agent's connection ended (or was tampered with, and ends now): its ranks
+        died with it."""
         if node.gone is None:
-            node.gone = why if node.ending else self._with_reason(why)
+            plain = node.ending or node.link.failed is not None
+            node.gone = why if plain else self._with_reason(why)
             node.link.close()
+            if node.link.failed is not None:
+                log.error("%s: %s", node.label, node.gone)
         try:
             self._selector.unregister(node.link.fileno())
         except (KeyError, ValueError, OSError):
