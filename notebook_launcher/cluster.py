@@ -407,6 +407,22 @@ class SlurmCluster(Cluster):
         job_dir: str | None = None,
     ) -> None:
         super().__init__(nodes, gpus_per_node, host=host, port=port, join_timeout=join_timeout)
+        extra = (
+            shlex.split(sbatch_options) if isinstance(sbatch_options, str) else list(sbatch_options)
+        )
+        for what, value in (
+            ("partition", partition),
+            ("time", time),
+            ("account", account),
+            ("qos", qos),
+            ("mem", mem),
+            ("constraint", constraint),
+            ("job_name", job_name),
+            ("job_dir", job_dir),
+            *(("sbatch_options", option) for option in extra),
+        ):
+            if value is not None:  # before anything is written or submitted
+                slurm.check_option(what, str(value))
         # --no-requeue: a job Slurm requeued (after a node failure) would start agents for a
         # kernel that has moved on; the launch says what happened instead
         options = [
@@ -427,9 +443,6 @@ class SlurmCluster(Cluster):
         ):
             if value is not None:
                 options.append(f"{flag}={value}")
-        extra = (
-            shlex.split(sbatch_options) if isinstance(sbatch_options, str) else list(sbatch_options)
-        )
         self.sbatch_options = options + extra
         self.setup = list(setup)
         self.python = python or sys.executable
