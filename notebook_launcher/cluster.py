@@ -32,6 +32,7 @@ import atexit
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -291,11 +292,29 @@ def _torch_version() -> str:
 
 
 def _store_server(host: str) -> Any:
+    """The ranks' store, listening on ``host`` only -- the interface the hub listens on,
+    which the nodes reach -- never on every interface of this machine (what a TCPStore torch
+    binds itself does): we bind the socket and hand it over."""
     import torch.distributed as dist
 
-    return dist.TCPStore(
-        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(minutes=30)
-    )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listen = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listen.bind((host, 0))
+        listen.listen(128)
+        store = dist.TCPStore(
+            host,
+            listen.getsockname()[1],
+            is_master=True,
+            master_listen_fd=listen.fileno(),
+            wait_for_workers=False,
+            timeout=timedelta(minutes=30),
+        )
+    except BaseException:
+        listen.close()
+        raise
+    listen.detach()  # the store closes it when it goes
+    return store
 
 
 class AgentCluster(Cluster):

@@ -308,6 +308,35 @@ def test_a_killed_kernel_takes_its_agents_and_ranks_along(tmp_path: Path) -> Non
             kernel.stdout.close()
 
 
+def _reachable(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("host", "elsewhere"), [("127.0.0.1", "127.0.0.2"), ("::1", "127.0.0.1")])
+def test_the_ranks_store_listens_on_the_hubs_interface_only(host: str, elsewhere: str) -> None:
+    """torch's own TCPStore server binds every interface (IPv4 and IPv6): the cluster's
+    listens where its hub does, and nowhere else."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from notebook_launcher.cluster import _store_server
+
+    server = _store_server(host)
+    try:
+        client = dist.TCPStore(host, server.port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")
+        assert server.get("k") == b"v"
+        del client
+        assert not _reachable(elsewhere, server.port)
+    finally:
+        del server
+
+
 def _until_closed(sock: socket.socket) -> bytes:
     sock.settimeout(10)
     data = b""
@@ -356,6 +385,9 @@ def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None
         )
         out = notebook_launcher(where, (2,), num_processes=4, cluster=cluster, dashboard=False)
         assert sorted(out) == [(0, 8, "0"), (1, 8, "1"), (2, 8, "0"), (3, 8, "1")]
+        host, port = cluster.store_address  # the ranks' store: on the hub's interface only
+        assert host == "127.0.0.1" and _reachable(host, port)
+        assert not _reachable("127.0.0.2", port) and not _reachable("::1", port)
         with start(num_processes=2, cluster=cluster, dashboard=False) as session:
             assert session.run_cell("rank") == ["0", "1"]
         job = cluster.job_key
