@@ -49,9 +49,13 @@ def agent_argv(
 _started: list[subprocess.Popen[str]] = []
 
 
-def start_agent(argv: list[str]) -> subprocess.Popen[str]:
+def start_agent(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        argv, env=kernel_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        argv,
+        env={**kernel_env(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     _started.append(proc)
     return proc
@@ -221,6 +225,42 @@ def test_an_agent_refuses_a_kernel_that_cannot_prove_the_secret(tmp_path: Path) 
             out, _ = agent.communicate(timeout=60)
     assert agent.returncode == 2
     assert "the kernel did not prove it holds the secret" in out, out
+
+
+def environs(secret: str) -> dict[str, bool]:
+    """Whether ``secret`` is in this rank's environment, as /proc shows it, and in its
+    agent's (its parent)."""
+    seen = {}
+    for who, pid in (("rank", os.getpid()), ("agent", os.getppid())):
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            seen[who] = secret.encode() in f.read()
+    seen["os.environ"] = any(secret in value for value in os.environ.values())
+    return seen
+
+
+def test_a_secret_from_the_environment_reaches_no_rank(hub: AgentHub) -> None:
+    """As an srun step starts it: the secret in the agent's environment, no file. The agent
+    takes it and starts again without it: no rank (nor the agent) shows it in
+    /proc/PID/environ, where a forked rank would keep a copy of the agent's first one."""
+    secret = hub.secret_env()
+    argv = [sys.executable, "-m", "notebook_launcher", "agent", "--connect", hub.address]
+    agent = start_agent([*argv, "--job", hub.job, "--node", "0"], secret)
+    nodes = hub.wait_for(1, 60)
+    server = store()
+    record = RunRecord([0, 1])
+    task = dumps((environs, (secret[wire.SECRET_ENV],), {}))
+    group = RemoteGroup(nodes, specs_for(server, 0, nodes=1), task, record.on_event, record.on_exit)
+    group.start()
+    while not group.finished:
+        group.pump(0.5)
+    group.close()
+    assert record.verdict().ok, record.verdict()
+    clean = {"rank": False, "agent": False, "os.environ": False}
+    assert list(record.results.values()) == [clean, clean]
+    hub.close()
+    out, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 0, out
+    assert secret[wire.SECRET_ENV] not in out
 
 
 def sleeper() -> None:
