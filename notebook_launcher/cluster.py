@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -84,6 +85,7 @@ class Cluster:
         self._hub: AgentHub | None = None
         self._nodes: list[RemoteNode] = []
         self._store: Any = None
+        self._store_key = ""
         #: why the cluster ended without close() (its job ended, an agent went away)
         self.ended: str | None = None
         self._cancel_now = False
@@ -142,6 +144,7 @@ class Cluster:
             self._check_nodes(nodes)
             self._nodes = nodes
             self._store = _store_server(hub.host)
+            self._store_key = secrets.token_hex(16)  # never in an argv: see plan_cluster
         except BaseException:
             self._abort()
             raise
@@ -227,7 +230,7 @@ class Cluster:
         return plan_cluster(
             self.nodes_for_launch(report),
             self.store_address,
-            self.job_key,
+            self._store_key,
             self.launches,
             num_processes,
             self.gpus_per_node,
@@ -264,6 +267,8 @@ class Cluster:
 
     @property
     def job_key(self) -> str:
+        """The job's id: it names the job's directory and is on the agents' command lines
+        (not secret; the ranks' keys in the store begin with a secret of their own)."""
         assert self._hub is not None
         return self._hub.job
 

@@ -397,9 +397,35 @@ def _alive(pid: int) -> bool:
         return False
 
 
+POISON = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+
+host, port, job = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10))
+for launch in range(1, 3):  # gloo's addresses of the next launches' ranks, as keyed by job
+    for rank in range(4):
+        store.set(f"{job}/l{launch}/a0/pg/0//cpu//0/{rank}", b"\\xff" * 64)
+"""
+
+
+def poison_the_store(address: tuple[str, int], job: str) -> subprocess.CompletedProcess[str]:
+    """Another process that reaches the ranks' store (torch's TCPStore authenticates no one)
+    writes garbage where the ranks of the next launches would read their peers' addresses,
+    were their keys named after the job (whose id is on every agent's command line)."""
+    argv = [sys.executable, "-c", POISON, address[0], str(address[1]), job]
+    return subprocess.run(
+        argv, env=kernel_env(), capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None:
     """Without Slurm: the agents are started by whatever starts processes on the nodes (here,
-    this test, with the command the cluster gives), and launches and sessions run on them."""
+    this test, with the command the cluster gives), and launches and sessions run on them
+    -- even after another process wrote garbage into the ranks' store under the keys the job
+    id on the agents' command lines would name: their keys begin with a secret of the
+    cluster."""
     import shlex
 
     from notebook_launcher import AgentCluster, notebook_launcher, start
@@ -423,8 +449,17 @@ def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None
             secret not in said[0]
             and oct(os.stat(tmp_path / "job.secret").st_mode & 0o777) == "0o600"
         )
+        poisoned = poison_the_store(cluster.store_address, cluster.job_key)
         out = notebook_launcher(where, (2,), num_processes=4, cluster=cluster, dashboard=False)
         assert sorted(out) == [(0, 8, "0"), (1, 8, "1"), (2, 8, "0"), (3, 8, "1")]
+        assert poisoned.returncode == 0, poisoned.stdout
+        # whoever knew the cluster's secret key could still poison it: that is named
+        poisoned = poison_the_store(cluster.store_address, cluster._store_key)
+        assert poisoned.returncode == 0, poisoned.stdout
+        with pytest.raises(Exception, match="basic_string") as info:
+            notebook_launcher(where, (2,), num_processes=4, cluster=cluster, dashboard=False)
+        summary = info.value.launch_failure.summary()  # type: ignore[attr-defined]
+        assert "does not decode" in summary and "possible tampering" in summary, summary
         host, port = cluster.store_address  # the ranks' store: on the hub's interface only
         assert host == "127.0.0.1" and _reachable(host, port)
         assert not _reachable("127.0.0.2", port) and not _reachable("::1", port)

@@ -45,7 +45,7 @@ from typing import Any
 
 from .. import _settings
 from .._accelerate_env import accelerate_env
-from .._events import Event, LaunchStarted, RankStacks, WorkerStarted
+from .._events import PHASES, Event, LaunchStarted, RankStacks, WorkerPhase, WorkerStarted
 from .._posix import deferred_interrupts
 from .._spec import WorkerSpec
 from .._wire import agent as wire
@@ -53,6 +53,7 @@ from .._wire.control import Raised, Returned
 from ..errors import ClusterError, PreflightError, RankFailure
 from . import preflight
 from .plan import LaunchPlan
+from .rendezvous import endpoint_text
 
 log = logging.getLogger("notebook_launcher.cluster")
 
@@ -62,6 +63,9 @@ HANDSHAKE_TIMEOUT = 5.0
 CLOSE_TIMEOUT = 10.0
 #: Seconds an agent has, beyond the ranks' own time, to send the stacks it took.
 STACKS_GRACE = 1.0
+#: What a rank's error says when a value it read from the store does not decode (a C++
+#: string or buffer of a garbage length): see RemoteGroup._store_hint.
+_UNDECODABLE = ("basic_string", "_M_create", "bad_alloc", "length_error", "bad_array_new_length")
 
 
 @dataclass
@@ -485,6 +489,8 @@ class RemoteGroup:
         self._stacks_cond = threading.Condition()
         self._requests = itertools.count(1)
         self._pumping: threading.Thread | None = None
+        #: where the ranks' store is (for what a rank that read garbage from it is told)
+        self._store = (specs[0].master_addr, specs[0].master_port) if specs else None
 
     # -- start -------------------------------------------------------------------------------
 
@@ -586,7 +592,9 @@ class RemoteGroup:
             proc = self.proc(item.rank)
             message = item.message
             if isinstance(message, Raised):  # the record names the rank's host
-                failure = dataclasses.replace(message.failure, host=proc.host)
+                failure = dataclasses.replace(
+                    message.failure, host=proc.host, message=self._store_hint(proc, message)
+                )
                 message = dataclasses.replace(message, failure=failure)
             if self._on_message is not None:
                 self._on_message(proc, message)
@@ -607,7 +615,24 @@ class RemoteGroup:
         else:  # an event or an output line
             if isinstance(item, WorkerStarted):
                 self.proc(item.rank).stage = "running"
+            elif isinstance(item, WorkerPhase) and self.proc(item.rank).stage != "running":
+                self.proc(item.rank).stage = PHASES.get(item.phase, item.phase)
             self._on_event(item)
+
+    def _store_hint(self, proc: RemoteRank, raised: Raised) -> str:
+        """A rank that failed joining its group on something that reads like a value of the
+        store that does not decode (gloo's peer addresses are C++ strings): say that the
+        store may have been written to by something else than the job's ranks."""
+        message = raised.failure.message
+        if proc.stage != PHASES["joining"] or not any(sign in message for sign in _UNDECODABLE):
+            return message
+        address = endpoint_text(*self._store) if self._store else "the kernel's store"
+        return (
+            f"{message} -- while joining its process group it read a value from the job's "
+            f"store ({address}) that does not decode: something other than this job's ranks "
+            "may have written there (possible tampering: the store authenticates no one; "
+            "see the README's Security section)"
+        )
 
     def _node_gone(self, node: RemoteNode, why: str) -> None:
         """The agent's connection ended (or was tampered with, and ends now): its ranks
@@ -724,13 +749,14 @@ class ClusterPlan(LaunchPlan):
     controller), each attempt on the kernel's store under a prefix of its own."""
 
     nodes: list[RemoteNode] = field(default_factory=list)
-    job_key: str = ""
+    #: the secret root of the job's keys in the store (see :func:`plan_cluster`)
+    store_key: str = field(default="", repr=False)
     launch_no: int = 0
     #: what the scheduler says of the job (see RemoteGroup)
     explain: Callable[[], str] | None = None
 
     def for_attempt(self, job: Any, attempt: int) -> list[WorkerSpec]:
-        prefix = f"{self.job_key}/l{self.launch_no}/a{attempt}/pg"
+        prefix = f"{self.store_key}/l{self.launch_no}/a{attempt}/pg"
         return [
             dataclasses.replace(spec, store_prefix=prefix, restart_count=attempt)
             for spec in self.specs
@@ -768,7 +794,7 @@ class ClusterPlan(LaunchPlan):
 def plan_cluster(
     nodes: list[RemoteNode],
     store: tuple[str, int],
-    job_key: str,
+    store_key: str,
     launch_no: int,
     num_processes: int | None,
     gpus_per_node: int,
@@ -779,7 +805,10 @@ def plan_cluster(
     session: bool = False,
     explain: Callable[[], str] | None = None,
 ) -> ClusterPlan:
-    """Check a launch on a cluster's ``nodes`` and plan every rank of it."""
+    """Check a launch on a cluster's ``nodes`` and plan every rank of it. Its groups' keys
+    in the ``store`` begin with ``store_key``: a secret of the cluster (it travels only in
+    the sealed Start frames), so that whoever reaches the store -- torch's TCPStore
+    authenticates nobody -- cannot name the keys the ranks will read, to poison them."""
     grace = preflight.check_grace_period(grace_period)
     count = len(nodes)
     if num_processes is None:
@@ -805,7 +834,7 @@ def plan_cluster(
         )
     precision = preflight.check_mixed_precision(mixed_precision, gpus_per_node)
     backend = "nccl" if gpus_per_node else "gloo"
-    prefix = f"{job_key}/l{launch_no}/a0/pg"  # each launch and session: a group of its own
+    prefix = f"{store_key}/l{launch_no}/a0/pg"  # each launch and session: a group of its own
     specs = remote_specs(nodes, per_node, store, prefix, backend, precision, max_restarts)
     for spec in specs:
         spec.session = session
@@ -821,7 +850,7 @@ def plan_cluster(
         None,
         max_restarts,
         nodes=nodes,
-        job_key=job_key,
+        store_key=store_key,
         launch_no=launch_no,
         explain=explain,
     )
