@@ -392,7 +392,9 @@ class SlurmCluster(Cluster):
     ``account``, ``qos``, ``cpus_per_node`` (``--cpus-per-task`` of the one task per
     node), ``mem``, ``constraint``, ``job_name``); ``gpus_per_node`` sets
     ``--gpus-per-node``; anything else goes in ``sbatch_options`` as on the command line
-    (``["--exclusive", "--reservation=x"]``). ``setup`` lines run before the agents start
+    (``["--exclusive", "--reservation=x"]``); a control character in any of them (a
+    newline would end its ``#SBATCH`` line) is refused, and values with spaces are quoted.
+    ``setup`` lines (shell, by design) run before the agents start
     (``module load ...``, ``source venv/bin/activate``); ``python`` is the interpreter on
     the nodes (default: this kernel's).
 

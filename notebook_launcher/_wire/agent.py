@@ -19,8 +19,10 @@ the next one (replay), and a wrong secret fails at the first check. Frames befor
 handshake ends are at most :data:`MAX_PLAIN_FRAME` bytes. After it, every frame carries a
 tag, ``HMAC(session key, direction, sequence number, payload)`` cut to 16 bytes, with the
 session key derived from the secret and both nonces: a frame that was changed, replayed,
-reordered or injected into the stream fails its tag and ends the connection before it is
-unpickled. The messages are the dataclasses below (one standard pickle each; what needs
+reordered, reflected back or injected into the stream fails its tag: the frames verified
+before it are kept, nothing after it is read (:attr:`Link.failed` says why) and the
+connection ends, before it is unpickled. Frames are authenticated, not encrypted: whoever
+watches the network reads them. The messages are the dataclasses below (one standard pickle each; what needs
 cloudpickle -- the user's function, results, exceptions -- travels inside as bytes, as on
 the ranks' control channel, :mod:`.control`).
 
