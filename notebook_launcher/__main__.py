@@ -24,8 +24,9 @@ Commands:
     Serve a kernel on another machine as one node of its job: the kernel (``SlurmCluster``,
     or ``AgentCluster`` for any other scheduler) listens at HOST:PORT and runs this node's
     ranks through the agent. The job's secret comes from F (readable by this user only) or
-    from ``NOTEBOOK_LAUNCHER_AGENT_SECRET``; never from the command line. ``--node I``: this
-    node's index in the job (default: Slurm's ``SLURM_NODEID``, else the next free one).
+    from ``NOTEBOOK_LAUNCHER_AGENT_SECRET`` (the agent then starts again without it in its
+    environment, which its ranks would inherit); never from the command line. ``--node I``:
+    this node's index in the job (default: Slurm's ``SLURM_NODEID``, else the next free one).
 
 Example::
 
@@ -165,7 +166,7 @@ def _agent(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run(host.strip("[]"), int(port), args.secret_file, args.job, args.node)
+    return run(host.strip("[]"), int(port), args.secret_file, args.job, args.node, args.secret_fd)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -262,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the job's secret (default: env NOTEBOOK_LAUNCHER_AGENT_SECRET)",
     )
     agent.add_argument("--node", type=int, default=None, metavar="I")
+    # the agent's own: the secret it read from its environment, on a pipe (see
+    # _agent.serve.without_secret_in_environ)
+    agent.add_argument("--secret-fd", type=int, default=None, help=argparse.SUPPRESS)
     agent.set_defaults(func=_agent)
     return parser
 

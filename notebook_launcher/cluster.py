@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -83,6 +85,7 @@ class Cluster:
         self._hub: AgentHub | None = None
         self._nodes: list[RemoteNode] = []
         self._store: Any = None
+        self._store_key = ""
         #: why the cluster ended without close() (its job ended, an agent went away)
         self.ended: str | None = None
         self._cancel_now = False
@@ -141,6 +144,7 @@ class Cluster:
             self._check_nodes(nodes)
             self._nodes = nodes
             self._store = _store_server(hub.host)
+            self._store_key = secrets.token_hex(16)  # never in an argv: see plan_cluster
         except BaseException:
             self._abort()
             raise
@@ -226,7 +230,7 @@ class Cluster:
         return plan_cluster(
             self.nodes_for_launch(report),
             self.store_address,
-            self.job_key,
+            self._store_key,
             self.launches,
             num_processes,
             self.gpus_per_node,
@@ -263,6 +267,8 @@ class Cluster:
 
     @property
     def job_key(self) -> str:
+        """The job's id: it names the job's directory and is on the agents' command lines
+        (not secret; the ranks' keys in the store begin with a secret of their own)."""
         assert self._hub is not None
         return self._hub.job
 
@@ -280,7 +286,7 @@ class Cluster:
 def _notice_gone(node: RemoteNode) -> None:
     """Read what the agent said while nothing listened: its end, or that it is ending."""
     if not node.drain():
-        node.gone = "its connection ended"
+        node.gone = node.lost()
         node.link.close()
 
 
@@ -291,11 +297,29 @@ def _torch_version() -> str:
 
 
 def _store_server(host: str) -> Any:
+    """The ranks' store, listening on ``host`` only -- the interface the hub listens on,
+    which the nodes reach -- never on every interface of this machine (what a TCPStore torch
+    binds itself does): we bind the socket and hand it over."""
     import torch.distributed as dist
 
-    return dist.TCPStore(
-        host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(minutes=30)
-    )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listen = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listen.bind((host, 0))
+        listen.listen(128)
+        store = dist.TCPStore(
+            host,
+            listen.getsockname()[1],
+            is_master=True,
+            master_listen_fd=listen.fileno(),
+            wait_for_workers=False,
+            timeout=timedelta(minutes=30),
+        )
+    except BaseException:
+        listen.close()
+        raise
+    listen.detach()  # the store closes it when it goes
+    return store
 
 
 class AgentCluster(Cluster):
@@ -368,7 +392,9 @@ class SlurmCluster(Cluster):
     ``account``, ``qos``, ``cpus_per_node`` (``--cpus-per-task`` of the one task per
     node), ``mem``, ``constraint``, ``job_name``); ``gpus_per_node`` sets
     ``--gpus-per-node``; anything else goes in ``sbatch_options`` as on the command line
-    (``["--exclusive", "--reservation=x"]``). ``setup`` lines run before the agents start
+    (``["--exclusive", "--reservation=x"]``); a control character in any of them (a
+    newline would end its ``#SBATCH`` line) is refused, and values with spaces are quoted.
+    ``setup`` lines (shell, by design) run before the agents start
     (``module load ...``, ``source venv/bin/activate``); ``python`` is the interpreter on
     the nodes (default: this kernel's).
 
@@ -407,6 +433,22 @@ class SlurmCluster(Cluster):
         job_dir: str | None = None,
     ) -> None:
         super().__init__(nodes, gpus_per_node, host=host, port=port, join_timeout=join_timeout)
+        extra = (
+            shlex.split(sbatch_options) if isinstance(sbatch_options, str) else list(sbatch_options)
+        )
+        for what, value in (
+            ("partition", partition),
+            ("time", time),
+            ("account", account),
+            ("qos", qos),
+            ("mem", mem),
+            ("constraint", constraint),
+            ("job_name", job_name),
+            ("job_dir", job_dir),
+            *(("sbatch_options", option) for option in extra),
+        ):
+            if value is not None:  # before anything is written or submitted
+                slurm.check_option(what, str(value))
         # --no-requeue: a job Slurm requeued (after a node failure) would start agents for a
         # kernel that has moved on; the launch says what happened instead
         options = [
@@ -427,9 +469,6 @@ class SlurmCluster(Cluster):
         ):
             if value is not None:
                 options.append(f"{flag}={value}")
-        extra = (
-            shlex.split(sbatch_options) if isinstance(sbatch_options, str) else list(sbatch_options)
-        )
         self.sbatch_options = options + extra
         self.setup = list(setup)
         self.python = python or sys.executable

@@ -10,8 +10,10 @@ ranks with it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -47,9 +49,13 @@ def agent_argv(
 _started: list[subprocess.Popen[str]] = []
 
 
-def start_agent(argv: list[str]) -> subprocess.Popen[str]:
+def start_agent(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        argv, env=kernel_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        argv,
+        env={**kernel_env(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     _started.append(proc)
     return proc
@@ -221,6 +227,42 @@ def test_an_agent_refuses_a_kernel_that_cannot_prove_the_secret(tmp_path: Path) 
     assert "the kernel did not prove it holds the secret" in out, out
 
 
+def environs(secret: str) -> dict[str, bool]:
+    """Whether ``secret`` is in this rank's environment, as /proc shows it, and in its
+    agent's (its parent)."""
+    seen = {}
+    for who, pid in (("rank", os.getpid()), ("agent", os.getppid())):
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            seen[who] = secret.encode() in f.read()
+    seen["os.environ"] = any(secret in value for value in os.environ.values())
+    return seen
+
+
+def test_a_secret_from_the_environment_reaches_no_rank(hub: AgentHub) -> None:
+    """As an srun step starts it: the secret in the agent's environment, no file. The agent
+    takes it and starts again without it: no rank (nor the agent) shows it in
+    /proc/PID/environ, where a forked rank would keep a copy of the agent's first one."""
+    secret = hub.secret_env()
+    argv = [sys.executable, "-m", "notebook_launcher", "agent", "--connect", hub.address]
+    agent = start_agent([*argv, "--job", hub.job, "--node", "0"], secret)
+    nodes = hub.wait_for(1, 60)
+    server = store()
+    record = RunRecord([0, 1])
+    task = dumps((environs, (secret[wire.SECRET_ENV],), {}))
+    group = RemoteGroup(nodes, specs_for(server, 0, nodes=1), task, record.on_event, record.on_exit)
+    group.start()
+    while not group.finished:
+        group.pump(0.5)
+    group.close()
+    assert record.verdict().ok, record.verdict()
+    clean = {"rank": False, "agent": False, "os.environ": False}
+    assert list(record.results.values()) == [clean, clean]
+    hub.close()
+    out, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 0, out
+    assert secret[wire.SECRET_ENV] not in out
+
+
 def sleeper() -> None:
     time.sleep(600)
 
@@ -306,6 +348,35 @@ def test_a_killed_kernel_takes_its_agents_and_ranks_along(tmp_path: Path) -> Non
             kernel.stdout.close()
 
 
+def _reachable(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("host", "elsewhere"), [("127.0.0.1", "127.0.0.2"), ("::1", "127.0.0.1")])
+def test_the_ranks_store_listens_on_the_hubs_interface_only(host: str, elsewhere: str) -> None:
+    """torch's own TCPStore server binds every interface (IPv4 and IPv6): the cluster's
+    listens where its hub does, and nowhere else."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from notebook_launcher.cluster import _store_server
+
+    server = _store_server(host)
+    try:
+        client = dist.TCPStore(host, server.port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")
+        assert server.get("k") == b"v"
+        del client
+        assert not _reachable(elsewhere, server.port)
+    finally:
+        del server
+
+
 def _until_closed(sock: socket.socket) -> bytes:
     sock.settimeout(10)
     data = b""
@@ -326,9 +397,35 @@ def _alive(pid: int) -> bool:
         return False
 
 
+POISON = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+
+host, port, job = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10))
+for launch in range(1, 3):  # gloo's addresses of the next launches' ranks, as keyed by job
+    for rank in range(4):
+        store.set(f"{job}/l{launch}/a0/pg/0//cpu//0/{rank}", b"\\xff" * 64)
+"""
+
+
+def poison_the_store(address: tuple[str, int], job: str) -> subprocess.CompletedProcess[str]:
+    """Another process that reaches the ranks' store (torch's TCPStore authenticates no one)
+    writes garbage where the ranks of the next launches would read their peers' addresses,
+    were their keys named after the job (whose id is on every agent's command line)."""
+    argv = [sys.executable, "-c", POISON, address[0], str(address[1]), job]
+    return subprocess.run(
+        argv, env=kernel_env(), capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None:
     """Without Slurm: the agents are started by whatever starts processes on the nodes (here,
-    this test, with the command the cluster gives), and launches and sessions run on them."""
+    this test, with the command the cluster gives), and launches and sessions run on them
+    -- even after another process wrote garbage into the ranks' store under the keys the job
+    id on the agents' command lines would name: their keys begin with a secret of the
+    cluster."""
     import shlex
 
     from notebook_launcher import AgentCluster, notebook_launcher, start
@@ -352,8 +449,20 @@ def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None
             secret not in said[0]
             and oct(os.stat(tmp_path / "job.secret").st_mode & 0o777) == "0o600"
         )
+        poisoned = poison_the_store(cluster.store_address, cluster.job_key)
         out = notebook_launcher(where, (2,), num_processes=4, cluster=cluster, dashboard=False)
         assert sorted(out) == [(0, 8, "0"), (1, 8, "1"), (2, 8, "0"), (3, 8, "1")]
+        assert poisoned.returncode == 0, poisoned.stdout
+        # whoever knew the cluster's secret key could still poison it: that is named
+        poisoned = poison_the_store(cluster.store_address, cluster._store_key)
+        assert poisoned.returncode == 0, poisoned.stdout
+        with pytest.raises(Exception, match="basic_string") as info:
+            notebook_launcher(where, (2,), num_processes=4, cluster=cluster, dashboard=False)
+        summary = info.value.launch_failure.summary()  # type: ignore[attr-defined]
+        assert "does not decode" in summary and "possible tampering" in summary, summary
+        host, port = cluster.store_address  # the ranks' store: on the hub's interface only
+        assert host == "127.0.0.1" and _reachable(host, port)
+        assert not _reachable("127.0.0.2", port) and not _reachable("::1", port)
         with start(num_processes=2, cluster=cluster, dashboard=False) as session:
             assert session.run_cell("rank") == ["0", "1"]
         job = cluster.job_key
@@ -362,4 +471,157 @@ def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None
     for proc in _started:
         proc.communicate(timeout=30)
         assert proc.returncode == 0
+    assert agent_processes(job) == []
+
+
+class TamperingProxy:
+    """A man in the middle between one agent and the hub, forwarding whole frames (plain or
+    sealed: both are a length, then the bytes). Once :meth:`arm`-ed, the agent's next frame
+    goes up with a forged one right behind it, in one write (so the hub reads both at once):
+    that frame again (``"replay"``), or the kernel's last frame sent back to it
+    (``"reflect"``); or the kernel's next frame reaches the agent twice (``"replay to the
+    agent"``)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.target = target
+        self.mode: str | None = None
+        self.forged = threading.Event()
+        self._last_down = b""
+        self._socks: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def arm(self, mode: str) -> None:
+        self.mode = mode
+
+    def _serve(self) -> None:
+        try:
+            agent, _ = self.server.accept()
+        except OSError:
+            return
+        kernel = socket.create_connection(self.target)
+        self._socks += [agent, kernel]
+        down = threading.Thread(target=self._pipe, args=(kernel, agent, False), daemon=True)
+        down.start()
+        self._pipe(agent, kernel, True)
+        down.join()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
+        buf = b""
+        try:
+            while chunk := src.recv(1 << 16):
+                buf += chunk
+                while len(buf) >= 4 and len(buf) >= 4 + int.from_bytes(buf[:4], "big"):
+                    size = 4 + int.from_bytes(buf[:4], "big")
+                    frame, buf = buf[:size], buf[size:]
+                    if not up and self.mode == "replay to the agent":
+                        self.mode = None
+                        frame += frame
+                        self.forged.set()
+                    elif not up:
+                        self._last_down = frame
+                    elif self.mode in ("replay", "reflect"):
+                        mode, self.mode = self.mode, None
+                        frame += frame if mode == "replay" else self._last_down
+                        self.forged.set()
+                    dst.sendall(frame)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self._socks:
+            sock.close()
+        self._thread.join(10)
+
+
+def prints_then_sleeps() -> None:
+    print("started", flush=True)
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("forgery", ["replay", "reflect"])
+def test_a_tampered_frame_ends_that_nodes_connection_and_names_it(
+    tmp_path: Path, forgery: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A frame replayed by someone on the path, or one of the kernel's own reflected back:
+    the launch fails naming the node and the tampering (a public error, the frames verified
+    before it in the same read were handled), the connection ends, and the next launch
+    does not run over it."""
+    from notebook_launcher import AgentCluster, ClusterError, WorkerDied, notebook_launcher
+
+    cluster = AgentCluster(nodes=1, host="127.0.0.1", secret_file=str(tmp_path / "job.secret"))
+    proxies: list[TamperingProxy] = []
+
+    def report(event: Any) -> None:
+        if not proxies and cluster.hub is not None:
+            proxies.append(TamperingProxy((cluster.hub.host, cluster.hub.port)))
+            argv = shlex.split(cluster.agent_command(0))
+            argv[argv.index("--connect") + 1] = proxies[0].address
+            start_agent(argv)
+
+    try:
+        cluster.start(report=report)
+        job = cluster.job_key
+        proxies[0].arm(forgery)  # the agent's next frame: its ranks started (their pids)
+        with pytest.raises(WorkerDied) as info:
+            notebook_launcher(prints_then_sleeps, num_processes=2, cluster=cluster, dashboard=False)
+        assert proxies[0].forged.is_set()
+        text = str(info.value)
+        assert "Node 0 (" in text and "its connection was tampered with" in text, text
+        assert "failed its check" in text, text
+        # the frame verified before the forged one was handled: the ranks' pids are known
+        failures = info.value.launch_failure.failures if info.value.launch_failure else []
+        assert failures and all(f.pid for f in failures), failures
+        with pytest.raises(ClusterError, match="lost 1 node.*tampered with"):
+            notebook_launcher(prints_then_sleeps, num_processes=2, cluster=cluster)
+        assert not cluster.running
+        assert any("tampered with" in r.getMessage() for r in caplog.records)
+    finally:
+        cluster.close()
+        for proxy in proxies:
+            proxy.close()
+    (agent,) = _started
+    out, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 0, out  # the kernel closed it: it ended its ranks and left
+    assert agent_processes(job) == []
+
+
+def test_a_tampered_frame_from_the_kernel_ends_the_agent_and_its_ranks(tmp_path: Path) -> None:
+    """The kernel's Start reaches the agent twice: the agent starts the ranks the genuine one
+    asked for, then stops them and leaves, saying why; the launch names the node as gone."""
+    from notebook_launcher import AgentCluster, WorkerDied, notebook_launcher
+
+    cluster = AgentCluster(nodes=1, host="127.0.0.1", secret_file=str(tmp_path / "job.secret"))
+    proxies: list[TamperingProxy] = []
+
+    def report(event: Any) -> None:
+        if not proxies and cluster.hub is not None:
+            proxies.append(TamperingProxy((cluster.hub.host, cluster.hub.port)))
+            argv = shlex.split(cluster.agent_command(0))
+            argv[argv.index("--connect") + 1] = proxies[0].address
+            start_agent(argv)
+
+    try:
+        cluster.start(report=report)
+        job = cluster.job_key
+        proxies[0].arm("replay to the agent")
+        with pytest.raises(WorkerDied) as info:
+            notebook_launcher(prints_then_sleeps, num_processes=2, cluster=cluster, dashboard=False)
+        text = str(info.value)
+        assert "Node 0 (" in text and "the connection from the kernel was tampered" in text, text
+    finally:
+        cluster.close()
+        for proxy in proxies:
+            proxy.close()
+    (agent,) = _started
+    out, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 3, out
+    assert "the kernel's connection was tampered with (frame 1 failed its check" in out, out
     assert agent_processes(job) == []

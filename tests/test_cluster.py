@@ -136,6 +136,28 @@ def test_agents_that_cannot_start_are_explained(
     assert not cluster.running
 
 
+def test_a_space_in_the_job_name_and_directory_reaches_slurm_as_given(
+    cluster_clean: SlurmTestCluster, tmp_path: Path
+) -> None:
+    """sbatch splits #SBATCH lines at spaces: quoted, the job is named as asked, and writes
+    its output (and the agents find their secret) under a directory with a space."""
+    jobs = tmp_path / "my jobs"
+    cluster = SlurmCluster(nodes=1, job_name='my "first" job', job_dir=str(jobs))
+    try:
+        cluster.start()
+        name = subprocess.run(
+            ["squeue", "-h", "-j", str(cluster.job_id), "-o", "%j"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        assert name == 'my "first" job'
+        assert (jobs / cluster.job_key / f"slurm-{cluster.job_id}.out").exists()
+    finally:
+        cluster.close()
+
+
 # --- launches on a cluster that the module shares ------------------------------------------
 
 

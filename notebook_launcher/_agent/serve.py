@@ -40,6 +40,8 @@ _CHATTY = (Output, ProgressUpdate, MetricsLogged)
 
 #: The exit status of an agent that could not join (bad secret, unreachable kernel).
 EXIT_CANNOT_JOIN = 2
+#: The exit status of an agent whose connection to the kernel was tampered with.
+EXIT_TAMPERED = 3
 
 
 class Agent:
@@ -71,10 +73,12 @@ class Agent:
         selector.register(link_fd, selectors.EVENT_READ)
         try:
             while True:
-                for message in pending:
+                for message in pending:  # what was verified before a frame that failed
                     if self._handle(message) is False:
                         return 0
                 pending = []
+                if self.link.failed is not None:
+                    return self._tampered(self.link.failed)
                 if self.ending is not None:
                     return self._end()
                 if self.group is not None and not self.group._closed:
@@ -86,6 +90,8 @@ class Agent:
                     ready = bool(selector.select(TURN))
                 if ready:
                     messages = self.link.read()
+                    if messages is None and self.link.failed is not None:
+                        return self._tampered(self.link.failed)
                     if messages is None:  # the kernel is gone: so are we
                         self._close_ranks()
                         return 0
@@ -102,6 +108,24 @@ class Agent:
             if os.environ.get("SLURM_JOB_ID")
             else "its agent got SIGTERM"
         )
+
+    def _tampered(self, why: str) -> int:
+        """A frame from the kernel failed its check: nothing more from it is trusted. The
+        ranks stop and the agent leaves, telling the kernel why first (what it sends is still
+        sealed: the kernel can check it)."""
+        self.ending = (
+            f"its agent left: the connection from the kernel was tampered with ({why}); "
+            "something on the network between them changes what they send"
+        )
+        print(
+            f"notebook_launcher agent on {socket.gethostname()}: the kernel's connection was "
+            f"tampered with ({why}): stopping this node's ranks and leaving",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._flush()
+        self._close_ranks()
+        return EXIT_TAMPERED
 
     def _end(self) -> int:
         """Say why we end, stop the ranks, report their exits, leave."""
@@ -250,25 +274,46 @@ def _readable(selector: selectors.BaseSelector) -> bool:
 # --- joining ----------------------------------------------------------------------------------
 
 
-def read_secret(path: str | None) -> bytes:
-    """The job's secret, from ``path`` or the environment (then removed from it, so that
-    the ranks do not inherit it)."""
+def read_secret(path: str | None, fd: int | None = None) -> bytes:
+    """The job's secret, from ``path``, or from the pipe ``fd`` that
+    :func:`without_secret_in_environ` handed over (then closed)."""
     if path:
         with open(path, "rb") as f:
             text = f.read().strip()
+    elif fd is not None:
+        with os.fdopen(fd, "rb") as f:
+            text = f.read().strip()
     else:
-        value = os.environ.pop(wire.SECRET_ENV, "")
-        if not value:
-            raise SystemExit(
-                f"notebook_launcher agent: no secret: pass --secret-file F or set {wire.SECRET_ENV}"
-            )
-        text = value.encode()
+        raise SystemExit(
+            f"notebook_launcher agent: no secret: pass --secret-file F or set {wire.SECRET_ENV}"
+        )
     try:
         return bytes.fromhex(text.decode())
     except ValueError:
         raise SystemExit(
             "notebook_launcher agent: the secret is not the kernel's (not hex)"
         ) from None
+
+
+def without_secret_in_environ() -> None:
+    """An agent given the secret in its environment (an srun step's) starts again without
+    it, the secret handed over on an inherited pipe (``--secret-fd``). Removing it from
+    ``os.environ`` is not enough: a process's initial environment stays in its memory,
+    where ``/proc/PID/environ`` shows it, and every forked rank would carry a copy. Never
+    returns (it execs) when the secret is there; SystemExit when it is not."""
+    value = os.environ.pop(wire.SECRET_ENV, "")
+    if not value:
+        read_secret(None)  # says what is missing
+    read, write = os.pipe()
+    try:
+        os.write(write, value.encode())  # 64 bytes: a pipe holds them without a reader
+    finally:
+        os.close(write)
+    os.set_inheritable(read, True)
+    argv = [sys.executable, *sys.orig_argv[1:], "--secret-fd", str(read)]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, dict(os.environ))
 
 
 def claim(job: str, node: int | None) -> dict[str, Any]:
@@ -328,10 +373,19 @@ def preload() -> None:
         pass
 
 
-def run(host: str, port: int, secret_file: str | None, job: str, node: int | None) -> int:
+def run(
+    host: str,
+    port: int,
+    secret_file: str | None,
+    job: str,
+    node: int | None,
+    secret_fd: int | None = None,
+) -> int:
     """``python -m notebook_launcher agent``: join, serve, leave. The exit status says how
     it ended (0: the kernel let it go, or went away)."""
-    secret = read_secret(secret_file)
+    if secret_file is None and secret_fd is None:
+        without_secret_in_environ()  # execs again, the secret on a pipe
+    secret = read_secret(secret_file, secret_fd)
     preload()
     claimed = claim(job, node)
     try:
@@ -348,4 +402,4 @@ def run(host: str, port: int, secret_file: str | None, job: str, node: int | Non
     return Agent(link).serve(first)
 
 
-__all__ = ["Agent", "claim", "hello", "read_secret", "run"]
+__all__ = ["Agent", "claim", "hello", "read_secret", "run", "without_secret_in_environ"]

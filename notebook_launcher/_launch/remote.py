@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _placement
-from .._events import Event, LaunchStarted, RankStacks, WorkerStarted
+from .._events import PHASES, Event, LaunchStarted, RankStacks, WorkerPhase, WorkerStarted
 from .._posix import deferred_interrupts
 from .._spec import WorkerSpec
 from .._wire import agent as wire
@@ -51,6 +51,7 @@ from .._wire.control import Raised, Returned
 from ..errors import ClusterError, PreflightError, RankFailure
 from . import preflight
 from .plan import LaunchPlan, rank_specs
+from .rendezvous import endpoint_text
 
 log = logging.getLogger("notebook_launcher.cluster")
 
@@ -60,6 +61,9 @@ HANDSHAKE_TIMEOUT = 5.0
 CLOSE_TIMEOUT = 10.0
 #: Seconds an agent has, beyond the ranks' own time, to send the stacks it took.
 STACKS_GRACE = 1.0
+#: What a rank's error says when a value it read from the store does not decode (a C++
+#: string or buffer of a garbage length): see RemoteGroup._store_hint.
+_UNDECODABLE = ("basic_string", "_M_create", "bad_alloc", "length_error", "bad_array_new_length")
 
 
 @dataclass
@@ -84,19 +88,34 @@ class RemoteNode:
 
     def drain(self) -> bool:
         """Read what the agent said while nothing listened: that it is ending (``ending``).
-        False when its connection ended."""
+        False when its connection ended (or failed its check: see :meth:`lost`)."""
         if self.gone is not None:
             return True  # (its link may be closed: nothing to read)
         poller = select.poll()
         poller.register(self.link.fileno(), select.POLLIN)
         while poller.poll(0):
             messages = self.link.read()
-            if messages is None:
-                return False
-            for message in messages:
+            for message in messages or ():
                 if isinstance(message, wire.AgentEnding):
                     self.ending = message.why
+            if messages is None or self.link.failed is not None:
+                return False
         return True
+
+    def lost(self) -> str:
+        """Why its connection is of no more use: tampered with (a frame failed its check,
+        and the kernel closes it), or ended."""
+        if self.link.failed is not None:
+            return tampered(self.link.failed)
+        return self.ending or "its connection ended"
+
+
+def tampered(why: str) -> str:
+    """What a node's connection that failed its check is called, wherever it is noticed."""
+    return (
+        f"its connection was tampered with: {why}; something on the network between this "
+        "kernel and the node changes what they send. The kernel closed that connection"
+    )
 
 
 @dataclass
@@ -300,7 +319,7 @@ class AgentHub:
         link = wire.kernel_link(sock, key)
         try:
             hello = self._first_message(link, pending.reader.rest())
-        except (wire.AuthError, ClusterError) as exc:
+        except ClusterError as exc:
             link.close()
             self._note_refused(pending.peer, str(exc))
             return
@@ -316,6 +335,8 @@ class AgentHub:
         messages = link.receive(rest) if rest else []
         deadline = time.monotonic() + self.handshake_timeout
         while not messages:
+            if link.failed is not None:
+                raise ClusterError(tampered(link.failed))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ClusterError("the agent sent nothing after its handshake")
@@ -329,6 +350,8 @@ class AgentHub:
             if not data:
                 raise ClusterError("the agent closed the connection after its handshake")
             messages = link.receive(data)
+        if link.failed is not None:
+            raise ClusterError(tampered(link.failed))
         hello = messages[0]
         if not isinstance(hello, wire.NodeHello):
             raise ClusterError(f"the agent's first message was a {type(hello).__name__}")
@@ -464,6 +487,8 @@ class RemoteGroup:
         self._stacks_cond = threading.Condition()
         self._requests = itertools.count(1)
         self._pumping: threading.Thread | None = None
+        #: where the ranks' store is (for what a rank that read garbage from it is told)
+        self._store = (specs[0].master_addr, specs[0].master_port) if specs else None
 
     # -- start -------------------------------------------------------------------------------
 
@@ -491,7 +516,7 @@ class RemoteGroup:
     def _drain_stale(self, node: RemoteNode) -> None:
         """What the agent said while no group listened (it may be ending)."""
         if not node.drain():
-            self._node_gone(node, "its connection ended")
+            self._node_gone(node, node.lost())
 
     def send(self, proc: RemoteRank, message: Any) -> bool:
         if not proc.conn_open:
@@ -535,15 +560,10 @@ class RemoteGroup:
                 continue
             node: RemoteNode = key.data
             messages = node.link.read() if node.gone is None else None
-            try:
-                if messages is None:
-                    self._node_gone(node, node.ending or "its connection ended")
-                    continue
-                for message in messages:
-                    self._handle(node, message)
-            except wire.AuthError as exc:
-                node.link.close()
-                self._node_gone(node, f"its connection broke the protocol ({exc})")
+            for message in messages or ():  # what was verified before a frame that failed
+                self._handle(node, message)
+            if messages is None or node.link.failed is not None:
+                self._node_gone(node, node.lost())
 
     def _handle(self, node: RemoteNode, message: Any) -> None:
         if isinstance(message, wire.Batch):
@@ -570,7 +590,9 @@ class RemoteGroup:
             proc = self.proc(item.rank)
             message = item.message
             if isinstance(message, Raised):  # the record names the rank's host
-                failure = dataclasses.replace(message.failure, host=proc.host)
+                failure = dataclasses.replace(
+                    message.failure, host=proc.host, message=self._store_hint(proc, message)
+                )
                 message = dataclasses.replace(message, failure=failure)
             if self._on_message is not None:
                 self._on_message(proc, message)
@@ -591,13 +613,34 @@ class RemoteGroup:
         else:  # an event or an output line
             if isinstance(item, WorkerStarted):
                 self.proc(item.rank).stage = "running"
+            elif isinstance(item, WorkerPhase) and self.proc(item.rank).stage != "running":
+                self.proc(item.rank).stage = PHASES.get(item.phase, item.phase)
             self._on_event(item)
 
+    def _store_hint(self, proc: RemoteRank, raised: Raised) -> str:
+        """A rank that failed joining its group on something that reads like a value of the
+        store that does not decode (gloo's peer addresses are C++ strings): say that the
+        store may have been written to by something else than the job's ranks."""
+        message = raised.failure.message
+        if proc.stage != PHASES["joining"] or not any(sign in message for sign in _UNDECODABLE):
+            return message
+        address = endpoint_text(*self._store) if self._store else "the kernel's store"
+        return (
+            f"{message} -- while joining its process group it read a value from the job's "
+            f"store ({address}) that does not decode: something other than this job's ranks "
+            "may have written there (possible tampering: the store authenticates no one; "
+            "see the README's Security section)"
+        )
+
     def _node_gone(self, node: RemoteNode, why: str) -> None:
-        """The agent's connection ended: its ranks died with it."""
+        """The agent's connection ended (or was tampered with, and ends now): its ranks
+        died with it."""
         if node.gone is None:
-            node.gone = why if node.ending else self._with_reason(why)
+            plain = node.ending or node.link.failed is not None
+            node.gone = why if plain else self._with_reason(why)
             node.link.close()
+            if node.link.failed is not None:
+                log.error("%s: %s", node.label, node.gone)
         try:
             self._selector.unregister(node.link.fileno())
         except (KeyError, ValueError, OSError):
@@ -704,13 +747,14 @@ class ClusterPlan(LaunchPlan):
     controller), each attempt on the kernel's store under a prefix of its own."""
 
     nodes: list[RemoteNode] = field(default_factory=list)
-    job_key: str = ""
+    #: the secret root of the job's keys in the store (see :func:`plan_cluster`)
+    store_key: str = field(default="", repr=False)
     launch_no: int = 0
     #: what the scheduler says of the job (see RemoteGroup)
     explain: Callable[[], str] | None = None
 
     def for_attempt(self, job: Any, attempt: int) -> list[WorkerSpec]:
-        prefix = f"{self.job_key}/l{self.launch_no}/a{attempt}/pg"
+        prefix = f"{self.store_key}/l{self.launch_no}/a{attempt}/pg"
         return [
             dataclasses.replace(spec, store_prefix=prefix, restart_count=attempt)
             for spec in self.specs
@@ -748,7 +792,7 @@ class ClusterPlan(LaunchPlan):
 def plan_cluster(
     nodes: list[RemoteNode],
     store: tuple[str, int],
-    job_key: str,
+    store_key: str,
     launch_no: int,
     num_processes: int | None,
     gpus_per_node: int,
@@ -760,7 +804,10 @@ def plan_cluster(
     explain: Callable[[], str] | None = None,
     devices: Any = "auto",
 ) -> ClusterPlan:
-    """Check a launch on a cluster's ``nodes`` and plan every rank of it."""
+    """Check a launch on a cluster's ``nodes`` and plan every rank of it. Its groups' keys
+    in the ``store`` begin with ``store_key``: a secret of the cluster (it travels only in
+    the sealed Start frames), so that whoever reaches the store -- torch's TCPStore
+    authenticates nobody -- cannot name the keys the ranks will read, to poison them."""
     grace = preflight.check_grace_period(grace_period)
     count = len(nodes)
     if num_processes is None:
@@ -787,7 +834,7 @@ def plan_cluster(
         world_size=total,
     )
     precision = preflight.check_mixed_precision(mixed_precision, where.on_gpu)
-    prefix = f"{job_key}/l{launch_no}/a0/pg"  # each launch and session: a group of its own
+    prefix = f"{store_key}/l{launch_no}/a0/pg"  # each launch and session: a group of its own
     specs = [
         spec
         for node in nodes
@@ -818,7 +865,7 @@ def plan_cluster(
         None,
         max_restarts,
         nodes=nodes,
-        job_key=job_key,
+        store_key=store_key,
         launch_no=launch_no,
         explain=explain,
     )

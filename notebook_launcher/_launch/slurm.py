@@ -230,12 +230,39 @@ def reachable_address(towards: str | None) -> str:
         return "127.0.0.1"
 
 
+def check_option(what: str, value: str) -> str:
+    """``value`` of the option ``what``, refused (``ValueError``) when it holds a control
+    character: a newline would end its ``#SBATCH`` line, and the rest of it would run as
+    shell on the node."""
+    bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise ValueError(
+            f"{what}={value!r} holds a control character ({bad!r}): a Slurm option is one "
+            "line of the batch script, and a newline there would run the rest as shell on "
+            "the node. Pass the value on one line, without control characters (set-up "
+            "commands go in setup=[...])."
+        )
+    return value
+
+
+def sbatch_quote(option: str) -> str:
+    """``option`` as one argument of an ``#SBATCH`` line: sbatch splits those lines at
+    whitespace, and reads double quotes (and backslash escapes within them) as a shell
+    would; a value with a space (``--job-name=my job``) is quoted."""
+    if option and not any(c.isspace() or c in "\\\"'" for c in option):
+        return option
+    return '"' + option.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def batch_script(
     options: Sequence[str], setup: Sequence[str], agent: Sequence[str], output: str
 ) -> str:
-    """The batch script: the ``#SBATCH`` options, the user's set-up lines, then one agent
-    per node as one ``srun`` step."""
-    lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in options), f"#SBATCH --output={output}"]
+    """The batch script: the ``#SBATCH`` options (quoted; see :func:`sbatch_quote`), the
+    user's set-up lines, then one agent per node as one ``srun`` step."""
+    for option in (*options, output):
+        check_option("an sbatch option", option)
+    lines = ["#!/bin/bash", *(f"#SBATCH {sbatch_quote(o)}" for o in options)]
+    lines.append(f"#SBATCH {sbatch_quote(f'--output={output}')}")
     lines += ["# notebook_launcher: one agent per node; the kernel drives the ranks", *setup]
     lines.append("exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 " + shlex.join(agent))
     return "\n".join(lines) + "\n"
@@ -256,10 +283,12 @@ __all__ = [
     "allocation",
     "batch_script",
     "cancel",
+    "check_option",
     "controller_host",
     "unhealthy",
     "reachable_address",
     "run",
+    "sbatch_quote",
     "state",
     "submit",
     "tail",

@@ -19,8 +19,10 @@ the next one (replay), and a wrong secret fails at the first check. Frames befor
 handshake ends are at most :data:`MAX_PLAIN_FRAME` bytes. After it, every frame carries a
 tag, ``HMAC(session key, direction, sequence number, payload)`` cut to 16 bytes, with the
 session key derived from the secret and both nonces: a frame that was changed, replayed,
-reordered or injected into the stream fails its tag and ends the connection before it is
-unpickled. The messages are the dataclasses below (one standard pickle each; what needs
+reordered, reflected back or injected into the stream fails its tag: the frames verified
+before it are kept, nothing after it is read (:attr:`Link.failed` says why) and the
+connection ends, before it is unpickled. Frames are authenticated, not encrypted: whoever
+watches the network reads them. The messages are the dataclasses below (one standard pickle each; what needs
 cloudpickle -- the user's function, results, exceptions -- travels inside as bytes, as on
 the ranks' control channel, :mod:`.control`).
 
@@ -336,6 +338,9 @@ class Link:
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         #: why writing failed (the peer went away), once it did
         self.broken: str | None = None
+        #: why a frame received failed its check (tampering), once one did: nothing from the
+        #: peer is trusted any more, and the connection must end
+        self.failed: str | None = None
         self.closed = False
         self._writer: threading.Thread | None = None  # started when a send must wait
         #: frames handed to the writer and not yet written (later ones queue behind them)
@@ -400,14 +405,19 @@ class Link:
                     self._queued -= 1
 
     def receive(self, data: bytes) -> list[Any]:
-        """The messages completed by ``data``; :class:`AuthError` for a frame whose tag is
-        wrong (the connection must then be closed: nothing after it is trusted)."""
+        """The messages completed by ``data``, in order. A frame whose tag is wrong (changed,
+        replayed, reflected back or injected) ends what this link accepts: the messages
+        verified before it are returned, :attr:`failed` says why, and nothing after it is
+        read -- the owner must then close the connection (see :meth:`read`)."""
+        if self.failed is not None:
+            return []
         self._buf += data
         out = []
         while len(self._buf) >= _LEN.size:
             (size,) = _LEN.unpack_from(self._buf)
             if size < TAG_BYTES:
-                raise AuthError(f"a {size}-byte frame cannot carry a tag")
+                self._fail(f"frame {self._received} is {size} bytes, too short to carry a tag")
+                break
             end = _LEN.size + size
             if len(self._buf) < end:
                 break
@@ -415,15 +425,26 @@ class Link:
             payload = bytes(self._buf[_LEN.size + TAG_BYTES : end])
             del self._buf[:end]
             if not hmac.compare_digest(tag, self._tag(self._in, self._received, payload)):
-                raise AuthError(f"frame {self._received} failed its check (changed or injected)")
+                self._fail(
+                    f"frame {self._received} failed its check (replayed, reflected back, "
+                    "changed or injected)"
+                )
+                break
             self._received += 1
             message = pickle.loads(payload)
             out.append(message)
         return out
 
+    def _fail(self, why: str) -> None:
+        self.failed = why
+        self._buf = bytearray()
+
     def read(self) -> list[Any] | None:
         """Read what is there (the socket is readable): its messages, or None at the end
-        of the connection."""
+        of the connection -- or once a frame failed its check (:attr:`failed`): the
+        messages verified before it come first, then None."""
+        if self.failed is not None:
+            return None
         try:
             data = self.sock.recv(1 << 20)
         except BlockingIOError:
