@@ -108,6 +108,7 @@ def nl_info(line: str = "") -> None:
 
 DIST_USAGE = """\
 %dist start [-n N] [--start-method M] [--mixed-precision P] [--dashboard D] [--port P]
+            [--devices auto|gpu|cpu|0,2]  (where the ranks run; auto: one per GPU, more share)
             [--stall-after SECONDS|off]   (where every rank is, after that long without progress)
             [--slurm "SBATCH OPTIONS"]    (N ranks in all on a Slurm job's nodes, e.g.
                                            --slurm "--nodes 2 --partition debug --time 10")
@@ -119,6 +120,13 @@ DIST_USAGE = """\
 %dist pull NAME [--ranks R]              binds NAME to the per-rank list here
 %%distributed [--ranks 0,1] [--post-mortem]   a cell on the ranks (%%rank 1: on rank 1)
 %rankdiff NAME [NAME...] [--ranks R]     compare values across ranks ("rng": random state)"""
+
+
+def _devices_choice(text: str) -> str | list[int]:
+    """``--devices cpu`` or ``--devices 0,2`` (GPU indices)."""
+    if text.replace(",", "").isdigit():
+        return [int(x) for x in text.split(",") if x]
+    return text
 
 
 class RankValues(list):
@@ -170,6 +178,7 @@ def _dist_parser() -> Any:
     parser.add_argument("-n", "--num-processes", "--num_processes", type=int, default=None)
     parser.add_argument("--start-method", "--start_method", default=None)
     parser.add_argument("--mixed-precision", "--mixed_precision", default="no")
+    parser.add_argument("--devices", default="auto", type=_devices_choice)
     parser.add_argument("--dashboard", default="auto", type=_dashboard_choice)
     parser.add_argument("--use-port", "--use_port", "--port", default="auto")
     parser.add_argument("--ranks", default=None)
@@ -290,6 +299,7 @@ class DistMagics:
                 dashboard=args.dashboard,
                 use_port=args.use_port,
                 cluster=cluster,
+                devices=args.devices,
                 **({"stall_after": args.stall_after} if hasattr(args, "stall_after") else {}),
             )
         except BaseException:

@@ -303,3 +303,18 @@ def test_a_hang_inside_nccl_names_what_to_try(flight: list[tuple[int, str]], hin
     assert (hint is not None) is hinted
     if hint:
         assert "NCCL_P2P_DISABLE=1" in hint and "#7 all_reduce [4]" in hint
+
+
+@pytest.mark.parametrize(
+    ("argv", "devices"),
+    [
+        ("start -n 2", "auto"),
+        ("start -n 2 --devices cpu", "cpu"),
+        ("start --devices 0,2", [0, 2]),
+        ("start --devices gpu", "gpu"),
+    ],
+)
+def test_the_magic_takes_devices_in_one_argument(argv: str, devices: object) -> None:
+    from notebook_launcher.ipython_extension import _dist_parser
+
+    assert _dist_parser().parse_args(argv.split()).devices == devices
