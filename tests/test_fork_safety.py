@@ -98,6 +98,7 @@ SCRIPT = textwrap.dedent(
 
     from notebook_launcher._agent import serve
     results["hello_gpus"] = serve.hello(serve.claim("job", 0)).gpus
+    serve.preload()  # what an agent imports before it forks its node's ranks
 
     # NVML cannot answer (MIG, no library): a throwaway child asks instead
     _placement._nvidia_driver_present = lambda: True
