@@ -930,6 +930,8 @@ class Accelerator(ProcessControl):
             )
         refusal = ""
         if writer:
+            if numbered:
+                checkpointing.recover_numbered(os.path.dirname(mine))
             checkpointing.recover_checkpoint(mine)
             try:
                 if numbered:

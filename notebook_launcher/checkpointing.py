@@ -466,6 +466,11 @@ def load_model_state_dict(path: str) -> dict[str, torch.Tensor]:
 
         model.load_state_dict(load_model_state_dict("out"))
     """
+    entry_points = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    if os.path.basename(path) in entry_points and not os.path.exists(path):
+        recovered = _recover_model(os.path.dirname(path) or ".")
+        if recovered is not None:  # named by its entry point, in the middle of a save
+            return recovered
     if path.endswith(".index.json") and os.path.isfile(path):
         # the index of a sharded checkpoint (as Accelerate and Transformers accept it)
         return _load_index(path, (os.path.dirname(path),))
@@ -829,6 +834,14 @@ def numbered_checkpoints(base: str) -> list[int]:
     return sorted(numbers)
 
 
+def recover_numbered(base: str) -> None:
+    """:func:`recover_checkpoint` for every ``<base>/checkpoint_<i>`` (its writer only):
+    a checkpoint an interrupted commit left under another name is put back before the
+    numbering is checked and the old ones pruned."""
+    for n in numbered_checkpoints(base):
+        recover_checkpoint(os.path.join(base, f"checkpoint_{n}"))
+
+
 def check_numbered_save(output_dir: str, iteration: int) -> None:
     """Refuse to write ``checkpoint_<iteration>`` where it, or a newer one, exists (a second
     run in the same ``project_dir``): Accelerate refuses the first ("Checkpoint directory
@@ -958,6 +971,7 @@ __all__ = [
     "numbered_checkpoints",
     "prune_checkpoints",
     "recover_checkpoint",
+    "recover_numbered",
     "restore_rank_state",
     "ALIASES_KEY",
     "MANIFEST_NAME",
