@@ -20,7 +20,9 @@ Differences from Accelerate (names and defaults kept):
 
 * ``save_state`` writes into ``<dir>.incomplete`` and renames it when complete, with a
   ``checkpoint.json`` manifest; ``load_state`` refuses a directory without one (so it does not
-  read checkpoints written by Accelerate itself). Dataloader generator states and the epoch
+  read checkpoints written by Accelerate itself), and finds the complete copy a save cut short
+  while committing left. ``total_limit`` prunes after the new checkpoint is complete, and an
+  automatically named checkpoint older than an existing one is refused too. Dataloader generator states and the epoch
   are saved too, so a resumed run (mid-epoch with ``skip_first_batches``) is bit-identical.
 * Prepared loaders draw from the global RNG exactly where Accelerate's do (same seed, same
   batches and models), and keep their shuffling generator, so a checkpoint records the
@@ -892,8 +894,17 @@ class Accelerator(ProcessControl):
         """Save models, optimizers, schedulers, scaler, custom objects and per-rank RNG states.
 
         All ranks must call it. Everything is written to ``<output_dir>.incomplete`` and
-        renamed to ``output_dir`` when complete, so an interrupted save never looks complete.
+        renamed to ``output_dir`` when complete, so an interrupted save never looks complete
+        (and the previous checkpoint stays until the new one is in place). With
+        ``ProjectConfiguration(automatic_checkpoint_naming=True)`` it writes
+        ``checkpoint_<iteration>``, refuses one that exists (or a newer one: another run's),
+        and with ``total_limit`` deletes the oldest only after the new one is complete.
         Returns the directory.
+
+        Each rank may pass its own directory (as Accelerate allows): each writes its RNG and
+        data-loader states there, the main process also the models, optimizers and the rest;
+        a warning says so, as only the main process's directory then holds a whole
+        checkpoint.
 
         Example::
 
@@ -902,16 +913,35 @@ class Accelerator(ProcessControl):
             accelerator.load_state("ckpt")   # continues bit-identically
         """
         config = self.project_configuration
+        numbered = output_dir is None and config.automatic_checkpoint_naming
         output_dir = checkpointing.checkpoint_dir(config, output_dir, loading=False)
-        self._same_directory_everywhere("save_state", output_dir)
-        if self.is_main_process:
-            checkpointing.start_staging(output_dir)
-            if config.automatic_checkpoint_naming and config.total_limit is not None:
-                checkpointing.prune_checkpoints(
-                    os.path.dirname(os.path.abspath(output_dir)), config.total_limit
-                )
-        self.wait_for_everyone()
-        staging = checkpointing.staging_dir(output_dir)
+        dirs = self._rank_directories(output_dir)
+        mine = dirs[self.process_index]
+        writer = dirs.index(mine) == self.process_index  # the first rank naming it
+        if len(set(dirs)) > 1 and self.is_main_process:
+            logger.warning(
+                "save_state got a different directory on each rank (%s): each rank writes "
+                "its own RNG and data-loader states into its directory, and only the main "
+                "process writes the models, optimizers, schedulers and registered objects, "
+                "into %s. load_state on a rank whose directory lacks them fails: to save a "
+                "checkpoint any rank can load, pass the same directory on every rank.",
+                _listed_by_rank(dirs),
+                mine,
+            )
+        refusal = ""
+        if writer:
+            if numbered:
+                checkpointing.recover_numbered(os.path.dirname(mine))
+            checkpointing.recover_checkpoint(mine)
+            try:
+                if numbered:
+                    checkpointing.check_numbered_save(mine, config.iteration)
+            except ValueError as exc:
+                refusal = str(exc)
+            if not refusal:
+                checkpointing.start_staging(mine)
+        self._refuse_together(refusal)  # also the barrier: every staging directory is there
+        staging = checkpointing.staging_dir(mine)
         if self.is_main_process:
             models = [self.get_state_dict(m) for m in self._models]
             for hook in self._save_model_state_pre_hooks:
@@ -934,10 +964,14 @@ class Accelerator(ProcessControl):
         rank_states["dataloader_orders"] = [dl.order_state() for dl in shards]
         checkpointing.save_rank_state(staging, self.process_index, rank_states)
         self.wait_for_everyone()
-        if self.is_main_process:
-            checkpointing.commit_staging(
-                output_dir, self.num_processes, {"step": self.step, "iteration": config.iteration}
-            )
+        if writer:
+            extra: dict[str, Any] = {"step": self.step, "iteration": config.iteration}
+            if len(set(dirs)) > 1:
+                extra["ranks"] = [r for r, d in enumerate(dirs) if d == mine]
+            checkpointing.commit_staging(mine, self.num_processes, extra)
+            if numbered and config.total_limit is not None:
+                # only now: until the new checkpoint is complete, the old ones are the ones
+                checkpointing.prune_checkpoints(os.path.dirname(mine), config.total_limit)
         self.wait_for_everyone()
         if config.automatic_checkpoint_naming:
             config.iteration += 1
@@ -948,7 +982,9 @@ class Accelerator(ProcessControl):
     ) -> None:
         """Restore what :meth:`save_state` saved (call it on every rank, after ``prepare``).
 
-        Raises ``ValueError`` for a directory that is not a complete checkpoint.
+        Raises ``ValueError`` for a directory that is not a complete checkpoint. A checkpoint
+        whose save was interrupted while it was being committed is loaded from the complete
+        copy that save left, with a warning naming it.
 
         Example::
 
@@ -957,9 +993,12 @@ class Accelerator(ProcessControl):
         """
         config = self.project_configuration
         input_dir = checkpointing.checkpoint_dir(config, input_dir, loading=True)
-        self._same_directory_everywhere("load_state", input_dir)
+        dirs = self._rank_directories(input_dir)
+        found, how = checkpointing.find_checkpoint(input_dir)
+        if how and dirs.index(dirs[self.process_index]) == self.process_index:
+            logger.warning("%s.", how)
         manifest = checkpointing.load_accelerator_state(
-            input_dir,
+            found,
             models=[self.unwrap_model(m) for m in self._models],
             optimizers=self._optimizers,
             schedulers=self._schedulers,
@@ -971,27 +1010,35 @@ class Accelerator(ProcessControl):
             strict=load_model_func_kwargs.get("strict", True),
         )
         shards = [dl for dl in self._dataloaders if isinstance(dl, DataLoaderShard)]
-        step = checkpointing.restore_rank_state(input_dir, self.process_index, shards, manifest)
+        step = checkpointing.restore_rank_state(found, self.process_index, shards, manifest)
         if step is not None:
             self.step = step
         if config.automatic_checkpoint_naming:
             config.iteration = int(manifest.get("iteration", 0)) + 1
 
-    def _same_directory_everywhere(self, method: str, directory: str) -> None:
-        """A checkpoint is one directory for the whole job (written atomically, with one
-        manifest): every rank must name the same one. Also the barrier before saving."""
+    def _rank_directories(self, directory: str) -> list[str]:
+        """Every rank's absolute ``directory`` (index = rank); one collective, which is
+        also the barrier before saving."""
+        path = os.path.abspath(directory)
         if not self.use_distributed:
+            return [path]
+        from .utils.operations import gather_object
+
+        return [str(p) for p in gather_object([path])]
+
+    def _refuse_together(self, refusal: str) -> None:
+        """Raise ``ValueError(refusal)`` on every rank when any rank has one (so that no
+        rank waits for the others at the next barrier); else just a barrier."""
+        if not self.use_distributed:
+            if refusal:
+                raise ValueError(refusal)
             return
         from .utils.operations import gather_object
 
-        paths = gather_object([os.path.abspath(directory)])
-        if len(set(paths)) > 1:
-            listed = ", ".join(f"rank {i}: {p}" for i, p in enumerate(paths))
-            raise ValueError(
-                f"{method} got a different directory on each rank ({listed}). A checkpoint is "
-                "one directory for the whole job: pass the same path on every rank (create it "
-                "on the main process and share it, e.g. with broadcast_object_list)."
-            )
+        said = [str(r) for r in gather_object([refusal])]
+        first = next((r for r in said if r), "")
+        if first:
+            raise ValueError(first)
 
     def register_save_state_pre_hook(self, hook: Callable[..., Any]) -> Any:
         """``hook(models, state_dicts, output_dir)`` runs before models are saved."""
@@ -1150,6 +1197,10 @@ class Accelerator(ProcessControl):
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def _listed_by_rank(values: list[str]) -> str:
+    return ", ".join(f"rank {i}: {v}" for i, v in enumerate(values))
 
 
 class _Handle:

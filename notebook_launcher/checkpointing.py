@@ -7,12 +7,18 @@ Crash safety, the one rule: *a checkpoint that loads is complete*.
 
 * Files are written under a temporary name in the target directory and renamed into place
   (``os.replace`` is atomic on POSIX).
-* ``save_model_files`` renames the shards before the entry point (``model.safetensors`` or
-  ``model.safetensors.index.json``), and removes an old entry point of the other layout first,
-  so an interrupted save leaves either the old complete model or no entry point at all.
+* ``save_model_files`` writes the new files into ``.model.safetensors.incomplete/`` inside
+  the directory, the entry point (``model.safetensors`` or ``model.safetensors.index.json``)
+  last; then removes the old entry point, moves the shards in, and the entry point last. A
+  save interrupted while writing leaves the old model untouched; one interrupted while moving
+  leaves the new model complete across the staging directory and the target: the loader
+  reads it from there (with a warning), the next save finishes the move.
 * ``save_state`` writes a whole checkpoint into ``<dir>.incomplete`` (every rank writes its
-  RNG file there), adds a ``checkpoint.json`` manifest last, then renames the directory to
-  ``<dir>``. ``load_state`` refuses a directory without a manifest, or one missing a listed file.
+  RNG file there), adds a ``checkpoint.json`` manifest last, then renames ``<dir>`` to
+  ``<dir>.old`` and ``<dir>.incomplete`` to ``<dir>``. ``load_state`` refuses a directory
+  without a manifest, or one missing a listed file; where an interrupted commit left no
+  ``<dir>``, :func:`find_checkpoint` names the complete copy (``.incomplete``, else ``.old``)
+  and :func:`recover_checkpoint` (before the next save) puts it back.
 
 Shared tensors (tied weights): safetensors refuses tensors that share memory. Exact aliases
 (same storage, offset, shape and strides) are saved once under the first name, like
@@ -54,6 +60,7 @@ RNG_STATE_NAME = "random_states"
 CUSTOM_NAME = "custom_checkpoint"
 MANIFEST_NAME = "checkpoint.json"
 STAGING_SUFFIX = ".incomplete"
+PREVIOUS_SUFFIX = ".old"
 ALIASES_KEY = "notebook_launcher.aliases"
 
 _SIZE_UNITS = {
@@ -258,6 +265,65 @@ def _names(safe: bool) -> tuple[str, str, re.Pattern[str]]:
     return weights, index, ours
 
 
+def _model_staging(save_directory: str, weights_name: str) -> str:
+    """Where :func:`save_model_files` writes a new model before it moves it into place."""
+    return os.path.join(save_directory, f".{weights_name}{STAGING_SUFFIX}")
+
+
+def _staged_entry(staging: str, weights_name: str, index_name: str) -> str | None:
+    """The entry point of a completely written staged model (None: none, or not complete:
+    the entry point is written last, so its presence means every shard is there)."""
+    for entry in (index_name, weights_name):
+        if os.path.isfile(os.path.join(staging, entry)):
+            return entry
+    return None
+
+
+def _listed(folder: str, entry: str) -> list[str]:
+    """The weight files an entry point names (itself for a single file)."""
+    if not entry.endswith(".index.json"):
+        return [entry]
+    with open(os.path.join(folder, entry)) as f:
+        return sorted(set(json.load(f)["weight_map"].values()))
+
+
+def _finish_model_commit(save_directory: str, safe_serialization: bool) -> None:
+    """Finish moving a completely written staged model into ``save_directory`` (a save that
+    was interrupted while it did so), or drop a staged model whose writing was interrupted
+    (the directory still holds the previous model, untouched). Idempotent: every step is a
+    rename or a removal that the next call repeats or skips."""
+    weights_name, index_name, ours = _names(safe_serialization)
+    staging = _model_staging(save_directory, weights_name)
+    if not os.path.isdir(staging):
+        return
+    entry = _staged_entry(staging, weights_name, index_name)
+    if entry is None:
+        shutil.rmtree(staging)
+        return
+    new = _listed(staging, entry)
+    # 1. the old entry points go first, so that the directory never has an index (or file)
+    #    that names a mix of old and new shards; a single file over a single file is
+    #    replaced atomically instead
+    for stale in (index_name, weights_name):
+        if stale == entry == weights_name:
+            continue
+        if os.path.exists(os.path.join(save_directory, stale)):
+            os.remove(os.path.join(save_directory, stale))
+    # 2. the shards still staged (the others were moved by the interrupted commit), then
+    #    the entry point, last
+    for name in new:
+        if name != entry and os.path.exists(os.path.join(staging, name)):
+            os.replace(os.path.join(staging, name), os.path.join(save_directory, name))
+    os.replace(os.path.join(staging, entry), os.path.join(save_directory, entry))
+    # 3. what earlier saves left (old shards, temp files of a crashed save)
+    keep = {*new, entry}
+    for name in os.listdir(save_directory):
+        path = os.path.join(save_directory, name)
+        if name not in keep and ours.match(name) and os.path.isfile(path):
+            os.remove(path)
+    shutil.rmtree(staging)
+
+
 def save_model_files(
     state_dict: Mapping[str, torch.Tensor],
     save_directory: str,
@@ -273,12 +339,19 @@ def save_model_files(
     ``pytorch_model*.bin``. Files of an earlier save that are not part of this one are removed;
     other files in the directory are left alone. Returns the file names written.
 
+    Crash safety: the new files are written into ``.model.safetensors.incomplete/`` inside
+    the directory, the entry point last; only then are they moved into place (the old entry
+    point removed first, the new one moved last). A save interrupted while writing leaves the
+    previous model as it was; one interrupted while moving is finished by the next save, and
+    :func:`load_model_state_dict` loads the new model meanwhile (with a warning).
+
     Example::
 
         save_model_files(model.state_dict(), "out", max_shard_size="1GB")
     """
     os.makedirs(save_directory, exist_ok=True)
-    weights_name, index_name, ours = _names(safe_serialization)
+    weights_name, index_name, _ = _names(safe_serialization)
+    _finish_model_commit(save_directory, safe_serialization)  # an earlier save's, if cut short
     if safe_serialization:
         tensors, aliases = dedupe_shared_tensors(state_dict)
     else:
@@ -300,15 +373,13 @@ def save_model_files(
             return lambda tmp: save_file(shard, tmp, metadata=metadata)
         return lambda tmp: torch.save(shard, tmp)
 
-    # 1. every new file under a temporary name
-    staged: list[tuple[str, str]] = []
+    staging = _model_staging(save_directory, weights_name)
+    os.makedirs(staging)
     try:
+        # every new file, each complete under its name only once written (atomic_write):
+        # the entry point (the single file, or the index) last
         for name, shard in zip(files, shards, strict=True):
-            fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=save_directory)
-            os.close(fd)
-            staged.append((tmp, name))
-            writer(shard)(tmp)
-        index_tmp: str | None = None
+            atomic_write(os.path.join(staging, name), writer(shard))
         if len(shards) > 1:
             meta: dict[str, Any] = {
                 "total_size": sum(t.numel() * t.element_size() for t in tensors.values())
@@ -319,32 +390,17 @@ def save_model_files(
                 "metadata": meta,
                 "weight_map": {k: files[i] for i, shard in enumerate(shards) for k in shard},
             }
-            fd, index_tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=save_directory)
-            with os.fdopen(fd, "w") as f:
-                json.dump(index, f, indent=2, sort_keys=True)
+
+            def write_index(tmp: str) -> None:
+                with open(tmp, "w") as f:
+                    json.dump(index, f, indent=2, sort_keys=True)
+
+            atomic_write(os.path.join(staging, index_name), write_index)
     except BaseException:
-        for tmp, _ in staged:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
-    # 2. old entry points go first, so an interrupted save never leaves an index (or file)
-    #    that points at a mix of old and new shards; a single file is replaced atomically
-    stale_entries = [index_name, weights_name] if len(shards) > 1 else [index_name]
-    for entry in stale_entries:
-        if os.path.exists(os.path.join(save_directory, entry)):
-            os.remove(os.path.join(save_directory, entry))
-    # 3. shards, then the index (the entry point of a sharded save) last
-    for tmp, name in staged:
-        os.replace(tmp, os.path.join(save_directory, name))
-    if index_tmp is not None:
-        os.replace(index_tmp, os.path.join(save_directory, index_name))
-    # 4. leftovers of earlier saves (old shards, temp files of a crashed save)
-    keep = set(files) | ({index_name} if len(shards) > 1 else set())
-    for entry in os.listdir(save_directory):
-        path = os.path.join(save_directory, entry)
-        if entry not in keep and ours.match(entry) and os.path.isfile(path):
-            os.remove(path)
-    return files + sorted(keep - set(files))
+    _finish_model_commit(save_directory, safe_serialization)
+    return files + ([index_name] if len(shards) > 1 else [])
 
 
 def _load_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -359,27 +415,65 @@ def _load_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return torch.load(path, map_location="cpu", weights_only=True), {}
 
 
+def _load_index(index_path: str, folders: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The shards an index names, each from the first of ``folders`` that has it."""
+    with open(index_path) as f:
+        index = json.load(f)
+    merged: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        where = next(
+            (os.path.join(d, shard) for d in folders if os.path.exists(os.path.join(d, shard))),
+            os.path.join(folders[-1], shard),
+        )
+        part, _ = _load_file(where)
+        merged.update(part)
+    aliases = json.loads(index.get("metadata", {}).get(ALIASES_KEY, "{}"))
+    return _restore_aliases(merged, aliases)
+
+
+def _recover_model(path: str) -> dict[str, torch.Tensor] | None:
+    """The model of a save that was interrupted while moving its complete files into
+    ``path`` (split between its staging directory and ``path``); None when there is none."""
+    for safe in (True, False):
+        weights_name, index_name, _ = _names(safe)
+        staging = _model_staging(path, weights_name)
+        entry = _staged_entry(staging, weights_name, index_name) if os.path.isdir(staging) else None
+        if entry is None:
+            continue
+        logger.warning(
+            "the model in %s was being replaced when a save was interrupted: loading the "
+            "new model, complete in %s (and the shards already moved into %s). The next "
+            "save_model to this directory finishes moving it.",
+            path,
+            staging,
+            path,
+        )
+        if entry == index_name:
+            return _load_index(os.path.join(staging, entry), (staging, path))
+        state, aliases = _load_file(os.path.join(staging, entry))
+        return _restore_aliases(state, aliases)
+    return None
+
+
 def load_model_state_dict(path: str) -> dict[str, torch.Tensor]:
     """Load what :func:`save_model_files` (or ``save_state``) wrote: a file or a directory.
 
     Shards are merged; names dropped as aliases of shared tensors are restored (pointing at
-    the same tensor, as in the original state dict).
+    the same tensor, as in the original state dict). A directory whose save was interrupted
+    while it moved the new files into place gives the new model, with a warning.
 
     Example::
 
         model.load_state_dict(load_model_state_dict("out"))
     """
+    entry_points = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    if os.path.basename(path) in entry_points and not os.path.exists(path):
+        recovered = _recover_model(os.path.dirname(path) or ".")
+        if recovered is not None:  # named by its entry point, in the middle of a save
+            return recovered
     if path.endswith(".index.json") and os.path.isfile(path):
         # the index of a sharded checkpoint (as Accelerate and Transformers accept it)
-        with open(path) as f:
-            index = json.load(f)
-        folder = os.path.dirname(path)
-        merged: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            part, _ = _load_file(os.path.join(folder, shard))
-            merged.update(part)
-        aliases = json.loads(index.get("metadata", {}).get(ALIASES_KEY, "{}"))
-        return _restore_aliases(merged, aliases)
+        return _load_index(path, (os.path.dirname(path),))
     if os.path.isdir(path):
         for index_name, weights_name in (
             (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME),
@@ -387,18 +481,14 @@ def load_model_state_dict(path: str) -> dict[str, torch.Tensor]:
         ):
             index_path = os.path.join(path, index_name)
             if os.path.exists(index_path):
-                with open(index_path) as f:
-                    index = json.load(f)
-                state: dict[str, torch.Tensor] = {}
-                for shard in sorted(set(index["weight_map"].values())):
-                    part, _ = _load_file(os.path.join(path, shard))
-                    state.update(part)
-                aliases = json.loads(index.get("metadata", {}).get(ALIASES_KEY, "{}"))
-                return _restore_aliases(state, aliases)
+                return _load_index(index_path, (path,))
             if os.path.exists(os.path.join(path, weights_name)):
                 path = os.path.join(path, weights_name)
                 break
         else:
+            recovered = _recover_model(path)
+            if recovered is not None:
+                return recovered
             raise FileNotFoundError(f"no model weights (model.safetensors or index) in {path}")
     state, aliases = _load_file(path)
     return _restore_aliases(state, aliases)
@@ -512,8 +602,17 @@ def staging_dir(output_dir: str) -> str:
     return os.path.abspath(output_dir).rstrip(os.sep) + STAGING_SUFFIX
 
 
+def previous_dir(output_dir: str) -> str:
+    """Where :func:`commit_staging` keeps the checkpoint it replaces until the new one is
+    in place."""
+    return os.path.abspath(output_dir).rstrip(os.sep) + PREVIOUS_SUFFIX
+
+
 def start_staging(output_dir: str) -> str:
-    """Create an empty staging directory for ``output_dir`` (main process only)."""
+    """Create an empty staging directory for ``output_dir`` (its writer only).
+
+    Call :func:`recover_checkpoint` first: a staging directory left by an interrupted
+    commit can be the only complete copy of the checkpoint."""
     staging = staging_dir(output_dir)
     if os.path.exists(staging):
         shutil.rmtree(staging)
@@ -563,10 +662,12 @@ def save_rank_state(staging: str, process_index: int, states: Mapping[str, Any])
 
 
 def commit_staging(output_dir: str, num_processes: int, extra: Mapping[str, Any]) -> None:
-    """Add the manifest and move the staging directory to ``output_dir`` (main process only).
+    """Add the manifest and move the staging directory to ``output_dir`` (its writer only).
 
-    An existing ``output_dir`` is replaced; a crash in between leaves it renamed to
-    ``<output_dir>.old`` rather than half overwritten.
+    From the moment the manifest is there, some complete copy survives any crash:
+    ``<output_dir>.incomplete`` (the new one, complete), then ``<output_dir>.old`` (the
+    replaced one, while the new one is renamed into place), then ``output_dir``.
+    :func:`find_checkpoint` and :func:`recover_checkpoint` find it.
     """
     staging = staging_dir(output_dir)
     files = sorted(os.listdir(staging))
@@ -577,14 +678,18 @@ def commit_staging(output_dir: str, num_processes: int, extra: Mapping[str, Any]
         "files": files,
         **extra,
     }
-    with open(os.path.join(staging, MANIFEST_NAME), "w") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+
+    atomic_write(os.path.join(staging, MANIFEST_NAME), write)
     target = os.path.abspath(output_dir).rstrip(os.sep)
-    old = target + ".old"
+    old = previous_dir(target)
     if os.path.exists(target):
-        if os.path.exists(old):
+        if os.path.exists(old):  # a stale copy: the target is the complete one (recovered)
             shutil.rmtree(old)
         os.replace(target, old)
     os.replace(staging, target)
@@ -602,8 +707,11 @@ def read_manifest(input_dir: str) -> dict[str, Any]:
             f"{input_dir!r} is not a complete checkpoint (no {MANIFEST_NAME}): it was not "
             "written by save_state, or the save was interrupted."
         )
-    with open(path) as f:
-        manifest: dict[str, Any] = json.load(f)
+    try:
+        with open(path) as f:
+            manifest: dict[str, Any] = json.load(f)
+    except ValueError as exc:
+        raise ValueError(f"{input_dir!r} has a damaged {MANIFEST_NAME}: {exc}") from None
     missing = [
         name
         for name in manifest.get("files", [])
@@ -612,6 +720,53 @@ def read_manifest(input_dir: str) -> dict[str, Any]:
     if missing:
         raise ValueError(f"checkpoint {input_dir!r} is incomplete: missing {missing}")
     return manifest
+
+
+def _complete(directory: str) -> bool:
+    try:
+        read_manifest(directory)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def find_checkpoint(input_dir: str) -> tuple[str, str]:
+    """``(the directory that holds checkpoint input_dir complete, how)``; ``how`` is ""
+    for ``input_dir`` itself, else says which copy it is: ``<input_dir>.incomplete`` (a
+    save interrupted while committing it, complete: the newer), else ``<input_dir>.old``
+    (the copy a save was replacing). Reads only: :func:`recover_checkpoint` moves it.
+    With no complete copy, ``input_dir`` (then :func:`read_manifest` says what is wrong)."""
+    target = os.path.abspath(input_dir).rstrip(os.sep)
+    if os.path.exists(target):
+        return input_dir, ""
+    staged, old = staging_dir(target), previous_dir(target)
+    if _complete(staged):
+        return staged, (
+            f"checkpoint {target} was being committed when its save was interrupted; its "
+            f"complete copy {staged} is used (the save had written everything)"
+        )
+    if _complete(old):
+        return old, (
+            f"checkpoint {target} was being replaced when a save was interrupted; the "
+            f"previous checkpoint, complete in {old}, is used"
+        )
+    return input_dir, ""
+
+
+def recover_checkpoint(output_dir: str) -> str:
+    """Before writing checkpoint ``output_dir`` (its writer only): move the complete copy
+    an interrupted commit left (see :func:`find_checkpoint`) back to ``output_dir``, and
+    drop a stale ``<output_dir>.old``, so that the next save never removes the only complete
+    copy. Returns what was recovered, in words ("" for nothing)."""
+    target = os.path.abspath(output_dir).rstrip(os.sep)
+    found, how = find_checkpoint(target)
+    if how:
+        os.replace(found, target)
+        logger.warning("%s; it is back in place.", how)
+    old = previous_dir(target)
+    if os.path.exists(old) and _complete(target):
+        shutil.rmtree(old)
+    return how
 
 
 def load_rank_state(input_dir: str, process_index: int) -> dict[str, Any] | None:
@@ -633,34 +788,105 @@ def load_torch(path: str, trusted: bool = False) -> Any:
 
 def checkpoint_dir(config: Any, output_dir: str | os.PathLike[str] | None, loading: bool) -> str:
     """The directory to save to (or load from): ``output_dir``, else with
-    ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the next (or the latest)
-    ``<project_dir>/checkpoints/checkpoint_<i>``."""
+    ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the next (or the latest
+    complete) ``<project_dir>/checkpoints/checkpoint_<i>``, by number."""
     if output_dir is not None:
         return os.fspath(output_dir)
     if config.automatic_checkpoint_naming and config.project_dir is not None:
         base = os.path.join(config.project_dir, "checkpoints")
         if not loading:
             return os.path.join(base, f"checkpoint_{config.iteration}")
-        found = _numbered_checkpoints(base)
-        if not found:
-            raise FileNotFoundError(f"no checkpoint in {base}")
-        return os.path.join(base, found[-1])
+        complete = [n for n in numbered_checkpoints(base) if _complete(_numbered_copy(base, n))]
+        if not complete:
+            raise FileNotFoundError(f"no complete checkpoint in {base}")
+        return os.path.join(base, f"checkpoint_{complete[-1]}")
     raise ValueError(
         "pass a directory, or use ProjectConfiguration(project_dir=..., "
         "automatic_checkpoint_naming=True)"
     )
 
 
-def _numbered_checkpoints(base: str) -> list[str]:
-    names = (d for d in os.listdir(base) if d.startswith("checkpoint_") and d[11:].isdigit())
-    return sorted(names, key=lambda d: int(d[11:]))
+_NUMBERED = re.compile(
+    rf"checkpoint_(\d+)(?:{re.escape(STAGING_SUFFIX)}|{re.escape(PREVIOUS_SUFFIX)})?"
+)
 
 
-def prune_checkpoints(base: str, total_limit: int) -> None:
-    """Delete the oldest ``checkpoint_<i>`` so that one more leaves ``total_limit``."""
-    found = _numbered_checkpoints(base)
-    while len(found) + 1 > total_limit and found:
-        shutil.rmtree(os.path.join(base, found.pop(0)), ignore_errors=True)
+def _numbered_copy(base: str, n: int) -> str:
+    return find_checkpoint(os.path.join(base, f"checkpoint_{n}"))[0]
+
+
+def numbered_checkpoints(base: str) -> list[int]:
+    """The numbers ``i`` of the checkpoints ``<base>/checkpoint_<i>``, ascending: those that
+    exist, and those an interrupted commit left complete under another name (see
+    :func:`find_checkpoint`). Debris of an interrupted write is not a checkpoint."""
+    try:
+        names = os.listdir(base)
+    except FileNotFoundError:
+        return []
+    numbers = set()
+    for name in names:
+        match = _NUMBERED.fullmatch(name)
+        if match is None:
+            continue
+        n = int(match.group(1))
+        if name == f"checkpoint_{n}" or _complete(os.path.join(base, name)):
+            numbers.add(n)
+    return sorted(numbers)
+
+
+def recover_numbered(base: str) -> None:
+    """:func:`recover_checkpoint` for every ``<base>/checkpoint_<i>`` (its writer only):
+    a checkpoint an interrupted commit left under another name is put back before the
+    numbering is checked and the old ones pruned."""
+    for n in numbered_checkpoints(base):
+        recover_checkpoint(os.path.join(base, f"checkpoint_{n}"))
+
+
+def check_numbered_save(output_dir: str, iteration: int) -> None:
+    """Refuse to write ``checkpoint_<iteration>`` where it, or a newer one, exists (a second
+    run in the same ``project_dir``): Accelerate refuses the first ("Checkpoint directory
+    ... already exists"); the second would make ``load_state()`` resume from the other
+    run's checkpoint, and ``total_limit`` prune this one."""
+    base = os.path.dirname(os.path.abspath(output_dir))
+    newer = [n for n in numbered_checkpoints(base) if n >= iteration]
+    if not newer:
+        return
+    fix = (
+        f"A second run in the same project_dir? Resume the first one with "
+        f"accelerator.load_state() (the numbering continues after its latest checkpoint), "
+        f"start after it with accelerator.project_configuration.iteration = {newer[-1] + 1}, "
+        f"or use a new project_dir."
+    )
+    if newer[0] == iteration:
+        raise ValueError(
+            f"Checkpoint directory {os.path.join(base, f'checkpoint_{iteration}')} "
+            f"({iteration}) already exists. {fix}"
+        )
+    raise ValueError(
+        f"Checkpoint directory {os.path.join(base, f'checkpoint_{newer[-1]}')} already exists, "
+        f"newer than checkpoint_{iteration} that this save_state would write: load_state() "
+        f"would resume from it, not from this save. {fix}"
+    )
+
+
+def prune_checkpoints(base: str, total_limit: int) -> list[str]:
+    """After a checkpoint was committed: keep the ``total_limit`` newest ``checkpoint_<i>``
+    (by number) and delete the older ones, with what interrupted saves left of them (and
+    of any older number). Returns the names deleted."""
+    keep = max(total_limit, 1)  # the one just saved stays, as with Accelerate's 0
+    numbers = numbered_checkpoints(base)
+    if len(numbers) <= keep:
+        return []
+    oldest_kept = numbers[-keep]
+    deleted = []
+    for name in sorted(os.listdir(base)):
+        match = _NUMBERED.fullmatch(name)
+        if match is not None and int(match.group(1)) < oldest_kept:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            deleted.append(name)
+    if deleted:
+        logger.info("total_limit=%s: deleted %s in %s", total_limit, deleted, base)
+    return deleted
 
 
 def load_accelerator_state(
@@ -683,7 +909,16 @@ def load_accelerator_state(
             if os.path.exists(path):
                 break
         else:
-            raise ValueError(f"checkpoint {input_dir!r} has no weights for model {i}")
+            raise ValueError(
+                f"checkpoint {input_dir!r} has no weights for model {i}"
+                + (
+                    ""
+                    if manifest.get("ranks") is None
+                    else f" (it holds the states of ranks {manifest['ranks']} only: save_state "
+                    "was given a different directory on each rank, and only the main "
+                    "process's holds the models; load from that one, or save to one directory)"
+                )
+            )
         for hook in pre_hooks:
             hook(input_dir)
         model.load_state_dict(load_model_state_dict(path), strict=strict)
@@ -730,8 +965,13 @@ def restore_rank_state(
 
 __all__ = [
     "checkpoint_dir",
+    "check_numbered_save",
+    "find_checkpoint",
     "load_accelerator_state",
+    "numbered_checkpoints",
     "prune_checkpoints",
+    "recover_checkpoint",
+    "recover_numbered",
     "restore_rank_state",
     "ALIASES_KEY",
     "MANIFEST_NAME",

@@ -742,7 +742,14 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
                 # it is finished and build a fresh one: two seed draws where the run that
                 # never stopped made one. Build the finished one now, drawing nothing.
                 with _global_rng_untouched():
-                    self._iterator = self._get_iterator()
+                    try:
+                        self._iterator = self._get_iterator()
+                    except StopIteration:
+                        # a dataset without a state of its own is fast-forwarded by
+                        # torchdata, which can run past its end (counts kept across a
+                        # resume): the epoch was over, so the next one simply starts
+                        self._iterator = None
+                        self.next_iter_state = None
             return
         self.load_order_state(state)
 

@@ -291,6 +291,118 @@ def test_interrupted_save_state_keeps_the_previous_checkpoint(
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
 
 
+def test_a_second_run_in_the_same_project_dir_is_refused_and_pruning_goes_by_number(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 item 7: a second run silently replaced checkpoint_0, then load_state()
+    resumed from the first run's newer checkpoint. Accelerate refuses ("already exists")."""
+    first = Accelerator(
+        project_config=ProjectConfiguration(
+            project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2, iteration=9
+        )
+    )
+    first.prepare(mlp())
+    for _ in range(3):
+        first.save_state()
+    # by number: checkpoint_9 is older than checkpoint_10, whatever the names' order
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_10", "checkpoint_11"]
+
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2
+    )
+    second = Accelerator(project_config=config)
+    second.prepare(mlp())
+    with pytest.raises(ValueError, match=r"checkpoint_11 already exists, newer than checkpoint_0"):
+        second.save_state()
+    config.iteration = 11
+    with pytest.raises(ValueError, match=r"Checkpoint directory .*checkpoint_11 \(11\) already"):
+        second.save_state()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_10", "checkpoint_11"]
+    second.load_state()  # what the message says: resume, and the numbering continues
+    assert config.iteration == 12
+    assert os.path.basename(second.save_state()) == "checkpoint_12"
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["checkpoint_11", "checkpoint_12"]
+
+
+def _second_run_worker(project: str) -> str:
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
+    acc = Accelerator(project_config=config)
+    acc.prepare(mlp())
+    return acc.save_state()
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_save_state_raises_on_every_rank(tmp_path: Path) -> None:
+    from notebook_launcher import checkpointing
+
+    earlier = str(tmp_path / "checkpoints" / "checkpoint_0")  # an earlier run's
+    checkpointing.save_rank_state(checkpointing.start_staging(earlier), 0, {"step": 3})
+    checkpointing.commit_staging(earlier, 1, {"step": 3, "iteration": 0})
+    with pytest.raises(ValueError, match=r"checkpoint_0 \(0\) already exists") as info:
+        notebook_launcher(
+            _second_run_worker, args=(str(tmp_path),), num_processes=2, dashboard=False
+        )
+    failures = info.value.launch_failure.failures  # type: ignore[attr-defined]
+    assert sorted((f.rank, f.kind, f.collateral) for f in failures) == [
+        (0, "raised", False),
+        (1, "raised", False),
+    ]
+    assert os.listdir(tmp_path / "checkpoints") == ["checkpoint_0"]
+
+
+def _own_directory_worker(base: str) -> dict[str, Any]:
+    """Accelerate's test_stateful_dataloader_save_state, shortened: each rank saves into its
+    own directory and resumes from it."""
+    import logging
+    import sys
+
+    # pytest's log capture, inherited by the forked rank, would keep the warning from stderr
+    logging.getLogger("notebook_launcher").addHandler(logging.StreamHandler(sys.stderr))
+    acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    loader = acc.prepare(DataLoader(data(32), batch_size=4, shuffle=True))
+    mine = os.path.join(base, f"rank{acc.process_index}")
+    unseen = []
+    for step, batch in enumerate(loader):
+        if step == 2:
+            acc.save_state(mine)
+        if step > 2:
+            unseen.append(batch[0])
+    acc.load_state(mine)
+    resumed = [batch[0] for batch in loader]
+    out: dict[str, Any] = {
+        "same": len(unseen) == len(resumed)
+        and all(torch.equal(a, b) for a, b in zip(unseen, resumed, strict=True))
+    }
+    out["files"] = sorted(os.listdir(mine))
+    acc.prepare(mlp())  # now with a model: only rank 0's directory holds it
+    acc.save_state(mine)
+    try:
+        acc.load_state(mine)
+        out["load"] = "ok"
+    except ValueError as exc:
+        out["load"] = str(exc)
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_save_state_into_each_ranks_own_directory(tmp_path: Path) -> None:
+    """Issue 26: Accelerate accepts a different directory on each rank (their
+    test_stateful_dataloader_save_state does it); we refused it."""
+    events = Recorder()
+    results = notebook_launcher(
+        _own_directory_worker, args=(str(tmp_path),), num_processes=2, dashboard=events
+    )
+    assert [r["same"] for r in results] == [True, True]
+    assert results[0]["files"] == ["checkpoint.json", "random_states_0.pkl"]
+    assert results[1]["files"] == ["checkpoint.json", "random_states_1.pkl"]
+    assert results[0]["load"] == "ok"
+    assert "rank1' has no weights for model 0" in results[1]["load"]
+    assert "only the main process's holds the models" in results[1]["load"]
+    warned = "".join(events.lines(0, "stderr"))
+    assert "save_state got a different directory on each rank" in warned
+    assert "load_state on a rank whose directory lacks them fails" in warned
+
+
 def test_free_memory() -> None:
     acc = Accelerator()
     model, opt = acc.prepare(mlp(), torch.optim.SGD(mlp().parameters(), lr=1))

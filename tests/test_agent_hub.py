@@ -625,3 +625,31 @@ def test_a_tampered_frame_from_the_kernel_ends_the_agent_and_its_ranks(tmp_path:
     assert agent.returncode == 3, out
     assert "the kernel's connection was tampered with (frame 1 failed its check" in out, out
     assert agent_processes(job) == []
+
+
+def big_on_rank_3() -> bytes:
+    import torch.distributed as dist
+
+    dist.barrier()
+    return b"x" * (2 << 20) if dist.get_rank() == 3 else b"ok"
+
+
+def test_a_result_larger_than_a_frame_is_the_ranks_failure(hub: AgentHub, tmp_path: Path) -> None:
+    """Issue 25 item 9: a result the agent could not frame ended as ok, None for that rank.
+    The agents here carry frames of 1 MiB (4 GiB in real life), the result is 2 MiB."""
+    secret_file = hub.write_secret(str(tmp_path / "secret"))
+    small_frames = (
+        "import sys; from notebook_launcher._wire import agent; agent.MAX_FRAME = 1 << 20; "
+        "from notebook_launcher.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    )
+    for i in range(2):
+        start_agent([sys.executable, "-c", small_frames, *agent_argv(hub, secret_file, i)[3:]])
+    record = run_group(hub.wait_for(2, 60), big_on_rank_3)
+    assert record.results == {0: b"ok", 1: b"ok", 2: b"ok"}
+    verdict = record.verdict()
+    assert verdict.kind == "raised" and verdict.cause is not None
+    cause = verdict.cause
+    assert (cause.rank, cause.exc_type) == (3, "notebook_launcher.errors.SerializationError")
+    assert "the result of rank 3 is 2,097,1" in cause.message
+    assert "more than the connection from its node's agent to the kernel carries" in cause.message
+    assert cause.host  # named with its node

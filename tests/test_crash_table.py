@@ -108,6 +108,21 @@ def calls_os_exit() -> None:
     _others_wait()
 
 
+def calls_sys_exit_0() -> None:
+    """Exit code 0, yet no value came back: not a success (issue 25 item 9)."""
+    if _rank() == FAILING:
+        time.sleep(0.2)
+        sys.exit(0)
+    _others_wait()
+
+
+def calls_os_exit_0() -> None:
+    if _rank() == FAILING:
+        time.sleep(0.2)
+        os._exit(0)
+    _others_wait()
+
+
 def gets_sigkill() -> None:
     if _rank() == FAILING:
         time.sleep(0.2)
@@ -245,6 +260,7 @@ def raises_what_only_ranks_load() -> None:
 
 
 Row = tuple[Callable[..., object], type[BaseException], list[str]]
+EXITED_0 = "It exited with code 0 before returning a value (sys.exit() or os._exit() inside"
 
 CRASH_TABLE: dict[str, Row] = {
     "raise-while-others-in-barrier": (raises_value_error, ValueError, ["bad value on purpose"]),
@@ -252,6 +268,8 @@ CRASH_TABLE: dict[str, Row] = {
     "raise-between-collectives": (raises_in_collective_after_work, KeyError, ["missing key"]),
     "sys-exit": (calls_sys_exit, WorkerDied, ["rank 1", "exit code 3"]),
     "os-exit": (calls_os_exit, WorkerDied, ["rank 1", "exit code 3"]),
+    "sys-exit-0": (calls_sys_exit_0, WorkerDied, ["rank 1", "exit code 0", EXITED_0]),
+    "os-exit-0": (calls_os_exit_0, WorkerDied, ["rank 1", "exit code 0", EXITED_0]),
     "sigkill": (gets_sigkill, WorkerDied, ["rank 1", "SIGKILL(-9)"]),
     "segfault": (segfaults, WorkerDied, ["rank 1", "SIGSEGV(-11)", "Fatal Python error"]),
     "returns-while-others-wait": (
@@ -302,6 +320,8 @@ CRASH_TABLE: dict[str, Row] = {
 #: about classes and pickling stages also run under spawn (a fresh interpreter)
 METHODS: dict[str, tuple[str, ...]] = {
     "task-unpickle-fails-in-rank": ("forkserver", "spawn"),
+    "sys-exit-0": ("fork",),  # the kernel's judgement, the same for every start method
+    "os-exit-0": ("forkserver",),
     **{
         case: ("fork", "forkserver", "spawn")
         for case in (

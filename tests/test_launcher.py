@@ -8,11 +8,12 @@ import threading
 
 import pytest
 
-from notebook_launcher import PreflightError, SerializationError, notebook_launcher
+from notebook_launcher import PreflightError, SerializationError, WorkerDied, notebook_launcher
 from notebook_launcher._events import (
     LaunchFinished,
     LaunchStarted,
     Output,
+    WorkerExited,
     WorkerFinished,
     WorkerStarted,
 )
@@ -389,10 +390,17 @@ def exits_cleanly() -> None:
     sys.exit(0 if os.environ["RANK"] == "1" else None)
 
 
-def test_sys_exit_zero_is_a_clean_end() -> None:
+def test_sys_exit_zero_is_not_a_success() -> None:
+    """Exit code 0 without a value (``sys.exit(0)``, ``sys.exit()``): the README lists
+    ``sys.exit`` among deaths, and a value that did not come back is never a success
+    (issue 25 item 9; it was ``ok`` with None)."""
     rec = Recorder()
-    assert notebook_launcher(exits_cleanly, (), 2, dashboard=rec) == [None, None]
-    assert sorted(e.rank for e in rec.of(WorkerFinished)) == [0, 1]
+    with pytest.raises(WorkerDied, match=r"died without raising an exception \(exit code 0\)"):
+        notebook_launcher(exits_cleanly, (), 2, dashboard=rec)
+    assert not rec.of(WorkerFinished)
+    assert rec.of(WorkerExited)
+    (end,) = rec.of(LaunchFinished)
+    assert "died: exit code 0" in end.summary
 
 
 def test_leak_guard_sees_a_listening_port() -> None:

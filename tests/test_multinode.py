@@ -536,6 +536,7 @@ state = PartialState()
 print("ranks", gather_object([state.process_index]), "args", sys.argv[1:])
 if "--fail" in sys.argv and state.process_index == 1:
     raise KeyError("rank 1 fails")
+sys.exit(0)  # how a script ends well (in a launched function: a death, no value came back)
 """
 
 

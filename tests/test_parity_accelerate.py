@@ -250,11 +250,6 @@ DATA_LOOP = [
         "test_stateful_dataloader_save_state",
         _call("test_stateful_dataloader_save_state", "accelerator"),
         needs=("torchdata",),
-        differs=(
-            "a checkpoint is one directory for the whole job: their ranks each save into "
-            "their own tempfile.TemporaryDirectory(), which save_state refuses"
-        ),
-        raises=r"ValueError: save_state got a different directory on each rank",
     ),
 ]
 

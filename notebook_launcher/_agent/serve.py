@@ -29,6 +29,8 @@ from .._launch.group import WorkerGroup, WorkerProcess
 from .._launch.plan import FORK_PRELOAD, threads_per_rank
 from .._posix import close_quietly
 from .._wire import agent as wire
+from .._wire.control import Raised, Returned
+from ..errors import RankFailure
 
 #: Seconds a turn of the loop waits when nothing happens (a pending SIGTERM is seen then).
 TURN = 0.5
@@ -37,6 +39,9 @@ TURN = 0.5
 #: else (a rank started, returned, raised, exited; a barrier) is sent at once.
 COALESCE = 0.02
 _CHATTY = (Output, ProgressUpdate, MetricsLogged)
+
+#: Bytes of a frame beside a rank's pickled result (the Batch and FromRank around it).
+FRAME_MARGIN = 4096
 
 #: The exit status of an agent that could not join (bad secret, unreachable kernel).
 EXIT_CANNOT_JOIN = 2
@@ -218,6 +223,8 @@ class Agent:
         )
 
     def _message(self, proc: WorkerProcess, message: Any) -> None:
+        if isinstance(message, Returned) and len(message.data) > wire.MAX_FRAME - FRAME_MARGIN:
+            message = _too_large(proc, message)
         self._add(wire.FromRank(proc.rank, message))
 
     def _add(self, item: Any) -> None:
@@ -248,13 +255,35 @@ class Agent:
         self._chatty_since, self._urgent = None, False
         if self.batch:
             items, self.batch = self.batch, []
-            self.link.send(wire.Batch(items))
+            try:
+                self.link.send(wire.Batch(items))
+            except ValueError:  # together larger than a frame: each goes on its own
+                for item in items:
+                    self.link.send(wire.Batch([item]))
 
     def _close_ranks(self) -> None:
         if self.group is not None:
             self.group.close()  # reports every exit through _exited
             self.group = None
             self._flush()
+
+
+def _too_large(proc: WorkerProcess, message: Returned) -> Raised:
+    """A result no frame to the kernel can carry: the rank's failure, never a lost value
+    (the rank would end as if it returned None)."""
+    size = len(message.data)
+    failure = RankFailure(
+        proc.rank,
+        "raised",
+        proc.pid,
+        "notebook_launcher.errors.SerializationError",
+        f"the result of rank {proc.rank} is {size:,} bytes pickled, more than the connection "
+        f"from its node's agent to the kernel carries in one message ({wire.MAX_FRAME:,} "
+        "bytes). Return something smaller: save large results to a file the kernel can read "
+        "(a shared filesystem) and return its path.",
+        time=time.time(),
+    )
+    return Raised(failure, None, message.task)
 
 
 def _on_this_node(spec: Any, local_count: int) -> Any:

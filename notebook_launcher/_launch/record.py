@@ -30,6 +30,11 @@ from .diagnosis import Stranded, Verdict, diagnose
 from .group import WorkerProcess
 
 STDERR_TAIL_LINES = 400
+#: why a rank that exited with code 0 and sent no value failed (the README lists these deaths)
+NO_VALUE = (
+    "it exited with code 0 before returning a value (sys.exit() or os._exit() inside the "
+    "function?); return from the function instead, or raise to stop with an error"
+)
 DIED_REPORT_LINES = 25
 
 
@@ -129,13 +134,13 @@ class RunRecord:
         if proc.failure is not None:
             return self.raised(proc.failure, proc.exc_data)
         code = proc.returncode
-        if code == 0:  # sys.exit(0): a clean end with nothing to return
-            now = time.time()
-            self.results[proc.rank] = None
-            self.finished_at[proc.rank] = now
-            return [WorkerFinished(proc.rank, now)]
+        if self.stopping and code == 0:  # a SIGTERM handler of its own that exits: stopped
+            return self.stopped(proc.rank, proc.pid)
         if self.stopping and code is not None and code < 0 and getattr(proc, "signalled", True):
             return self.stopped(proc.rank, proc.pid)
+        if code == 0 and not proc.note:
+            # sys.exit(0) or os._exit(0) in the function: no value came back, so not a success
+            return self.died(proc, NO_VALUE)
         return self.died(proc)
 
     def returned(self, rank: int, pid: int, data: bytes) -> list[Event]:
@@ -175,12 +180,16 @@ class RunRecord:
         reason = "interrupted" if self.interrupted else self.stop_reason or "another rank failed"
         return [WorkerStopped(rank, reason, now)]
 
-    def died(self, proc: WorkerProcess) -> list[Event]:
+    def died(self, proc: WorkerProcess, context: str = "") -> list[Event]:
         """The rank's process ended (an exit code or a signal) without a word."""
         now = time.time()
         code = proc.returncode
         sig = signal_name(code)
-        context = proc.note or (f"it died while {proc.stage}" if proc.stage != "running" else "")
+        context = (
+            proc.note
+            or (f"it died while {proc.stage}" if proc.stage != "running" else "")
+            or context
+        )
         self._fail(
             RankFailure(
                 proc.rank,

@@ -8,10 +8,12 @@ reach ranks under every start method.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import runpy
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -21,14 +23,28 @@ def run_script(path: str, argv: list[str]) -> None:
     path = os.path.abspath(path)
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(path))
-    runpy.run_path(path, run_name="__main__")
+    with _exit_zero_is_the_end():
+        runpy.run_path(path, run_name="__main__")
 
 
 def run_module(module: str, argv: list[str]) -> None:
     """``python -m module argv...``."""
     sys.argv = [module, *argv]
     sys.path.insert(0, os.getcwd())
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    with _exit_zero_is_the_end():
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+@contextlib.contextmanager
+def _exit_zero_is_the_end() -> Iterator[None]:
+    """A script's ``sys.exit(0)`` (``sys.exit(main())``) is how it ends well: its rank then
+    returns None. In a launched function it is a death (no value came back); any other
+    code stays one here too."""
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
 
 
 def run_function(target: str, argv: list[str]) -> Any:
