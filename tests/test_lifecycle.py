@@ -217,3 +217,43 @@ def test_the_ranks_own_exception_comes_back_with_its_message() -> None:
 def test_a_start_that_failed_names_no_failed_ranks() -> None:
     run_end = end(start_error=OSError("no fds"), failures=(stopped(0),))
     assert finished_event(run_end, decide(run_end)).failed_ranks == ()
+
+
+# ---- the group contract (issue 27's seam): both groups keep it --------------------------
+
+
+def _members(protocol: type) -> set[str]:
+    names = set(getattr(protocol, "__annotations__", {}))
+    names |= {n for n in vars(protocol) if not n.startswith("_")}
+    return names
+
+
+@pytest.mark.parametrize(
+    ("protocol", "kind"),
+    [
+        ("Group", "notebook_launcher._launch.group.WorkerGroup"),
+        ("Group", "notebook_launcher._launch.remote.RemoteGroup"),
+        ("RankHandle", "notebook_launcher._launch.group.WorkerProcess"),
+        ("RankHandle", "notebook_launcher._launch.remote.RemoteRank"),
+    ],
+)
+def test_every_group_and_rank_handle_keeps_the_contract(protocol: str, kind: str) -> None:
+    """What GroupRun relies on, written down in _launch/contract.py (mypy holds the groups
+    to it where they are made; this holds the rank handles and the names at run time)."""
+    import importlib
+    import inspect
+
+    from notebook_launcher._launch import contract
+
+    module, _, name = kind.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    proto = getattr(contract, protocol)
+    fields = set(getattr(cls, "__dataclass_fields__", {}))
+    missing = [m for m in _members(proto) if not hasattr(cls, m) and m not in fields]
+    assert missing == [], f"{name} lacks {missing} of contract.{protocol}"
+    for member in _members(proto):
+        expected = getattr(proto, member, None)
+        actual = getattr(cls, member, None)
+        if inspect.isfunction(expected) and inspect.isfunction(actual):
+            want = list(inspect.signature(expected).parameters)
+            assert list(inspect.signature(actual).parameters) == want, (name, member)

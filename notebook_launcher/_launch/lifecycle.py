@@ -15,8 +15,9 @@ each of its tasks, the ranks on a cluster's nodes -- goes through the same three
          +--> finished_event(end, outcome): the one ``LaunchFinished`` the view gets
          +--> value_of(end, outcome): the per-rank results, or the exception to raise
 
-:class:`GroupRun` owns a ``WorkerGroup`` or a ``RemoteGroup`` (anything with their
-``start / pump / terminate / close`` and callbacks) and its :class:`RunRecord`; the stop
+:class:`GroupRun` owns a ``WorkerGroup`` or a ``RemoteGroup`` (anything that keeps the
+group contract, :class:`.contract.Group`: ``start / pump / terminate / stop / close`` and
+callbacks) and its :class:`RunRecord`; the stop
 flags are set in one place (``RunRecord.stop``). What a launch adds (the rendezvous, the
 other nodes, restarts) is in ``launcher._Launch``; what a session adds (tasks on living
 ranks: interrupts to a rank's main thread, re-forming the group) is in
@@ -41,6 +42,7 @@ from ..errors import (
     interrupted,
 )
 from . import stall
+from .contract import Group
 from .diagnosis import Stranded, Verdict, diagnose, exception_for, summary_line
 from .record import RunRecord
 
@@ -256,7 +258,7 @@ class GroupRun:
 
     def __init__(
         self,
-        make_group: Callable[..., Any],
+        make_group: Callable[..., Group],
         ranks: list[int],
         view: Any,
         watch: stall.StallWatch | None = None,
@@ -266,7 +268,7 @@ class GroupRun:
         self.view = view
         self.watch = watch if watch is not None else stall.StallWatch(None, view.handle)
         self.t0 = time.time()
-        self.group = make_group(self._on_event, self._on_exit, on_message)
+        self.group: Group = make_group(self._on_event, self._on_exit, on_message)
         self.watch.watch(stall.of_group(self.group))
         self.start_error: BaseException | None = None
         self._end: RunEnd | None = None

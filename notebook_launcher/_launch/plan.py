@@ -33,6 +33,7 @@ from .._serialization import dumps_checked, payload_size_warning, share_class_id
 from .._spec import WorkerSpec
 from ..errors import LargePayloadWarning
 from . import preflight
+from .contract import Group
 from .rendezvous import NodeJob, RendezvousConfig
 
 #: Imported in the kernel before forking, so that every rank inherits them instead of
@@ -137,7 +138,7 @@ class LaunchPlan:
         on_exit: Callable[..., None],
         on_message: Callable[..., None] | None = None,
         attempt: int = 0,
-    ) -> Any:
+    ) -> Group:
         """The group that runs ``specs``: this machine's ranks (a cluster's plan answers
         with its nodes' ranks instead, :class:`.remote.ClusterPlan`)."""
         from .group import WorkerGroup
