@@ -57,11 +57,16 @@ def placement() -> dict[str, Any]:
     import torch.distributed as dist
 
     from notebook_launcher import PartialState
+    from notebook_launcher.utils import gather, pad_across_processes
 
     state = PartialState()
     t = torch.ones(4, device=state.device) * (dist.get_rank() + 1)
     dist.all_reduce(t)
+    ours = gather(torch.full((2,), float(state.process_index), device=state.device))
+    padded = pad_across_processes(torch.ones(state.process_index + 1, device=state.device))
     return {
+        "gathered": [ours.device.type, ours.tolist()],
+        "padded": list(padded.shape),
         "backend": dist.get_backend(),
         "device": str(state.device),
         "current": torch.cuda.current_device() if state.device.type == "cuda" else None,
@@ -105,6 +110,8 @@ def test_more_ranks_than_gpus_share_them_on_gloo() -> None:
     assert all(o["backend"] == "gloo" and o["type"] == "MULTI_GPU" for o in out)
     assert [o["device"] for o in out] == [f"cuda:{r % gpus.count()}" for r in range(n)]
     assert all(o["sum"] == n * (n + 1) / 2 for o in out)  # collectives of CUDA tensors
+    assert out[0]["gathered"] == ["cuda", [float(r // 2) for r in range(2 * n)]]
+    assert all(o["padded"] == [n] for o in out)
     assert "share" in seen.started().banner and "devices='cpu'" in seen.started().banner
 
 

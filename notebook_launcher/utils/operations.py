@@ -490,7 +490,7 @@ def _packet(
         for t, start in zip(payload, offsets, strict=True):
             raw = t.detach().reshape(-1).view(torch.uint8)
             packets.send_np[start : start + raw.numel()] = raw.cpu().numpy()
-    if device.type == "cpu":
+    if device.type == "cpu" or not _on_nccl():  # (gloo: its packets live on the CPU)
         agreed = packets.exchange(digest)
     else:  # pad_across_processes on NCCL: the exchange it needs anyway, on the device
         packets.header[0] = digest
@@ -534,12 +534,22 @@ def _for_wire(t: torch.Tensor) -> tuple[torch.Tensor, torch.dtype | None]:
     return t.contiguous(), None
 
 
+def _on_nccl() -> bool:
+    """Whether the group is NCCL's. Ranks that share a GPU run gloo with CUDA tensors:
+    gloo's all_reduce and broadcast take them, its gather into one tensor goes by the CPU."""
+    return "nccl" in str(dist.get_backend())
+
+
 def _gather_one(tensor: torch.Tensor, num: int) -> torch.Tensor:
     if tensor.ndim == 0:
         tensor = tensor.reshape(1)
     wire, orig = _for_wire(tensor)
+    home = wire.device
+    if home.type == "cuda" and not _on_nccl():
+        wire = wire.cpu()
     out = torch.empty((num * wire.shape[0], *wire.shape[1:]), dtype=wire.dtype, device=wire.device)
     _all_gather_single(out, wire)
+    out = out.to(home)
     return out.to(orig) if orig is not None else out
 
 
