@@ -320,22 +320,12 @@ def driver_initialized() -> bool:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return True
-    if not _libcuda_loaded():
-        return False
-    try:
+    try:  # RTLD_NOLOAD: only a libcuda that is loaded already (loading it is not cuInit)
         lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
     except OSError:
         return False
     count = ctypes.c_int()
     return bool(lib.cuDeviceGetCount(ctypes.byref(count)) != _CUDA_ERROR_NOT_INITIALIZED)
-
-
-def _libcuda_loaded() -> bool:
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            return any("libcuda.so" in line for line in maps)
-    except OSError:
-        return False
 
 
 # ---- where each rank goes ---------------------------------------------------------------
