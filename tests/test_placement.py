@@ -317,3 +317,30 @@ def test_the_magic_takes_devices_in_one_argument(argv: str, devices: object) -> 
     from notebook_launcher.ipython_extension import _dist_parser
 
     assert _dist_parser().parse_args(argv.split()).devices == devices
+
+
+def test_a_rank_takes_its_gpu_before_anything_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rank's first CUDA call makes its own GPU current (and caps a shared GPU's memory);
+    a CPU rank makes none. Spied: this machine has no GPU."""
+    import torch
+
+    from notebook_launcher._spec import WorkerSpec
+    from notebook_launcher._worker import entry
+
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(("set_device", i)))
+    monkeypatch.setattr(
+        torch.cuda,
+        "set_per_process_memory_fraction",
+        lambda f, i: calls.append(("fraction", (f, i))),
+    )
+
+    def spec(device: str, share: float | None = None) -> WorkerSpec:
+        return WorkerSpec(
+            0, 0, 1, 1, 0, "127.0.0.1", 1, "gloo", device=device, memory_fraction=share
+        )
+
+    entry._take_device(spec("cpu"))
+    entry._take_device(spec("cuda:3"))
+    entry._take_device(spec("cuda:0", 0.475))
+    assert calls == [("set_device", 3), ("set_device", 0), ("fraction", (0.475, 0))]

@@ -121,11 +121,7 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> tuple[str, A
     if spec.num_threads is not None:
         torch.set_num_threads(spec.num_threads)
     device = spec.device
-    index = _cuda_index(device)
-    if index is not None:  # first, before any CUDA work: no stray context on GPU 0
-        torch.cuda.set_device(index)
-        if spec.memory_fraction is not None:  # ranks that share this GPU: a share each
-            torch.cuda.set_per_process_memory_fraction(spec.memory_fraction, index)
+    index = _cuda_index(device)  # made current by _take_device, before the task was loaded
     timeout = timedelta(seconds=spec.pg_timeout_s)
     store: Any
     if spec.store_prefix is not None:  # a node's kernel holds the store: join as a client
@@ -160,6 +156,21 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> tuple[str, A
         else:
             dist.barrier()
     return device, store
+
+
+def _take_device(spec: WorkerSpec) -> None:
+    """Make the rank's GPU its current device first, before any other CUDA work: else a
+    CUDA tensor in the task (unpickled onto ``cuda:0``) or a library's first CUDA call makes
+    a stray context on GPU 0, in every rank. Ranks that share a GPU get their share of its
+    memory."""
+    index = _cuda_index(spec.device)
+    if index is None:
+        return
+    import torch
+
+    torch.cuda.set_device(index)
+    if spec.memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(spec.memory_fraction, index)
 
 
 def _cuda_index(device: str) -> int | None:
@@ -284,6 +295,7 @@ def _serve(
         if "torch" not in sys.modules:  # a fresh interpreter: seconds, with many ranks
             phase("importing")
             import torch  # noqa: F401
+        _take_device(spec)  # before anything (the task's CUDA tensors too) touches CUDA
         if task is None and not spec.session:
             phase("loading")  # unpickling imports what the function refers to
             message = channel.recv()
