@@ -200,7 +200,13 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def run_cell(kc: Any, code: str, timeout: float = 120) -> tuple[str, dict, list[str]]:
     """Execute ``code`` (dedented) in a kernel: (its stream text, the execute_reply
-    content, the error's traceback lines without colours)."""
+    content, the error's traceback lines without colours).
+
+    Every message read is matched to this cell's request by its parent's msg id, on iopub
+    and on shell alike: the shell channel may hold replies to other requests (a kernel slow
+    to answer jupyter_client's first ``kernel_info_request`` gets a second one, whose reply
+    arrives after ``wait_for_ready`` returned), and taking the next reply as this cell's
+    would shift every later cell by one."""
     msg_id = kc.execute(textwrap.dedent(code))
     text, error = [], []
     while True:
@@ -213,8 +219,16 @@ def run_cell(kc: Any, code: str, timeout: float = 120) -> tuple[str, dict, list[
             error = ANSI.sub("", "\n".join(msg["content"]["traceback"])).splitlines()
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    reply = kc.get_shell_msg(timeout=timeout)
-    return "".join(text), reply["content"], error
+    return "".join(text), shell_reply(kc, msg_id, timeout)["content"], error
+
+
+def shell_reply(kc: Any, msg_id: str, timeout: float = 120) -> dict:
+    """The shell channel's reply to the request ``msg_id``; replies to other requests
+    (a second ``kernel_info_reply``, a cell sent without waiting) are skipped."""
+    while True:
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
 
 
 class Recorder:
