@@ -32,7 +32,9 @@ from .errors import format_remote_traceback, library_module, notebook_cell_name
 #: sends it): a real-time signal no library we know uses (SIGUSR1 is a common choice of
 #: training scripts, Slurm and Lightning). Its default action would end the process, so the
 #: kernel sends it only to processes that have a dump file open (their handler is in place).
-STACK_SIGNAL = signal.SIGRTMIN + 5
+#: (Not Linux: no real-time signals, and no rank starts there, ``preflight.check_platform``;
+#: a stand-in keeps the import working.)
+STACK_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 #: The start of a dump file's name (then the main thread's id in hex, then the pid).
 FILE_PREFIX = "notebook_launcher-stacks-"
 #: The start of the names of the flight recorder's request pipe and answer file.
