@@ -246,6 +246,9 @@ class LaunchFinished:
     failed_ranks: tuple[int, ...] = field(default=())
     #: how many times the ranks were restarted (``max_restarts``) before this end
     restarts: int = 0
+    #: the user stopped the run (the interrupt button, ``cancel()``): every rank stopped,
+    #: none failed
+    interrupted: bool = False
 
 
 @dataclass(frozen=True)

@@ -482,6 +482,34 @@ def test_quiet_barriers_and_racing_events() -> None:
     ]
 
 
+def test_an_alert_names_a_collective_by_its_kind_and_never_blames_a_stopped_rank() -> None:
+    """A rank the launcher stopped (the user's interrupt, a peer's failure) did not leave by
+    itself: no alert names it; a rank that did is said to leave ranks waiting in the
+    collective they were in, not at "barrier #0" (issue 26)."""
+    m = fold([started(3), *[WorkerStarted(r, r, r, "cpu", T0) for r in range(3)]])
+    m.apply(BarrierEnter(rank=0, index=0, location="a.py:4", kind="all_reduce", time=T0 + 1))
+    m.apply(WorkerStopped(rank=1, reason="interrupted", time=T0 + 2))
+    assert m.barriers[0].left == {1: "was stopped"} and m.alerts() == []
+    m.apply(
+        WorkerFailed(
+            rank=2, exc_type="KeyError", message="k", traceback="", collateral=False, time=T0 + 3
+        )
+    )
+    assert m.alerts() == ["rank 2 raised KeyError while rank(s) 0 waited in all_reduce #0 (a.py:4)"]
+
+
+def test_an_interrupted_run_reads_stopped_not_failed() -> None:
+    """The user's interrupt: every rank stopped, the headline says so, grey, no cross."""
+    m = fold([started(2), *[WorkerStarted(r, r, r, "cpu", T0) for r in range(2)]])
+    m.apply(BarrierEnter(rank=0, index=0, location="a.py:4", kind="barrier", time=T0 + 1))
+    for r in range(2):
+        m.apply(WorkerStopped(rank=r, reason="interrupted", time=T0 + 2))
+    summary = "interrupted: ranks [0, 1] stopped their task; the session lives on"
+    m.apply(LaunchFinished(False, summary, None, 2.0, T0 + 2, interrupted=True))
+    assert m.summary_line() == f"2 ranks, 2.0s: {summary}" and m.alerts() == []
+    assert "\u2718" not in H.summary(m) and "#757575" in H.summary(m)
+
+
 def test_outcome_is_one_short_line() -> None:
     m = fold([started(2)])
     m.apply(

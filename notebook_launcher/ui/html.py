@@ -132,6 +132,8 @@ def summary(m: LaunchModel) -> str:
         return ""
     ok = m.finished.ok
     colour, mark = (GREEN, "\u2714") if ok else (RED, "\u2718")
+    if m.finished.interrupted:  # the user stopped it: no alarm
+        colour, mark = GREY, "\u25a0"
     line = m.summary_line()
     return (
         f"<div class='nl-summary' title='{attr(line)}' style='color:{colour};font-weight:600;"

@@ -51,6 +51,7 @@ from .._events import (
     WorkerStarted,
     WorkerStopped,
 )
+from .._stacks import COLLECTIVES
 from ..errors import format_remote_traceback, notebook_cell_name
 
 # Rank statuses, in the words the dashboard shows.
@@ -62,6 +63,10 @@ FAILED = "failed"
 DIED = "died"
 STOPPED = "stopped"
 ENDED = frozenset({DONE, FAILED, DIED, STOPPED})
+#: Why a rank the launcher stopped left the run (an interrupt, a peer's failure).
+STOPPED_REASON = "was stopped"
+#: Barrier-table kinds named as collectives (``all_reduce #2``) rather than barriers.
+COLLECTIVE_KINDS = frozenset(COLLECTIVES) - {"barrier", "monitored_barrier"}
 
 #: Bars kept per rank (open bars are never dropped; the oldest closed ones are).
 MAX_BARS_PER_RANK = 12
@@ -257,6 +262,14 @@ class BarrierRecord:
     exited: dict[int, float] = field(default_factory=dict)  # rank -> exit time
     left: dict[int, str] = field(default_factory=dict)  # rank -> why it left the run instead
     completed: float | None = None  # when the first rank reported leaving it
+
+    @property
+    def name(self) -> str:
+        """``at barrier #2`` (``barrier``, ``wait_for_everyone``, ...); a collective by its
+        kind: ``in all_reduce #2`` (the number is the row of the barrier table)."""
+        if self.kind in COLLECTIVE_KINDS:
+            return f"in {self.kind} #{self.index}"
+        return f"at barrier #{self.index}"
 
     @property
     def location(self) -> str:
@@ -538,15 +551,18 @@ class LaunchModel:
         return [b for b in self.barriers.values() if b.waiting()]
 
     def alerts(self) -> list[str]:
-        """Ranks that left the run while others waited for them at a barrier."""
+        """Ranks that left the run by themselves (returned, raised, died) while others
+        waited for them in a barrier or a collective. A rank the launcher stopped (an
+        interrupt, a peer's failure) is not one: that was not its doing."""
         out = []
         for b in sorted(self.barriers.values(), key=lambda b: b.index):
             for rank, why in sorted(b.left.items()):
+                if why == STOPPED_REASON:
+                    continue
                 waiting = b.waiting()
                 others = ", ".join(str(r) for r in waiting) if waiting else "the others"
                 out.append(
-                    f"rank {rank} {why} while rank(s) {others} waited at barrier #{b.index} "
-                    f"({b.location})"
+                    f"rank {rank} {why} while rank(s) {others} waited {b.name} ({b.location})"
                 )
         return out
 
@@ -615,6 +631,8 @@ class LaunchModel:
             head += f", {k} restart{'s' if k > 1 else ''}"
         if self.finished.ok:
             return f"{head}: ok"
+        if self.finished.interrupted:  # the user's act: nobody failed
+            return f"{head}: {self.finished.summary}"
         cause = self.root_cause()
         if cause is not None and cause.status in (FAILED, DIED, STOPPED):
             return f"{head}: failed: rank {cause.rank} {cause.outcome()}"
@@ -932,7 +950,7 @@ class LaunchModel:
 
     def _on_WorkerStopped(self, e: WorkerStopped) -> list[Change]:
         self.rank(e.rank).stop_reason = e.reason
-        return self._end_rank(e.rank, STOPPED, e.time, "was stopped")
+        return self._end_rank(e.rank, STOPPED, e.time, STOPPED_REASON)
 
     def _on_MetricsLogged(self, e: MetricsLogged) -> list[Change]:
         for name, value in e.values:
