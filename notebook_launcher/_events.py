@@ -95,6 +95,12 @@ PHASES = {
     "loading": "loading the function",
     "joining": "joining the process group",
 }
+#: What a running rank does for a while in this package's code rather than the user's
+#: (said as the start-up phases are): a :class:`WorkerPhase` with one of these keys after
+#: :class:`WorkerStarted`; one with ``""`` says it is done.
+RUNNING_PHASES = {
+    "wrapping": "wrapping the model in DDP",
+}
 
 
 @dataclass(frozen=True)
@@ -349,6 +355,7 @@ __all__ = [
     "NodesWaiting",
     "Output",
     "PHASES",
+    "RUNNING_PHASES",
     "ProgressUpdate",
     "RankStacks",
     "RendezvousStarted",

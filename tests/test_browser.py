@@ -287,6 +287,45 @@ def _notebook_page(lab: dict[str, Any], notebook: Path) -> Iterator[tuple[Any, l
             browser.close()
 
 
+@pytest.mark.timeout(60)
+def test_bar_labels_and_counts_are_not_cut_in_a_1280px_window() -> None:
+    """Two ranks with an epoch and a step bar each, drawn as the dashboard draws them, at
+    the width of a notebook's output in a 1280 px JupyterLab (file browser open: 850 px;
+    closed: 1150 px): no bar's label or counts is cut (issue 26: the status column took
+    24em and the bars a fixed share, so "training epoch 1/3 ... 40/100 [40%..." was cut)."""
+    from notebook_launcher._events import LaunchStarted, ProgressUpdate, WorkerStarted
+    from notebook_launcher.ui import html as H
+    from notebook_launcher.ui.model import LaunchModel
+
+    api = _requirements()
+    m = LaunchModel()
+    m.apply(LaunchStarted(2, 2, 0, 1, "fork", "cpu only", "127.0.0.1", 29500, "gloo", (0, 1), 0.0))
+    for rank in range(2):
+        m.apply(WorkerStarted(rank, rank, 100 + rank, "cpu", 0.0))
+        for level, desc in enumerate(["training epoch 1/3", ""]):  # "": the Trainer's bar
+            m.apply(
+                ProgressUpdate(rank, level, desc, 40, 100, rate=12.3, elapsed=3.2, level=level,
+                               postfix="loss=0.123" if level else "", time=1.0)
+            )  # fmt: skip
+    shown = H.snapshot(m, 5.0)
+    with api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 400})
+            for width in (850, 1150):
+                page.set_content(
+                    f"<body style='font:13px sans-serif;margin:0'><div style='width:{width}px'>"
+                    f"{shown}</div></body>"
+                )
+                cut = page.evaluate(
+                    """() => [...document.querySelectorAll('.nl-bar > span:not(.nl-track)')]
+                        .filter(s => s.scrollWidth > s.clientWidth).map(s => s.textContent)"""
+                )
+                assert cut == [], f"cut at {width} px: {cut}"
+        finally:
+            browser.close()
+
+
 @pytest.mark.timeout(180)
 def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
     with _notebook_page(lab, NOTEBOOK) as (page, errors, info):

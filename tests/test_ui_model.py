@@ -272,7 +272,7 @@ def test_bar_text() -> None:
     b.closed = True
     assert b.stats() == "40/100 [40%] 12.3it/s in 3.2s loss=0.1"
     u = fold([started(1), bar(0, 0, 7, None, 0, unit="batch", elapsed=2.0)]).ranks[0].bars[0]
-    assert (u.fraction, u.eta, u.counts(), u.label()) == (None, None, "7batch", "bar 0")
+    assert (u.fraction, u.eta, u.counts(), u.label()) == (None, None, "7batch", "progress")
     assert u.stats() == "7batch 3.5batch/s"
     assert (
         fmt_rate(0.5, "it") == "2.00s/it"
@@ -508,6 +508,28 @@ def test_an_interrupted_run_reads_stopped_not_failed() -> None:
     m.apply(LaunchFinished(False, summary, None, 2.0, T0 + 2, interrupted=True))
     assert m.summary_line() == f"2 ranks, 2.0s: {summary}" and m.alerts() == []
     assert "\u2718" not in H.summary(m) and "#757575" in H.summary(m)
+
+
+def test_a_running_rank_says_while_it_wraps_the_model_in_ddp() -> None:
+    """torch takes seconds to wrap a model in DDP on a loaded machine: the rank's status
+    says so, as the start-up phases do, rather than only "running" (issue 26)."""
+    m = fold([started(2), *[WorkerStarted(r, r, r, "cpu", T0) for r in range(2)]])
+    m.apply(WorkerPhase(0, 0, "wrapping", T0 + 1))
+    row = H.rank_row(m.ranks[0], T0 + 5)
+    assert m.ranks[0].status_text(T0 + 5) == "wrapping the model in DDP" and row.count(
+        "\u25cf wrapping the model in DDP"
+    )
+    assert m.ranks[1].status_text(T0 + 5) == "running"
+    m.apply(WorkerPhase(0, 0, "", T0 + 6))  # done: its own code again
+    assert m.ranks[0].status_text(T0 + 7) == "running"
+
+
+def test_a_bar_without_desc_is_called_progress() -> None:
+    """Transformers' Trainer draws its steps without a desc: not "bar 0" (issue 26)."""
+    m = fold([started(1), WorkerStarted(0, 0, 0, "cpu", T0)])
+    m.apply(ProgressUpdate(rank=0, bar_id=3, desc="", n=1, total=8, time=T0 + 1))
+    m.apply(ProgressUpdate(rank=0, bar_id=4, desc="", n=1, total=2, level=1, time=T0 + 1))
+    assert [b.label() for b in m.ranks[0].bars.values()] == ["progress", "inner progress"]
 
 
 def test_outcome_is_one_short_line() -> None:

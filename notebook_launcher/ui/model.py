@@ -31,6 +31,7 @@ from typing import Any
 
 from .._events import (
     PHASES,
+    RUNNING_PHASES,
     BarrierEnter,
     BarrierExit,
     Event,
@@ -215,7 +216,9 @@ class BarState:
         return max(0.0, (self.total - self.n) / rate)
 
     def label(self) -> str:
-        return self.desc or f"bar {self.bar_id}"
+        """Its ``desc``; a bar without one (Transformers' Trainer draws its steps so) is
+        ``progress``, a nested one ``inner progress``."""
+        return self.desc or ("progress" if self.level == 0 else "inner progress")
 
     def counts(self) -> str:
         """``40/100 [40%]`` or ``40`` when the total is unknown."""
@@ -383,6 +386,9 @@ class RankState:
     #: (joining) how many ranks have come to the group so far: ``3/8 joined``
     phase: str = ""
     phase_since: float | None = None
+    #: while it runs: a :data:`~notebook_launcher._events.RUNNING_PHASES` key ("" for the
+    #: user's own code)
+    activity: str = ""
     joined: str = ""
     started: float | None = None
     ended: float | None = None
@@ -462,6 +468,8 @@ class RankState:
             return f"waiting at {self.barrier.location} for {clock(self.waiting_for(now))}"
         if self.status == STARTING and self.phase:
             return PHASES.get(self.phase, self.phase) + self.joined_note()
+        if self.status == RUNNING and self.activity:
+            return RUNNING_PHASES[self.activity]
         return self.status
 
     def joined_note(self) -> str:
@@ -736,6 +744,9 @@ class LaunchModel:
 
     def _on_WorkerPhase(self, e: WorkerPhase) -> list[Change]:
         s = self.rank(e.rank)
+        if s.status in (RUNNING, WAITING) and (e.phase in RUNNING_PHASES or not e.phase):
+            s.activity = e.phase  # e.g. wrapping the model in DDP; "" once done
+            return [("rank", e.rank)]
         if s.status != STARTING:  # it started (or ended) already: nothing to show
             return []
         s.pid, s.phase, s.phase_since = e.pid, e.phase, e.time

@@ -203,7 +203,8 @@ class TextView:
         else:
             elapsed = state.elapsed(now)
             parts.append(
-                state.status + (f" {fmt_duration(elapsed)}" if elapsed is not None else "")
+                state.status_text(now)
+                + (f" {fmt_duration(elapsed)}" if elapsed is not None else "")
             )
         for bar in state.open_bars():
             parts.append(f"{bar.label()} {bar.stats()}")
