@@ -42,9 +42,12 @@ def test_the_first_screen_says_what_it_is_and_gives_the_two_commands() -> None:
     assert README.index("## Development") < README.index("<!-- test-command -->")
 
 
-def _run_with(tmp_path: Path, apt_get: str) -> subprocess.CompletedProcess[str]:
+def _run_with(
+    tmp_path: Path, apt_get: str, installed: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     """The test command, on a PATH of stand-ins: python3/pip/python that only say they ran,
-    no Chromium or Slurm, and ``apt-get`` as given (a shell body)."""
+    of Chromium, Slurm and munge only the commands ``installed``, and ``apt-get`` as given (a
+    shell body)."""
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     stubs = {
@@ -52,11 +55,12 @@ def _run_with(tmp_path: Path, apt_get: str) -> subprocess.CompletedProcess[str]:
         "pip": 'echo "ran pip $*"',
         "python": 'echo "ran python $*"',
         "apt-get": apt_get,
+        **{name: "exit 0" for name in installed},
     }
     for name, body in stubs.items():
         (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_ / name).chmod(0o755)
-    command = test_command().replace("/usr/bin/chromium", str(tmp_path / "no-chromium"))
+    command = test_command().replace("/usr/bin/chromium", str(bin_ / "chromium"))
     return subprocess.run(
         ["/bin/bash", "-c", command],
         cwd=tmp_path,
@@ -75,8 +79,13 @@ def test_the_test_command_runs_the_tests_where_apt_get_cannot_install(tmp_path: 
     assert done.stdout.splitlines()[-1] == "ran python -m pytest -n 2 --dist loadfile"
 
 
-def test_the_test_command_installs_what_every_tier_needs_where_it_can(tmp_path: Path) -> None:
-    done = _run_with(tmp_path, 'echo "ran apt-get $*"')  # root on Debian, as CI is
+@pytest.mark.parametrize(
+    "installed", [(), ("chromium", "slurmctld")], ids=["nothing", "all-but-munge"]
+)
+def test_the_test_command_installs_what_every_tier_needs_where_it_can(
+    tmp_path: Path, installed: tuple[str, ...]
+) -> None:
+    done = _run_with(tmp_path, 'echo "ran apt-get $*"', installed)  # root on Debian, as CI is
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ran apt-get install -y -qq chromium slurm-wlm munge" in done.stdout
     assert "could not install" not in done.stdout
