@@ -374,7 +374,7 @@ def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
             if "many" not in shots and len(views) == 3 and views[2]["live"]:
                 kernel_status = page.evaluate(STATUS_BAR_KERNEL)  # the third dashboard runs
                 many = dashboards.nth(2)
-                _wait(page, 0.8)  # the replay runs about 2 s
+                _wait(page, 0.8)  # the replay runs about 2 s, then holds its live view 3 s
                 _shot(page, "dashboard_many_live.png", many)
                 # any rank one click away: its cell picks its output and its row
                 many.locator(".nl-cell-13").click()
