@@ -490,6 +490,7 @@ def test_an_alert_names_a_collective_by_its_kind_and_never_blames_a_stopped_rank
     m.apply(BarrierEnter(rank=0, index=0, location="a.py:4", kind="all_reduce", time=T0 + 1))
     m.apply(WorkerStopped(rank=1, reason="interrupted", time=T0 + 2))
     assert m.barriers[0].left == {1: "was stopped"} and m.alerts() == []
+    assert m.barriers[0].label == "all_reduce #0"  # (as the text view names it too)
     m.apply(
         WorkerFailed(
             rank=2, exc_type="KeyError", message="k", traceback="", collateral=False, time=T0 + 3

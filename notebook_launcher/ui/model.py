@@ -267,12 +267,17 @@ class BarrierRecord:
     completed: float | None = None  # when the first rank reported leaving it
 
     @property
-    def name(self) -> str:
-        """``at barrier #2`` (``barrier``, ``wait_for_everyone``, ...); a collective by its
-        kind: ``in all_reduce #2`` (the number is the row of the barrier table)."""
+    def label(self) -> str:
+        """``barrier #2`` (``barrier``, ``wait_for_everyone``, ...); a collective by its
+        kind: ``all_reduce #2`` (the number is the row of the barrier table)."""
         if self.kind in COLLECTIVE_KINDS:
-            return f"in {self.kind} #{self.index}"
-        return f"at barrier #{self.index}"
+            return f"{self.kind} #{self.index}"
+        return f"barrier #{self.index}"
+
+    @property
+    def name(self) -> str:
+        """``at barrier #2``, ``in all_reduce #2``."""
+        return f"{'in' if self.kind in COLLECTIVE_KINDS else 'at'} {self.label}"
 
     @property
     def location(self) -> str:
