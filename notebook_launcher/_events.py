@@ -100,6 +100,12 @@ PHASES = {
     "loading": "loading the function",
     "joining": "joining the process group",
 }
+#: What a running rank does for a while in this package's code rather than the user's
+#: (said as the start-up phases are): a :class:`WorkerPhase` with one of these keys after
+#: :class:`WorkerStarted`; one with ``""`` says it is done.
+RUNNING_PHASES = {
+    "wrapping": "wrapping the model in DDP",
+}
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,9 @@ class LaunchFinished:
     failed_ranks: tuple[int, ...] = field(default=())
     #: how many times the ranks were restarted (``max_restarts``) before this end
     restarts: int = 0
+    #: the user stopped the run (the interrupt button, ``cancel()``): every rank stopped,
+    #: none failed
+    interrupted: bool = False
 
 
 @dataclass(frozen=True)
@@ -351,6 +360,7 @@ __all__ = [
     "NodesWaiting",
     "Output",
     "PHASES",
+    "RUNNING_PHASES",
     "ProgressUpdate",
     "RankStacks",
     "RendezvousStarted",

@@ -32,7 +32,9 @@ from .errors import format_remote_traceback, library_module, notebook_cell_name
 #: sends it): a real-time signal no library we know uses (SIGUSR1 is a common choice of
 #: training scripts, Slurm and Lightning). Its default action would end the process, so the
 #: kernel sends it only to processes that have a dump file open (their handler is in place).
-STACK_SIGNAL = signal.SIGRTMIN + 5
+#: (Not Linux: no real-time signals, and no rank starts there, ``preflight.check_platform``;
+#: a stand-in keeps the import working.)
+STACK_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 #: The start of a dump file's name (then the main thread's id in hex, then the pid).
 FILE_PREFIX = "notebook_launcher-stacks-"
 #: The start of the names of the flight recorder's request pipe and answer file.
@@ -428,8 +430,9 @@ def format_rank(stacks: RankStacks, collapse: bool = True) -> str:
     threads, hidden = shown_threads(stacks)
     for thread in threads:
         label = thread_label(thread)
-        if thread.main and (stacks.idle or is_idle(thread)):
-            label += ", idle: waits for the next task"
+        if thread.main and (stacks.idle or is_idle(thread)):  # its frames are ours alone
+            out.append(f" {label}: idle, waits for the next task\n")
+            continue
         out.append(f" {label}:\n")
         out.append(format_thread(thread, collapse))
     for pid, child in stacks.children:
@@ -441,6 +444,13 @@ def format_rank(stacks: RankStacks, collapse: bool = True) -> str:
             f" ({hidden} thread{'s' if hidden > 1 else ''} of notebook_launcher not shown)\n"
         )
     return "".join(out)
+
+
+def all_idle(report: StacksTaken) -> bool:
+    """Whether every rank of the report is a session's rank between tasks: nothing to look
+    at, said in one quiet line (its finding: ``every rank is idle (waits for the next
+    task)``) rather than as a stall."""
+    return bool(report.ranks) and all(place_of(r).key == ("idle",) for r in report.ranks)
 
 
 def headline(report: StacksTaken) -> str:
@@ -458,7 +468,9 @@ def _seconds(s: float) -> str:
 
 def format_report(report: StacksTaken, collapse: bool = True) -> str:
     """The whole report as text: the headline, the findings, then the stacks of each group
-    of ranks whose stacks are the same."""
+    of ranks whose stacks are the same. Every rank idle: one line that says so."""
+    if all_idle(report):
+        return "".join(f"{f}\n" for f in report.findings)
     lines = [headline(report) + "\n"]
     lines += [f"  {f}\n" for f in report.findings]
     lines += [f"  rank {rank} flight recorder: {text}\n" for rank, text in report.flight]
@@ -479,6 +491,7 @@ __all__ = [
     "STACK_SIGNAL",
     "WAIT_CALLS",
     "Place",
+    "all_idle",
     "findings",
     "format_rank",
     "format_report",

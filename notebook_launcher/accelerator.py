@@ -65,6 +65,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import checkpointing
+from ._worker import runtime
 from .data_loader import DataLoaderShard, prepare_data_loader
 from .data_loader import skip_first_batches as _skip_first_batches
 from .optimizer import AcceleratedOptimizer
@@ -444,7 +445,8 @@ class Accelerator(ProcessControl):
             if self.device.type == "cuda":
                 kwargs.setdefault("device_ids", [self.device.index or 0])
                 kwargs.setdefault("output_device", self.device.index or 0)
-            model = DistributedDataParallel(model, **kwargs)
+            with runtime.phase(self.process_index, "wrapping"):  # seconds: torch's own cost
+                model = DistributedDataParallel(model, **kwargs)
             if self.ddp_handler is not None:
                 self.ddp_handler.register_comm_hook(model)
         dynamo = self.state.dynamo_plugin

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_launcher import notebook_launcher
-from notebook_launcher._events import BarrierEnter, Output
+from notebook_launcher._events import BarrierEnter, Output, WorkerPhase
 from notebook_launcher.accelerator import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
@@ -753,6 +753,10 @@ def test_three_ranks_metrics_save_model_and_barrier_events(
     assert printed == [(0, "printed by rank 0\n")]  # accelerator.print: once, on the main process
     locations = {e.location for e in view.events if isinstance(e, BarrierEnter)}
     assert any(loc.startswith("test_accelerator.py:") for loc in locations)
+    # prepare() says while it wraps the model in DDP (torch's seconds, issue 26), then done
+    phases = [(e.rank, e.phase) for e in view.events if isinstance(e, WorkerPhase)]
+    for rank in range(3):
+        assert [p for r, p in phases if r == rank][-2:] == ["wrapping", ""]
 
 
 def test_prepare_in_parent_without_launcher_is_single_process() -> None:

@@ -74,6 +74,18 @@ def test_launch_from_a_live_kernel(kernel: object, method: str) -> None:
     assert "AFTER [7, 7]" in out, out
 
 
+@pytest.mark.timeout(60)
+def test_a_reply_to_another_request_is_not_taken_for_the_cells(kernel: object) -> None:
+    """A kernel slower than 1 s to answer jupyter_client's first kernel_info_request (a
+    loaded machine) gets a second one; its reply waits on the shell channel. The cell's
+    own reply is read, not that one, and every later cell keeps its own (issue 26)."""
+    kernel.kernel_info()  # type: ignore[attr-defined]  # the second request, its reply unread
+    out, reply, tb = run_cell(kernel, "1 / 0")
+    assert reply["status"] == "error" and reply["ename"] == "ZeroDivisionError", reply
+    out, reply, tb = run_cell(kernel, "print('the next cell')")
+    assert reply["status"] == "ok" and out == "the next cell\n", (reply, out)
+
+
 @pytest.mark.timeout(120)
 def test_uncaught_failure_shows_the_rank_traceback(kernel: object) -> None:
     out, reply, tb = run_cell(

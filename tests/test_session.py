@@ -36,6 +36,8 @@ from notebook_launcher import (
 )
 from notebook_launcher._launch import session as core_module
 
+from .helpers import Recorder
+
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(60)]
 
 METHODS = ["fork", "forkserver"]
@@ -362,6 +364,23 @@ def test_an_interrupt_keeps_the_session(
         assert "re-formed their process group" in "\n".join(info.value.__notes__)
     assert shared.status().generation == generation + reformed
     assert shared.pull("kept") == [1, 2]
+
+
+def test_a_ranks_keyboardinterrupt_after_our_interrupt_is_a_stop() -> None:
+    """handle.cancel() read "rank 0 raised KeyboardInterrupt" (issue 26): the rank's
+    answer to our SIGINT, stamped before the kernel noted the signal sent, was taken for an
+    error of its own (the check compared "builtins.KeyboardInterrupt", a name the ranks
+    never send). An error of its own raised before the stop is still reported."""
+    from notebook_launcher._serialization import type_name
+    from notebook_launcher.errors import RankFailure
+
+    task = core_module.TaskRun(1, [0, 1], Recorder(), core_module.TaskHandle(lambda: None))
+    task.signalled_at = {0: 100.0}
+    answer = RankFailure(0, "raised", exc_type=type_name(KeyboardInterrupt), time=99.99)
+    assert answer.exc_type == "KeyboardInterrupt"
+    assert not core_module._raised_before(answer, task)
+    own = RankFailure(0, "raised", exc_type="ValueError", time=99.0)
+    assert core_module._raised_before(own, task)
 
 
 def test_an_interrupt_right_after_submit_is_not_lost(shared: Session) -> None:

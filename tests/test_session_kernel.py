@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from .helpers import shell_reply
+
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(60)]
 
 jupyter_client = pytest.importorskip("jupyter_client")
@@ -81,10 +83,8 @@ class Kernel:
                 and msg["content"]["execution_state"] == "idle"
             ):
                 break
-        while True:  # skip the replies of cells sent without waiting (submit)
-            reply = self.kc.get_shell_msg(timeout=30)
-            if reply["parent_header"].get("msg_id") == msg_id:
-                return self.reply(msg_id, reply["content"])
+        # (skips the replies of cells sent without waiting, and of a second kernel_info)
+        return self.reply(msg_id, shell_reply(self.kc, msg_id, timeout=30)["content"])
 
     def reply(self, msg_id: str, content: dict) -> Reply:
         text, results = [], []

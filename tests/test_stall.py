@@ -27,7 +27,7 @@ import pytest
 
 import notebook_launcher
 from notebook_launcher import notebook_launcher as launch
-from notebook_launcher._events import Event, StacksTaken, StallOver
+from notebook_launcher._events import Event, LaunchStarted, StacksTaken, StallOver, WorkerFailed
 from notebook_launcher._stacks import thread_label
 from notebook_launcher._worker import session as rank_side
 from notebook_launcher.errors import DistributedOperationException, ProcessGroupMismatch
@@ -35,6 +35,8 @@ from notebook_launcher.session import cell_code
 from notebook_launcher.ui import TextView
 from notebook_launcher.ui.model import LaunchModel
 from notebook_launcher.ui.stall import stall_html
+
+from .helpers import wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
 
@@ -78,11 +80,16 @@ class Seen:
 
     def dashboard(self) -> str:
         """The dashboard's stall view, from the same events (what the widget shows)."""
+        return stall_html(self.model().stall)
+
+    def model(self) -> LaunchModel:
+        """The dashboard's model of the latest run (a session's latest task)."""
         model = LaunchModel()
         with self.lock:
-            for e in self.events:
+            starts = [i for i, e in enumerate(self.events) if isinstance(e, LaunchStarted)]
+            for e in self.events[starts[-1] if starts else 0 :]:
                 model.apply(e)
-        return stall_html(model.stall)
+        return model
 
 
 def line_of(function: Callable[..., Any], text: str) -> int:
@@ -320,11 +327,13 @@ def test_a_stalled_cell_then_stacks_then_an_interrupt_keeps_the_session() -> Non
     seen = Seen()
     with notebook_launcher.start(num_processes=2, dashboard=seen, stall_after=1.0) as s:
         s.run_cell("kept = rank + 1")
-        cell = "import time\nif rank == 1:\n    time.sleep(60)\ndist.barrier()"
+        cell = "import time\nif rank == 1:\n    time.sleep(60)\ndist.all_reduce(torch.ones(1))"
         code, name = cell_code(cell)  # what %%distributed runs (IPython's name in a kernel)
         handle = s.submit(rank_side.run_cell, code, name)
         report = seen.wait_report("time.sleep")
-        finding = f"rank 1 is in `time.sleep(60)` at {name}:3; rank 0 waits in `barrier` at line 4"
+        finding = (
+            f"rank 1 is in `time.sleep(60)` at {name}:3; rank 0 waits in `all_reduce` at line 4"
+        )
         assert report.findings == (finding,)
         assert "no rank made progress for 1.0s" in seen.out.getvalue()
         now = s.stacks()  # while the cell runs
@@ -335,10 +344,39 @@ def test_a_stalled_cell_then_stacks_then_an_interrupt_keeps_the_session() -> Non
             handle.result(timeout=30)
         notes = "\n".join(info.value.__notes__)
         assert notes.startswith(f"where each rank was when it was interrupted:\n  {finding}")
+        # The dashboard says it as a launch does (issue 26): the stall box now tells where
+        # each rank was when interrupted; every rank stopped, nobody raised or is blamed.
+        model = seen.model()
+        assert model.stall is not None and model.stall.reason == "interrupt"
+        assert seen.dashboard().count("where each rank was when it was interrupted:") == 1
+        assert "refreshed while it lasts" not in seen.dashboard()
+        assert {r.status for r in model.ranks.values()} == {"stopped"} and model.alerts() == []
+        assert model.finished is not None and model.finished.interrupted
+        assert model.summary_line().endswith(
+            ": interrupted: ranks [0, 1] stopped their task; the session lives on"
+        )
         assert s.status().state == "ready"
         assert s.pull("kept") == [1, 2]
-        idle = s.stacks()  # between tasks
+        idle = s.stacks()  # between tasks: one quiet line, no stacks of our machinery
         assert idle.findings == ("every rank is idle (waits for the next task)",)
+        assert str(idle) == "every rank is idle (waits for the next task)"
+        assert idle._repr_html_() == (
+            "<div class='nl-stall nl-stall-idle' style='color:#757575;margin-top:4px'>"
+            "every rank is idle (waits for the next task)</div>"
+        )
+        # handle.cancel() of a running task: the user's act, every rank "stopped"
+        handle = s.submit(rank_side.run_cell, *cell_code("time.sleep(60)"))
+        wait_until(
+            lambda: [r.started is not None for r in seen.model().ranks.values()] == [True] * 2,
+            30,
+            "both ranks began the task",
+        )
+        assert handle.cancel() is True
+        model = seen.model()
+        assert {r.status for r in model.ranks.values()} == {"stopped"}, seen.out.getvalue()
+        assert not [e for e in seen.events if isinstance(e, WorkerFailed)]
+        assert model.summary_line().endswith(": interrupted: ranks [0, 1] stopped their task; "
+                                             "the session lives on")  # fmt: skip
         assert s.run_cell("_t = torch.ones(1); dist.all_reduce(_t); _t.item()") == ["2.0"] * 2
 
 

@@ -94,13 +94,20 @@ def test_a_stalled_session_cell_the_interrupt_and_the_session_after(kernel: Kern
             f"rank 1 is in `time.sleep(60)` at Cell In[{n}], line 4; rank 0 waits in `barrier` "
             "at line 5"  # as the editor counts: %%distributed is line 1
         )
-        assert any(finding in v for v in widget_values(kernel, msg_id)), "no live stall view"
+        values = widget_values(kernel, msg_id)
+        assert any(finding in v for v in values), "no live stall view"
+        # then the box says where each rank was when interrupted, as a launch's does
+        assert any("where each rank was when it was interrupted:" in v for v in values)
         assert "where each rank was when it was interrupted:" in out.text
         assert finding in out.text
         assert "session: ready" in kernel.execute("%dist status").result
         assert kernel.execute("%%distributed\nkept").result == "[rank0] 1\n[rank1] 2"
         idle = kernel.execute("%dist stacks")
-        assert idle.status == "ok" and "every rank is idle (waits for the next task)" in idle.result
+        assert idle.status == "ok" and idle.result == "every rank is idle (waits for the next task)"
+        # (one quiet line, in the notebook too: no stall box, no frame of our machinery)
+        html = [m for m in kernel.by_parent[ran(kernel, "%dist stacks")[0]]
+                if m["msg_type"] == "execute_result"][-1]["content"]["data"]["text/html"]  # fmt: skip
+        assert "nl-stall-idle" in html and "multiprocessing" not in html, html
         kernel.execute("%%distributed\nw = torch.ones(2) * (1 + (rank == 1))")
         diff = kernel.execute("%rankdiff w kept")
         assert diff.status == "ok", diff

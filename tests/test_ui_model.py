@@ -272,7 +272,7 @@ def test_bar_text() -> None:
     b.closed = True
     assert b.stats() == "40/100 [40%] 12.3it/s in 3.2s loss=0.1"
     u = fold([started(1), bar(0, 0, 7, None, 0, unit="batch", elapsed=2.0)]).ranks[0].bars[0]
-    assert (u.fraction, u.eta, u.counts(), u.label()) == (None, None, "7batch", "bar 0")
+    assert (u.fraction, u.eta, u.counts(), u.label()) == (None, None, "7batch", "progress")
     assert u.stats() == "7batch 3.5batch/s"
     assert (
         fmt_rate(0.5, "it") == "2.00s/it"
@@ -480,6 +480,57 @@ def test_quiet_barriers_and_racing_events() -> None:
         "rank 1 returned while rank(s) 0 waited at barrier #1 (a.py:2)",
         "rank 2 raised KeyError while rank(s) 0 waited at barrier #1 (a.py:2)",
     ]
+
+
+def test_an_alert_names_a_collective_by_its_kind_and_never_blames_a_stopped_rank() -> None:
+    """A rank the launcher stopped (the user's interrupt, a peer's failure) did not leave by
+    itself: no alert names it; a rank that did is said to leave ranks waiting in the
+    collective they were in, not at "barrier #0" (issue 26)."""
+    m = fold([started(3), *[WorkerStarted(r, r, r, "cpu", T0) for r in range(3)]])
+    m.apply(BarrierEnter(rank=0, index=0, location="a.py:4", kind="all_reduce", time=T0 + 1))
+    m.apply(WorkerStopped(rank=1, reason="interrupted", time=T0 + 2))
+    assert m.barriers[0].left == {1: "was stopped"} and m.alerts() == []
+    assert m.barriers[0].label == "all_reduce #0"  # (as the text view names it too)
+    m.apply(
+        WorkerFailed(
+            rank=2, exc_type="KeyError", message="k", traceback="", collateral=False, time=T0 + 3
+        )
+    )
+    assert m.alerts() == ["rank 2 raised KeyError while rank(s) 0 waited in all_reduce #0 (a.py:4)"]
+
+
+def test_an_interrupted_run_reads_stopped_not_failed() -> None:
+    """The user's interrupt: every rank stopped, the headline says so, grey, no cross."""
+    m = fold([started(2), *[WorkerStarted(r, r, r, "cpu", T0) for r in range(2)]])
+    m.apply(BarrierEnter(rank=0, index=0, location="a.py:4", kind="barrier", time=T0 + 1))
+    for r in range(2):
+        m.apply(WorkerStopped(rank=r, reason="interrupted", time=T0 + 2))
+    summary = "interrupted: ranks [0, 1] stopped their task; the session lives on"
+    m.apply(LaunchFinished(False, summary, None, 2.0, T0 + 2, interrupted=True))
+    assert m.summary_line() == f"2 ranks, 2.0s: {summary}" and m.alerts() == []
+    assert "\u2718" not in H.summary(m) and "#757575" in H.summary(m)
+
+
+def test_a_running_rank_says_while_it_wraps_the_model_in_ddp() -> None:
+    """torch takes seconds to wrap a model in DDP on a loaded machine: the rank's status
+    says so, as the start-up phases do, rather than only "running" (issue 26)."""
+    m = fold([started(2), *[WorkerStarted(r, r, r, "cpu", T0) for r in range(2)]])
+    m.apply(WorkerPhase(0, 0, "wrapping", T0 + 1))
+    row = H.rank_row(m.ranks[0], T0 + 5)
+    assert m.ranks[0].status_text(T0 + 5) == "wrapping the model in DDP" and row.count(
+        "\u25cf wrapping the model in DDP"
+    )
+    assert m.ranks[1].status_text(T0 + 5) == "running"
+    m.apply(WorkerPhase(0, 0, "", T0 + 6))  # done: its own code again
+    assert m.ranks[0].status_text(T0 + 7) == "running"
+
+
+def test_a_bar_without_desc_is_called_progress() -> None:
+    """Transformers' Trainer draws its steps without a desc: not "bar 0" (issue 26)."""
+    m = fold([started(1), WorkerStarted(0, 0, 0, "cpu", T0)])
+    m.apply(ProgressUpdate(rank=0, bar_id=3, desc="", n=1, total=8, time=T0 + 1))
+    m.apply(ProgressUpdate(rank=0, bar_id=4, desc="", n=1, total=2, level=1, time=T0 + 1))
+    assert [b.label() for b in m.ranks[0].bars.values()] == ["progress", "inner progress"]
 
 
 def test_outcome_is_one_short_line() -> None:

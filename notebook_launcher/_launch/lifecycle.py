@@ -190,6 +190,7 @@ def finished_event(end: RunEnd, outcome: Outcome, now: float | None = None) -> L
         now,
         failed if end.start_error is None else (),
         end.restarts,
+        outcome.kind == "interrupted",
     )
 
 

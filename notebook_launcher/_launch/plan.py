@@ -175,6 +175,7 @@ def plan_launch(
     ``function`` is checked when given (a session has none at start). Raises
     :class:`~notebook_launcher.errors.PreflightError` naming the fix.
     """
+    preflight.check_platform()
     preflight.check_not_in_a_rank()
     if function is not None:
         preflight.check_function(function)

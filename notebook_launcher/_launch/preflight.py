@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import select
@@ -462,6 +463,42 @@ def resolve_start_method(
     if not hasattr(os, "fork"):
         return "spawn", "this platform has no fork"
     return "fork", "fast, nothing to pickle"
+
+
+def platform_lacks() -> list[str]:
+    """What a launch needs of the platform and this one lacks (nothing on Linux 5.3+): a
+    pidfd per rank to wait on it, ``/proc`` to read it, the parent-death signal so that no
+    rank outlives the kernel, ``fork`` (the forkserver forks too)."""
+    lacking = []
+    if not hasattr(os, "fork"):
+        lacking.append("fork")
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3 (ENOSYS)
+        lacking.append("pidfds (os.pidfd_open, Linux 5.3 or later)")
+    else:
+        os.close(pidfd)
+    if not os.path.isdir("/proc/self/fd"):
+        lacking.append("/proc")
+    try:
+        ctypes.CDLL(None).prctl  # noqa: B018 - the lookup is the probe
+    except (OSError, TypeError, AttributeError):  # no libc to open (Windows), no prctl (macOS)
+        lacking.append("the parent-death signal (prctl PR_SET_PDEATHSIG)")
+    return lacking
+
+
+def check_platform() -> None:
+    """A launch needs Linux: elsewhere it is refused in one sentence before anything starts,
+    while importing the package (the Accelerate-style API, the views) still works."""
+    lacking = platform_lacks()
+    if sys.platform.startswith("linux") and not lacking:
+        return
+    this = f"this is {sys.platform}" + (f", which lacks {', '.join(lacking)}" if lacking else "")
+    raise PreflightError(
+        f"notebook_launcher starts ranks on Linux only and {this}: importing it works here, "
+        "but run launches and sessions on a Linux machine (on Windows: WSL 2; on macOS: a "
+        "Linux VM or container)."
+    )
 
 
 def check_not_in_a_rank() -> None:

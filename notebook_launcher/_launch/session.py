@@ -60,7 +60,7 @@ from .._events import (
     WorkerStarted,
 )
 from .._posix import close_quietly, deferred_interrupts
-from .._serialization import safe_str
+from .._serialization import safe_str, type_name
 from .._wire.control import Raised, Reform, Reformed, Returned, Run, Shutdown
 from ..errors import (
     LaunchError,
@@ -509,17 +509,21 @@ class SessionCore:
         never answers is given up after :data:`REFORM_TIMEOUT` (the session breaks):
         never a wait without end."""
         task = self.task
+        report = None
         if (
             task is not None
             and (task_id is None or task.id == task_id)
             and not task.user_interrupt
             and task.interrupt_report is None
         ):
-            task.interrupt_report = task.watch.on_interrupt()  # where it was stuck
+            report = task.interrupt_report = task.watch.on_interrupt()  # where it was stuck
         with deferred_interrupts(), self._lock:
             task = self.task
             if task is None or (task_id is not None and task.id != task_id):
                 return
+            if report is not None and report is task.interrupt_report:
+                task.view.handle(report)  # the stall view: where each rank was, as a launch's
+                task.watch.replaced()
             if task.user_interrupt:
                 self._hurry(task)
             else:
@@ -902,7 +906,7 @@ def _hosts_of(started: LaunchStarted, ranks: list[int]) -> tuple[str, ...]:
 def _raised_before(failure: RankFailure, task: TaskRun) -> bool:
     """Whether a rank that was told to stop had raised an error of its own before that
     (the same bug as a peer's, met independently): a failure to report, not a stop."""
-    if failure.exc_type == "builtins.KeyboardInterrupt":
+    if failure.exc_type == type_name(KeyboardInterrupt):  # its answer to our interrupt
         return False
     signalled = task.signalled_at.get(failure.rank)
     return signalled is None or failure.time < signalled

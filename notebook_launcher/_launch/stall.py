@@ -509,6 +509,12 @@ class StallWatch:
     def stop(self) -> None:
         self.stopped = True
 
+    def replaced(self) -> None:
+        """The ranks were interrupted and :meth:`on_interrupt`'s report shown: it is the
+        last word. No more looks, and the ranks' stopping does not clear it (no
+        :class:`StallOver`)."""
+        self.stopped, self.stalled_since = True, None
+
 
 def of_group(group: Any, ranks: Iterable[int] | None = None) -> Ranks:
     """The running ranks of a group (or ``ranks`` of them), for :class:`StallWatch`: a

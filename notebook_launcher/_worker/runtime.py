@@ -17,9 +17,12 @@ Example (what barrier telemetry does)::
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .._spec import LAUNCHER_ENV
@@ -78,6 +81,22 @@ def emit(event: Any) -> None:
             sender(event)
     except Exception:  # noqa: BLE001 - reporting must never break the user's program
         pass
+
+
+@contextmanager
+def phase(rank: int, name: str) -> Iterator[None]:
+    """Say what the rank does meanwhile (a key of ``_events.RUNNING_PHASES``), and that it
+    is done when the block ends, also by an exception; a no-op outside a launched worker."""
+    from .._events import WorkerPhase
+
+    if not active():
+        yield
+        return
+    emit(WorkerPhase(rank, os.getpid(), name, time.time()))
+    try:
+        yield
+    finally:
+        emit(WorkerPhase(rank, os.getpid(), "", time.time()))
 
 
 def send(message: Any) -> None:

@@ -143,6 +143,8 @@ def summary(m: LaunchModel) -> str:
         return ""
     ok = m.finished.ok
     colour, mark = (GREEN, "\u2714") if ok else (RED, "\u2718")
+    if m.finished.interrupted:  # the user stopped it: no alarm
+        colour, mark = GREY, "\u25a0"
     line = m.summary_line()
     return (
         f"<div class='nl-summary' title='{attr(line)}' style='color:{colour};font-weight:600;"
@@ -164,9 +166,9 @@ def bar_html(bar: BarState, weight: int = 1) -> str:
     width = f"{100 * fraction:.1f}".rstrip("0").rstrip(".")
     return (
         f"<div class='nl-bar' data-desc='{attr(label)}' data-style='{bar.style}' "
-        f"title='{attr(label + ': ' + stats)}' style='flex:{weight} 1 {150 * weight}px;"
+        f"title='{attr(label + ': ' + stats)}' style='flex:{weight} 1 auto;"
         "min-width:0;max-width:100%;display:flex;align-items:center;gap:6px;white-space:nowrap'>"
-        f"<span style='flex:0 0 auto;max-width:9em;{CUT}'>{esc(label)}</span>"
+        f"<span style='flex:0 1 auto;max-width:20em;{CUT}'>{esc(label)}</span>"
         "<span class='nl-track' style='display:block;flex:1 0 40px;min-width:40px;height:10px;"
         "background-color:#e4e4e4;border-radius:3px;overflow:hidden'>"
         f"<span class='nl-fill' style='display:block;height:100%;width:{width}%;"

@@ -31,6 +31,7 @@ from typing import Any
 
 from .._events import (
     PHASES,
+    RUNNING_PHASES,
     BarrierEnter,
     BarrierExit,
     Event,
@@ -51,6 +52,7 @@ from .._events import (
     WorkerStarted,
     WorkerStopped,
 )
+from .._stacks import COLLECTIVES
 from ..errors import format_remote_traceback, notebook_cell_name
 
 # Rank statuses, in the words the dashboard shows.
@@ -62,6 +64,10 @@ FAILED = "failed"
 DIED = "died"
 STOPPED = "stopped"
 ENDED = frozenset({DONE, FAILED, DIED, STOPPED})
+#: Why a rank the launcher stopped left the run (an interrupt, a peer's failure).
+STOPPED_REASON = "was stopped"
+#: Barrier-table kinds named as collectives (``all_reduce #2``) rather than barriers.
+COLLECTIVE_KINDS = frozenset(COLLECTIVES) - {"barrier", "monitored_barrier"}
 
 #: Bars kept per rank (open bars are never dropped; the oldest closed ones are).
 MAX_BARS_PER_RANK = 12
@@ -210,7 +216,9 @@ class BarState:
         return max(0.0, (self.total - self.n) / rate)
 
     def label(self) -> str:
-        return self.desc or f"bar {self.bar_id}"
+        """Its ``desc``; a bar without one (Transformers' Trainer draws its steps so) is
+        ``progress``, a nested one ``inner progress``."""
+        return self.desc or ("progress" if self.level == 0 else "inner progress")
 
     def counts(self) -> str:
         """``40/100 [40%]`` or ``40`` when the total is unknown."""
@@ -257,6 +265,19 @@ class BarrierRecord:
     exited: dict[int, float] = field(default_factory=dict)  # rank -> exit time
     left: dict[int, str] = field(default_factory=dict)  # rank -> why it left the run instead
     completed: float | None = None  # when the first rank reported leaving it
+
+    @property
+    def label(self) -> str:
+        """``barrier #2`` (``barrier``, ``wait_for_everyone``, ...); a collective by its
+        kind: ``all_reduce #2`` (the number is the row of the barrier table)."""
+        if self.kind in COLLECTIVE_KINDS:
+            return f"{self.kind} #{self.index}"
+        return f"barrier #{self.index}"
+
+    @property
+    def name(self) -> str:
+        """``at barrier #2``, ``in all_reduce #2``."""
+        return f"{'in' if self.kind in COLLECTIVE_KINDS else 'at'} {self.label}"
 
     @property
     def location(self) -> str:
@@ -370,6 +391,9 @@ class RankState:
     #: (joining) how many ranks have come to the group so far: ``3/8 joined``
     phase: str = ""
     phase_since: float | None = None
+    #: while it runs: a :data:`~notebook_launcher._events.RUNNING_PHASES` key ("" for the
+    #: user's own code)
+    activity: str = ""
     joined: str = ""
     started: float | None = None
     ended: float | None = None
@@ -449,6 +473,8 @@ class RankState:
             return f"waiting at {self.barrier.location} for {clock(self.waiting_for(now))}"
         if self.status == STARTING and self.phase:
             return PHASES.get(self.phase, self.phase) + self.joined_note()
+        if self.status == RUNNING and self.activity:
+            return RUNNING_PHASES[self.activity]
         return self.status
 
     def joined_note(self) -> str:
@@ -538,15 +564,18 @@ class LaunchModel:
         return [b for b in self.barriers.values() if b.waiting()]
 
     def alerts(self) -> list[str]:
-        """Ranks that left the run while others waited for them at a barrier."""
+        """Ranks that left the run by themselves (returned, raised, died) while others
+        waited for them in a barrier or a collective. A rank the launcher stopped (an
+        interrupt, a peer's failure) is not one: that was not its doing."""
         out = []
         for b in sorted(self.barriers.values(), key=lambda b: b.index):
             for rank, why in sorted(b.left.items()):
+                if why == STOPPED_REASON:
+                    continue
                 waiting = b.waiting()
                 others = ", ".join(str(r) for r in waiting) if waiting else "the others"
                 out.append(
-                    f"rank {rank} {why} while rank(s) {others} waited at barrier #{b.index} "
-                    f"({b.location})"
+                    f"rank {rank} {why} while rank(s) {others} waited {b.name} ({b.location})"
                 )
         return out
 
@@ -615,6 +644,8 @@ class LaunchModel:
             head += f", {k} restart{'s' if k > 1 else ''}"
         if self.finished.ok:
             return f"{head}: ok"
+        if self.finished.interrupted:  # the user's act: nobody failed
+            return f"{head}: {self.finished.summary}"
         cause = self.root_cause()
         if cause is not None and cause.status in (FAILED, DIED, STOPPED):
             return f"{head}: failed: rank {cause.rank} {cause.outcome()}"
@@ -718,6 +749,9 @@ class LaunchModel:
 
     def _on_WorkerPhase(self, e: WorkerPhase) -> list[Change]:
         s = self.rank(e.rank)
+        if s.status in (RUNNING, WAITING) and (e.phase in RUNNING_PHASES or not e.phase):
+            s.activity = e.phase  # e.g. wrapping the model in DDP; "" once done
+            return [("rank", e.rank)]
         if s.status != STARTING:  # it started (or ended) already: nothing to show
             return []
         s.pid, s.phase, s.phase_since = e.pid, e.phase, e.time
@@ -932,7 +966,7 @@ class LaunchModel:
 
     def _on_WorkerStopped(self, e: WorkerStopped) -> list[Change]:
         self.rank(e.rank).stop_reason = e.reason
-        return self._end_rank(e.rank, STOPPED, e.time, "was stopped")
+        return self._end_rank(e.rank, STOPPED, e.time, STOPPED_REASON)
 
     def _on_MetricsLogged(self, e: MetricsLogged) -> list[Change]:
         for name, value in e.values:

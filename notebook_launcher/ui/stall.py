@@ -45,6 +45,11 @@ def stall_html(report: StacksTaken | None, now: float | None = None, live: bool 
     stall lasts (said in the header); a saved or on-demand report says when it was taken."""
     if report is None:
         return ""
+    if _stacks.all_idle(report):  # nothing to look at: one quiet line
+        return (
+            f"<div class='nl-stall nl-stall-idle' style='color:{GREY};margin-top:4px'>"
+            f"{_esc(' '.join(report.findings))}</div>"
+        )
     head = _stacks.headline(report)
     if report.reason == "stall" and live:
         head = head.removesuffix(":") + " (refreshed while it lasts):"

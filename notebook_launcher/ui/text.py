@@ -202,11 +202,13 @@ class TextView:
             rec = self.model.barriers.get(state.barrier.index)
             missing = rec.missing(self.model.rank_ids) if rec is not None else []
             who = f"missing rank {', '.join(map(str, missing))}" if missing else "all arrived"
-            parts.append(f"{state.status_text(now)} (barrier #{state.barrier.index}: {who})")
+            label = rec.label if rec is not None else f"barrier #{state.barrier.index}"
+            parts.append(f"{state.status_text(now)} ({label}: {who})")
         else:
             elapsed = state.elapsed(now)
             parts.append(
-                state.status + (f" {fmt_duration(elapsed)}" if elapsed is not None else "")
+                state.status_text(now)
+                + (f" {fmt_duration(elapsed)}" if elapsed is not None else "")
             )
         for bar in state.open_bars():
             parts.append(f"{bar.label()} {bar.stats()}")
