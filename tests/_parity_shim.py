@@ -245,7 +245,11 @@ class AccelerateShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def _stand_in_package_names() -> None:
     """``from accelerate import init_empty_weights`` binds a stand-in instead of raising
     (our packages' ``__getattr__`` raise AccelerateOnlyError for those names)."""
-    from notebook_launcher._accelerate_only import AccelerateOnlyError
+    from notebook_launcher._accelerate_only import (
+        AccelerateOnlyAttributeError,
+        AccelerateOnlyError,
+        lookup_error,
+    )
 
     for name in (
         "notebook_launcher",
@@ -258,9 +262,10 @@ def _stand_in_package_names() -> None:
         def lookup(attr: str, original: Callable[[str], Any] = original) -> Any:
             try:
                 return original(attr)
-            except AccelerateOnlyError:
+            except (AccelerateOnlyError, AccelerateOnlyAttributeError):
                 if _importer_is_strict():
-                    raise
+                    # the kind (ImportError or AttributeError) is the real caller's, not ours
+                    raise lookup_error(attr, sys._getframe(1)) from None
                 return _stand_in(attr, attr)
 
         module.__getattr__ = lookup  # type: ignore[method-assign]
