@@ -129,11 +129,6 @@ DIFFERS: dict[str, tuple[str, str]] = {
         "offloading hooks are Accelerate's own",
         re.escape(_ONLY.format("has_offloaded_params")),
     ),
-    "test_utils.py::UtilsTester::test_convert_dict_to_env_variables": (
-        "this package logs under its own names (notebook_launcher.utils.environment), not "
-        "accelerate.utils.environment",
-        r"no logs of level WARNING or higher triggered on accelerate\.utils\.environment",
-    ),
     "test_launch.py::TestPrepareMultiGpuEnv::test_auto_port_selection": (
         "the `accelerate launch` command line and its helpers are Accelerate's own",
         re.escape(_ONLY.format("prepare_multi_gpu_env")),

@@ -277,6 +277,22 @@ def test_accelerate_only_error_pickles() -> None:
     assert "hooks" in str(looked_up)
 
 
+def test_convert_dict_to_env_variables_warns_on_accelerates_logger(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Accelerate's ``test_convert_dict_to_env_variables``: the entry it leaves out is named on
+    the logger Accelerate names, ``accelerate.utils.environment``."""
+    from notebook_launcher.utils import convert_dict_to_env_variables
+
+    env = {"ACCELERATE_DEBUG_MODE": "1", "BAD_ENV_NAME": "<mything", "OTHER_ENV": "2", "E": ""}
+    with caplog.at_level("WARNING", logger="accelerate.utils.environment"):
+        lines = convert_dict_to_env_variables(env)
+    assert lines == ["ACCELERATE_DEBUG_MODE=1\n", "OTHER_ENV=2\n"]
+    skipped = [r.getMessage() for r in caplog.records if r.name == "accelerate.utils.environment"]
+    assert len(skipped) == 2
+    assert "BAD_ENV_NAME=<mything" in skipped[0]
+
+
 def test_patch_environment_restores_after_an_error() -> None:
     from notebook_launcher.utils import patch_environment
 
