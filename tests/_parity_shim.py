@@ -287,6 +287,10 @@ def install(
     ``runpy``) whose own imports get no stand-ins: they raise at the import, as a user's code
     would, while libraries they use (Transformers imports ``dispatch_model``...) get them.
     """
+    for finder in sys.meta_path:
+        if isinstance(finder, AccelerateShim) and finder.stand_in == stand_in_accelerate_only:
+            _STRICT_IMPORTERS.update(strict_importers)
+            return finder  # installed at start-up already (tests/_parity_site/sitecustomize.py)
     for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
         del sys.modules[name]  # a real Accelerate imported earlier (a forked rank inherits it)
     _STRICT_IMPORTERS.update(strict_importers)
