@@ -454,9 +454,9 @@ def format_remote_traceback(traceback: str, collapse: bool = True) -> str:
             cell = notebook_cell_name(filename)
             if cell is not None:
                 line = f"  Cell {cell}, line {lineno}{rest}" + ("\n" if line.endswith("\n") else "")
-            frame = [line if line.endswith("\n") else line + "\n"]
+            frame = [line]
             following = lines[i + 1] if i + 1 < len(lines) else ""
-            if not following.startswith("    "):  # the rank had no source for it
+            if line.endswith("\n") and not following.startswith("    "):  # no source with it
                 source = linecache.getline(filename, int(lineno)).strip()
                 if source:
                     frame.append(f"    {source}\n")
