@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -95,10 +96,10 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        from ._accelerate_only import ACCELERATE_ONLY, error_for
+        from ._accelerate_only import ACCELERATE_ONLY, lookup_error
 
         if name in ACCELERATE_ONLY:
-            raise error_for(name)
+            raise lookup_error(name, sys._getframe(1))
         raise AttributeError(f"module 'notebook_launcher' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # after importing: the submodule import rebinds nothing here

@@ -56,7 +56,8 @@ class LaunchStarted:
     A launch on a cluster's nodes (one kernel drives them all) has ``node_rank`` -1 and
     ``hosts``. ``log_line_prefix_template`` (torch elastic's ``${rank}``, ``${local_rank}``,
     ``${role_name}``) replaces the views' ``[rankN]`` label of output lines; ``task``: set
-    when a session's ranks run one of its tasks (``"task 3: run_cell"``), empty for a launch."""
+    when a session's ranks run one of its tasks (``"task 3: run_cell"``), empty for a launch;
+    ``session``: the ranks of a session start (they stay, ready for its tasks)."""
 
     world_size: int
     local_world_size: int
@@ -80,6 +81,7 @@ class LaunchStarted:
     placement: str = ""
     #: what the user should read before the ranks start (ranks sharing a GPU), or empty
     banner: str = ""
+    session: bool = False
 
 
 @dataclass(frozen=True)

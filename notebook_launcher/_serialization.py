@@ -2,7 +2,8 @@
 
 Functions and classes defined in a notebook cell live in ``__main__``, which a spawned
 worker cannot import: cloudpickle ships them *by value*, so re-running a cell ships
-the new definition. Return values and exceptions come back with cloudpickle too.
+the new definition. So does every module that only this process has (a script that
+``runpy.run_path`` runs as ``<run_path>``: :func:`only_here`). Return values and exceptions come back with cloudpickle too.
 
 **Class identity.** A class shipped by value is rebuilt as a new class object unless
 cloudpickle's class tracker knows it: each such class gets a tracker id when it is first
@@ -91,9 +92,74 @@ _CLOUDPICKLE_REDUCE_CODE = cloudpickle.Pickler.dispatch_table[types.CodeType]
 
 
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle's pickler, with code objects that keep their file names."""
+    """cloudpickle's pickler, with code objects that keep their file names, and functions and
+    classes of modules only this process has (:func:`only_here`) shipped by value."""
 
     dispatch_table = ChainMap({types.CodeType: _reduce_code}, cloudpickle.Pickler.dispatch_table)
+
+    def __init__(self, file: io.BytesIO, protocol: int) -> None:
+        super().__init__(file, protocol=protocol)
+        self._only_here: dict[str, bool] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (types.FunctionType, type)):
+            name = getattr(obj, "__module__", None)
+            here: bool | None = False
+            if isinstance(name, str):
+                here = self._only_here.get(name)
+                if here is None:
+                    here = self._only_here[name] = only_here(name)
+            if here:
+                # what cloudpickle does for __main__ (its private reducers, as in 3.0 to 3.1);
+                # not register_pickle_by_value: that is process-wide, and other threads pickle
+                if isinstance(obj, type):
+                    return _cp._dynamic_class_reduce(obj)
+                return self._dynamic_function_reduce(obj)
+        return super().reducer_override(obj)
+
+
+def only_here(module_name: str) -> bool:
+    """Whether the module named ``module_name`` exists only in this process, made by running
+    code rather than imported: a rank (spawn, forkserver, a session, another node) cannot import
+    it, so what it defines must travel by value, as ``__main__``'s does (cloudpickle ships by
+    reference whatever sits in a module of ``sys.modules``).
+
+    ``runpy.run_path`` (``%run``-style script runners) runs a script as the module
+    ``<run_path>`` (or the ``run_name`` given); ``exec`` into a hand-made module does the same.
+    Such a module has no import spec, code ran in it (it has ``__builtins__``), and the import
+    system cannot find its top-level package. (Extension submodules without a spec, like
+    ``torch._C._nn``, come with their package in the rank: by reference, as before.)
+
+    >>> import sys, types
+    >>> sys.modules["made_here"] = made = types.ModuleType("made_here")
+    >>> exec("def f(): pass", vars(made))
+    >>> only_here("made_here"), only_here("json")
+    (True, False)
+    >>> del sys.modules["made_here"]
+    """
+    module = sys.modules.get(module_name)
+    if module is None or module_name == "__main__" or getattr(module, "__spec__", None):
+        return False  # unknown or __main__: cloudpickle ships by value already
+    if "__builtins__" not in vars(module):
+        return False  # no code ran in it: an extension's namespace
+    top = module_name.partition(".")[0]
+    if top in sys.builtin_module_names:
+        return False
+    return not _findable(top)
+
+
+def _findable(top: str) -> bool:
+    """Whether the import system finds the top-level module ``top`` (not from sys.modules)."""
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        if find_spec is None:
+            continue
+        try:
+            if find_spec(top, None) is not None:
+                return True
+        except Exception:  # noqa: BLE001 - a finder that cannot answer: ask the next one
+            continue
+    return False
 
 
 # --- class identity ------------------------------------------------------------------------
@@ -137,6 +203,8 @@ class _Unpickler(pickle.Unpickler):
 def _is_dynamic_class(obj: Any) -> bool:
     if not isinstance(obj, type):
         return False
+    if isinstance(obj.__module__, str) and only_here(obj.__module__):
+        return True  # _Pickler ships it by value
     try:
         return not _cp._should_pickle_by_reference(obj)
     except Exception:  # noqa: BLE001 - cloudpickle's private helper changed: be safe

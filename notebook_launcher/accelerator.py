@@ -87,7 +87,8 @@ from .utils.dataclasses import (
 )
 from .utils.other import extract_model_from_parallel, is_compiled_module
 
-logger = logging.getLogger(__name__)
+# Accelerate's logger name, so that logging set up for Accelerate applies (README).
+logger = logging.getLogger("accelerate.accelerator")
 
 # ------------------------------------------------------------------- autocast wrapper
 

@@ -47,7 +47,8 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+# Accelerate's logger name, so that logging set up for Accelerate applies (README).
+logger = logging.getLogger("accelerate.checkpointing")
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"

@@ -44,7 +44,7 @@ from typing import Any
 
 from ._events import Event, NodesWaiting
 from ._launch import slurm
-from ._launch.remote import AgentHub, ClusterPlan, RemoteNode, plan_cluster
+from ._launch.remote import AgentHub, ClusterPlan, RemoteNode, cluster_ranks, plan_cluster
 from .errors import ClusterError
 
 #: Seconds the agents have to join once the scheduler started them.
@@ -226,7 +226,16 @@ class Cluster:
         self, report: Callable[[Event], None], num_processes: int | None, **options: Any
     ) -> ClusterPlan:
         """The plan of a launch or a session (``options``: ``plan_cluster``'s) on this
-        cluster's nodes, started if need be (``report`` is told of the wait)."""
+        cluster's nodes, started if need be (``report`` is told of the wait). What can be
+        checked without the nodes is checked first: nothing is submitted for a launch
+        that cannot run."""
+        __tracebackhide__ = True
+        cluster_ranks(
+            num_processes,
+            self.num_nodes,
+            self.gpus_per_node,
+            devices=options.get("devices", "auto"),
+        )
         return plan_cluster(
             self.nodes_for_launch(report),
             self.store_address,

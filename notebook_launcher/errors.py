@@ -23,6 +23,7 @@ Every exception here that carries fields defines ``__reduce__`` so it survives p
 from __future__ import annotations
 
 import functools
+import linecache
 import os
 import re
 import sys
@@ -33,6 +34,21 @@ from typing import TextIO, TypeVar
 #: How much of an exception's message a summary line or a note repeats; the exception
 #: itself keeps all of it.
 SUMMARY_CHARS = 500
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z])")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of ``text`` (its first line when it has no sentence end).
+
+    >>> first_sentence("[pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is "
+    ...                "typically caused by a remote worker crashing. GLHF!")
+    '[pair.cc:553] Connection closed by peer [127.0.0.1]:1.'
+    """
+    line = text.strip().split("\n", 1)[0]
+    end = _SENTENCE_END.search(line)
+    return line[: end.end()] if end else line
 
 
 def shorten(text: str, limit: int = SUMMARY_CHARS) -> str:
@@ -144,7 +160,10 @@ class RankFailure:
     def describe(self) -> str:
         on = f" on {self.host}" if self.host else ""
         if self.kind == "raised":
-            return f"rank {self.rank}{on} raised {self.exc_type}: {shorten(self.message)}"
+            # a collateral error is torch's word on a peer that went away: its first
+            # sentence says it (gloo goes on "This is typically caused by... GLHF!")
+            message = first_sentence(self.message) if self.collateral else self.message
+            return f"rank {self.rank}{on} raised {self.exc_type}: {shorten(message)}"
         if self.kind == "died":
             if self.signal_name:
                 how = f"killed by {self.signal_name}({self.exitcode})"
@@ -407,7 +426,9 @@ def format_remote_traceback(traceback: str, collapse: bool = True) -> str:
     as IPython names them (``Cell In[2], line 7, in train``), and -- when ``collapse`` --
     each run of library frames folded into one line
     (``[... 3 frames in torch.distributed]``). The frame where the error was raised and the
-    error line itself always stay."""
+    error line itself always stay. A frame without its source line (a rank on another node,
+    or one started before the cell was run, has no copy of the cell) gets it from this
+    process's ``linecache``, as IPython shows the rebuilt exception's frames."""
     out: list[str] = []
     #: the frames of the current traceback section: (library module or None, lines)
     frames: list[tuple[str | None, list[str]]] = []
@@ -425,14 +446,21 @@ def format_remote_traceback(traceback: str, collapse: bool = True) -> str:
             out.extend(lines)
         frames.clear()
 
-    for line in traceback.splitlines(keepends=True):
+    lines = traceback.splitlines(keepends=True)
+    for i, line in enumerate(lines):
         match = _FRAME_LINE.match(line)
         if match:
             filename, lineno, rest = match.groups()
             cell = notebook_cell_name(filename)
             if cell is not None:
                 line = f"  Cell {cell}, line {lineno}{rest}" + ("\n" if line.endswith("\n") else "")
-            frames.append((None if cell else library_module(filename), [line]))
+            frame = [line]
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            if line.endswith("\n") and not following.startswith("    "):  # no source with it
+                source = linecache.getline(filename, int(lineno)).strip()
+                if source:
+                    frame.append(f"    {source}\n")
+            frames.append((None if cell else library_module(filename), frame))
         elif frames and line.startswith("    "):
             frames[-1][1].append(line)  # the frame's source line, its carets
         else:
@@ -466,6 +494,7 @@ __all__ = [
     "RendezvousError",
     "format_remote_traceback",
     "at_callers_line",
+    "first_sentence",
     "interrupted",
     "rank_list",
     "library_module",

@@ -291,6 +291,8 @@ class DistMagics:
         if self.session is not None and self.session.status().state != "closed":
             raise UsageError("a session runs already: %dist restart, or %dist stop first")
         cluster = self._cluster(args)
+        if cluster is not None:
+            self._check_ranks(args, cluster)
         try:
             self.session = start(
                 args.num_processes,
@@ -308,6 +310,39 @@ class DistMagics:
                 self.cluster = None
             raise
         return self.session.status()
+
+    def _check_ranks(self, args: Any, cluster: Any) -> None:
+        """The rank count against the cluster's nodes and GPUs, before a job is submitted
+        (a queue is a long wait to be told to add ``-n``), in this magic's words."""
+        import shlex
+
+        from ._launch.remote import Spelling, cluster_ranks
+
+        if args.slurm is not None:
+            options = f'"{args.slurm}"' if '"' not in args.slurm else shlex.quote(args.slurm)
+            where = f"--slurm {options}"
+        else:
+            where = f"--cluster {args.cluster}"
+        spelling = Spelling(
+            unset="%dist start without -n",
+            count=f"%dist start -n {{}} {where}",
+            gpus="--gpus-per-node {}" if args.slurm is not None else "gpus_per_node={}",
+            no_gpus="no --gpus-per-node in --slurm"
+            if args.slurm is not None
+            else "gpus_per_node=0",
+        )
+        try:
+            cluster_ranks(
+                args.num_processes,
+                cluster.num_nodes,
+                cluster.gpus_per_node,
+                spelling,
+                devices=args.devices,
+            )
+        except PreflightError as exc:
+            if cluster is self.cluster and not cluster.running:
+                self.cluster = None  # made for this line: nothing was submitted
+            raise UsageError(str(exc)) from None
 
     def _cluster(self, args: Any) -> Any:
         """The cluster a session starts on: ``--slurm "OPTIONS"`` makes one (this magic's:

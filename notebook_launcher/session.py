@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._launch import compare as compare_values
 from ._launch import preflight, stall
+from ._launch.lifecycle import RunEnd, decide, finished_event
 from ._launch.plan import plan_launch
 from ._launch.session import SessionCore, TaskHandle
 from ._posix import deferred_interrupts
@@ -80,6 +81,7 @@ def start(
         cluster = SlurmCluster(nodes=2)
         session = notebook_launcher.start(num_processes=4, cluster=cluster)  # 2 x 2 ranks
     """
+    __tracebackhide__ = True  # a preflight error reads as raised by the caller's line
     return Session(
         num_processes,
         mixed_precision=mixed_precision,
@@ -139,6 +141,7 @@ class Session:
     """Ranks that live across cells (see :func:`start`)."""
 
     def __init__(self, num_processes: int | None, **options: Any) -> None:
+        __tracebackhide__ = True
         preflight.check_dashboard(options.get("dashboard", "auto"))
         options["stall_after"] = stall.check_stall_after(
             options.get("stall_after", stall.DEFAULT_STALL_AFTER)
@@ -155,23 +158,31 @@ class Session:
     # -- life ----------------------------------------------------------------------------
 
     def _start(self) -> None:
+        __tracebackhide__ = True  # a preflight error reads as raised by the caller's line
         options = dict(self._options)
         dashboard = options.pop("dashboard")
         stall_after = options.pop("stall_after")
         cluster = options.pop("cluster", None)
         plan = None
+        # One view from the wait for a cluster's nodes to the ranks' start: the wait shows
+        # (a queued job's state, the agents that joined) and its clock runs on.
+        view = self._view(dashboard)
         try:
             if cluster is not None:
-                plan = self._on_cluster(cluster, dashboard, options)
+                plan = self._on_cluster(cluster, view, options)
             else:
                 plan = plan_launch(None, self._num_processes, **options)
             core = SessionCore(plan, stall_after)
-        except BaseException:
+        except BaseException as exc:
             if plan is not None:  # (Ctrl-C may land between its making and this line)
                 plan.close()
+            if cluster is not None:  # the view showed the wait: it says how it ended
+                never = RunEnd("start", (), 0, start_error=exc)
+                view.handle(finished_event(never, decide(never)))
+            view.close()
             raise
         try:
-            core.start(self._view(dashboard))  # (cleans up after itself when it fails)
+            core.start(view)  # (cleans up after itself when it fails)
             self._core = core
             if not _live:
                 atexit.register(_close_all)
@@ -185,9 +196,10 @@ class Session:
         if note:  # as a launch's header says it
             print(f"notebook_launcher: {note}", file=sys.stderr)
 
-    def _on_cluster(self, cluster: Cluster, dashboard: Any, options: dict[str, Any]) -> Any:
-        """The plan of a session on a cluster's nodes (started if need be: the view shows
+    def _on_cluster(self, cluster: Cluster, view: View, options: dict[str, Any]) -> Any:
+        """The plan of a session on a cluster's nodes (started if need be: ``view`` shows
         the wait for its job and agents)."""
+        __tracebackhide__ = True
         for name, default in (
             ("use_port", "auto"),
             ("master_addr", "127.0.0.1"),
@@ -199,18 +211,14 @@ class Session:
                     "ranks and this kernel drives them (leave it as it is)."
                 )
         preflight.check_not_in_a_rank()
-        view = self._view(dashboard)
-        try:
-            return cluster.plan(
-                view.handle,
-                self._num_processes,
-                mixed_precision=options.get("mixed_precision", "no"),
-                grace_period=options.get("grace_period", 1.0),
-                session=True,
-                devices=options.get("devices", "auto"),
-            )
-        finally:
-            view.close()
+        return cluster.plan(
+            view.handle,
+            self._num_processes,
+            mixed_precision=options.get("mixed_precision", "no"),
+            grace_period=options.get("grace_period", 1.0),
+            session=True,
+            devices=options.get("devices", "auto"),
+        )
 
     def _view(self, dashboard: Any = None) -> View:
         choice = self._options["dashboard"] if dashboard is None else dashboard

@@ -41,7 +41,8 @@ from .utils.imports import (
     is_wandb_available,
 )
 
-logger = logging.getLogger(__name__)
+# Accelerate's logger name, so that logging set up for Accelerate applies (README).
+logger = logging.getLogger("accelerate.tracking")
 
 
 # --------------------------------------------------------------------------- trackers

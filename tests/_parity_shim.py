@@ -245,7 +245,11 @@ class AccelerateShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def _stand_in_package_names() -> None:
     """``from accelerate import init_empty_weights`` binds a stand-in instead of raising
     (our packages' ``__getattr__`` raise AccelerateOnlyError for those names)."""
-    from notebook_launcher._accelerate_only import AccelerateOnlyError
+    from notebook_launcher._accelerate_only import (
+        AccelerateOnlyAttributeError,
+        AccelerateOnlyError,
+        lookup_error,
+    )
 
     for name in (
         "notebook_launcher",
@@ -258,9 +262,10 @@ def _stand_in_package_names() -> None:
         def lookup(attr: str, original: Callable[[str], Any] = original) -> Any:
             try:
                 return original(attr)
-            except AccelerateOnlyError:
+            except (AccelerateOnlyError, AccelerateOnlyAttributeError):
                 if _importer_is_strict():
-                    raise
+                    # the kind (ImportError or AttributeError) is the real caller's, not ours
+                    raise lookup_error(attr, sys._getframe(1)) from None
                 return _stand_in(attr, attr)
 
         module.__getattr__ = lookup  # type: ignore[method-assign]
@@ -282,6 +287,10 @@ def install(
     ``runpy``) whose own imports get no stand-ins: they raise at the import, as a user's code
     would, while libraries they use (Transformers imports ``dispatch_model``...) get them.
     """
+    for finder in sys.meta_path:
+        if isinstance(finder, AccelerateShim) and finder.stand_in == stand_in_accelerate_only:
+            _STRICT_IMPORTERS.update(strict_importers)
+            return finder  # installed at start-up already (tests/_parity_site/sitecustomize.py)
     for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
         del sys.modules[name]  # a real Accelerate imported earlier (a forked rank inherits it)
     _STRICT_IMPORTERS.update(strict_importers)

@@ -102,6 +102,39 @@ def test_a_slurm_cluster_starts_one_agent_per_node_and_its_job_ends_with_it(
     assert key and not (tmp_path / "jobs" / key).exists()
 
 
+def test_a_rank_count_the_cluster_cannot_run_is_refused_before_submitting(
+    cluster_clean: SlurmTestCluster,
+) -> None:
+    """No rank count and no GPUs asked for (and the other counts a cluster cannot split)
+    are known before ``sbatch``: refused then, not after the queue and the agents; the
+    traceback ends at the caller's line (every frame below it is hidden from IPython)."""
+    from notebook_launcher import PreflightError, start
+
+    before = cluster_clean.jobs()
+    for count, phrase in (
+        (None, "num_processes=None means one rank per GPU, and the cluster has no GPUs"),
+        (3, "num_processes=3 does not split evenly over the cluster's 2 nodes"),
+    ):
+        cluster = SlurmCluster(nodes=2)
+        with pytest.raises(PreflightError, match=phrase) as info:
+            start(count, cluster=cluster, dashboard=False)
+        assert cluster.job_id is None and not cluster.running
+        assert cluster_clean.jobs() == before
+        frames = []
+        tb = info.value.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        assert (
+            frames[0].f_code.co_name
+            == "test_a_rank_count_the_cluster_cannot_run_is_refused_before_submitting"
+        )
+        assert all(f.f_locals.get("__tracebackhide__") for f in frames[1:])
+    with pytest.raises(PreflightError, match="e.g. num_processes=4"):
+        notebook_launcher(sleeps, cluster=SlurmCluster(nodes=2), dashboard=False)
+    assert cluster_clean.jobs() == before
+
+
 def test_ctrl_c_while_the_job_is_queued_cancels_it(cluster_clean: SlurmTestCluster) -> None:
     cluster = SlurmCluster(nodes=2, sbatch_options=["--begin=now+600"])  # it pends
 

@@ -1,6 +1,7 @@
 """The magics on a real Slurm cluster, in a real ipykernel: ``%dist start --slurm``.
 
-``%dist start -n 4 --slurm "--nodes 2"`` submits a job and starts a session on its nodes;
+``%dist start -n 4 --slurm "--nodes 2"`` submits a job (a count it cannot run is refused
+first) and starts a session on its nodes, showing the wait;
 ``%%distributed`` and ``%%rank`` cells run there; ``%dist stop`` ends the session and the
 job the magic submitted (``squeue`` is empty after).
 """
@@ -28,14 +29,31 @@ def kernel(slurm: SlurmTestCluster) -> Iterator[object]:
 def test_dist_start_on_slurm_then_cells_then_stop(kernel: object, slurm: SlurmTestCluster) -> None:
     out, reply, tb = run_cell(kernel, "%load_ext notebook_launcher")
     assert reply["status"] == "ok", tb
+    # no rank count and no GPUs asked for: said before anything is submitted, in the
+    # magic's words, without the library's frames
+    out, reply, tb = run_cell(kernel, '%dist start --slurm "--nodes 2 --job-name magic"')
+    assert not tb and out.strip() == (  # IPython prints a UsageError alone, no frames
+        "UsageError: %dist start without -n means one rank per GPU, and the cluster has no "
+        "GPUs (no --gpus-per-node in --slurm). Say how many ranks in all, a multiple of its 2 "
+        'node(s): e.g. %dist start -n 4 --slurm "--nodes 2 --job-name magic".'
+    ), (out, tb)
+    assert slurm.jobs() == []
     out, reply, tb = run_cell(
         kernel,
         'status = %dist start -n 4 --slurm "--nodes 2 --job-name magic" --dashboard text\n'
         "print(status)",
     )
-    assert reply["status"] == "ok", tb
+    assert not tb, tb
     assert "session: ready, 4 ranks (gloo, agent)" in out, out
     assert len(slurm.jobs()) == 1
+    # the wait for the job and its agents shows, then the ranks ready (not a finished
+    # launch), on one clock
+    said = [line for line in out.splitlines() if line.startswith("notebook_launcher: ")]
+    assert said[0].startswith("notebook_launcher: waiting for Slurm job "), out
+    assert "RUNNING, 2/2 agents joined" in out, out
+    ready = [line for line in said if line.endswith(": ready")]
+    assert len(ready) == 1 and ready[0].startswith("notebook_launcher: 4 ranks, "), out
+    assert " done" not in out, out
     out, reply, tb = run_cell(
         kernel, "%%distributed\nimport os\nprint('on', os.environ['SLURMD_NODENAME'])"
     )

@@ -322,3 +322,54 @@ def test_only_consequences_are_collateral(name: str) -> None:
     if name.startswith("the same"):
         assert report.same_failure == [0, 1] and report.collateral == []
         assert "Raised on ranks 0 and 1 (the same error) of 3" in str(exc)
+
+
+# --- what the notebook shows of remote ranks and collateral errors ---------------------------
+
+GLOO_PEER_GONE = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+    "by peer [127.0.0.1]:19846. This is typically caused by a remote worker crashing. Check "
+    "the logs of the remote worker before reporting an error. GLHF! \U0001f3d6\ufe0f"
+)
+
+
+def test_a_collateral_error_says_its_first_sentence() -> None:
+    """torch's boilerplate after it ("... GLHF!" and an emoji that renders as a box) is
+    noise in the list of collateral failures and in a left rank's verdict."""
+    peer = RankFailure(0, "raised", 11, "RuntimeError", GLOO_PEER_GONE, collateral=True)
+    assert peer.describe() == (
+        "rank 0 raised RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/"
+        "tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:19846."
+    )
+    own = RankFailure(1, "raised", 12, "ValueError", "Bad value. Fix It.")
+    assert own.describe() == "rank 1 raised ValueError: Bad value. Fix It."  # its own: whole
+    waiting = RankFailure(
+        0, "raised", 11, "RuntimeError", GLOO_PEER_GONE, collateral=True, time=2.0
+    )
+    text = str(exception_for(diagnose([waiting], {1: 1.0}), 2))  # rank 1 left, rank 0 waited
+    assert "returned from the function while rank(s) [0] still waited" in text, text
+    assert "GLHF" not in text and "Connection closed by peer [127.0.0.1]:19846.)" in text, text
+
+
+def test_a_remote_ranks_traceback_gets_its_source_lines_here() -> None:
+    """A rank on another node, or a session's rank started before the cell ran, has no copy
+    of the cell: its traceback comes without source lines. The kernel has them (IPython
+    keeps every cell in ``linecache``), so the dashboard shows them, as a local launch's."""
+    import linecache
+
+    from notebook_launcher.ui.model import notebook_cell_traceback
+
+    cell = "/tmp/ipykernel_4242/3141592653.py"  # how ipykernel names cell 7's code
+    linecache.cache[cell] = (40, None, ["def train():\n", "    return 1 / 0\n"], cell)
+    try:
+        remote = (
+            "Traceback (most recent call last):\n"
+            f'  File "{cell}", line 2, in train\n'
+            "ZeroDivisionError: division by zero\n"
+        )
+        shown = notebook_cell_traceback(remote).splitlines()
+        assert shown[1].endswith("line 2, in train")
+        assert shown[2] == "    return 1 / 0"
+        assert shown[3] == "ZeroDivisionError: division by zero"
+    finally:
+        del linecache.cache[cell]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import runpy
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -164,6 +166,37 @@ def test_cell_redefinition_ships_new_code_on_spawn() -> None:
     exec("def f():\n    return 'second'\n", ns)
     second = notebook_launcher(ns["f"], (), 2, start_method="forkserver", dashboard=Recorder())
     assert first == ["first", "first"] and second == ["second", "second"]
+
+
+_RUN_PATH_SCRIPT = """
+import os
+from notebook_launcher import notebook_launcher
+from tests.helpers import Recorder
+
+class Box:
+    def __init__(self, value):
+        self.value = value
+
+def helper(k):
+    return Box(k + int(os.environ["RANK"]))
+
+def train(k):
+    return helper(k)
+
+results = notebook_launcher(train, (10,), 2, start_method="forkserver", dashboard=Recorder())
+"""
+
+
+def test_a_script_run_by_runpy_ships_its_functions_by_value(tmp_path: Path) -> None:
+    """``runpy.run_path`` (as ``%run`` and script runners do) runs a script as the module
+    ``<run_path>``, which no rank can import: its functions and classes travel by value, and
+    what the ranks return is an instance of the script's own class."""
+    script = tmp_path / "train.py"
+    script.write_text(_RUN_PATH_SCRIPT)
+    namespace = runpy.run_path(str(script))
+    results = namespace["results"]
+    assert [r.value for r in results] == [10, 11]
+    assert all(type(r) is namespace["Box"] for r in results)
 
 
 # --- preflight: nothing starts ---------------------------------------------------------

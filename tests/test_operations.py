@@ -394,3 +394,31 @@ def _many_dims_worker() -> list[int]:
 def test_pad_across_processes_with_many_dims() -> None:
     for shape in notebook_launcher(_many_dims_worker, num_processes=2, dashboard=False):
         assert shape == [1] * 39 + [2]
+
+
+def test_a_shape_mismatch_names_each_ranks_input_in_its_first_line() -> None:
+    """The first line is what a summary, the dashboard's rank row and a log show: it names
+    each rank's input (ranks that agree share an entry), as a mismatch of kinds names each
+    rank's call."""
+    from notebook_launcher._worker import collectives
+    from notebook_launcher.utils import operations
+
+    raw = collectives.mismatch_message(
+        [
+            ("all_reduce", "all_reduce(float32 [4])", "a.py:3"),
+            ("all_reduce", "all_reduce(float32 [5])", "a.py:3"),
+            ("all_reduce", "all_reduce(float32 [4])", "a.py:3"),
+        ]
+    )
+    assert raw.splitlines()[0] == (
+        "The ranks called all_reduce with different inputs: processes 0, 2: "
+        "all_reduce(float32 [4]), process 1: all_reduce(float32 [5]). Every rank must pass "
+        "the same shapes, dtypes, root and reduce op"
+    )
+    with pytest.raises(DistributedOperationException) as info:
+        operations._raise_mismatch("gather", [("gather", "[2] float32"), ("gather", "[3] float32")])
+    assert str(info.value).splitlines()[0] == (
+        "Cannot apply gather because the ranks disagree on its inputs: process 0: [2] float32, "
+        "process 1: [3] float32. All shapes across processes must match "
+        "(pad_across_processes() evens out tensor lengths)."
+    )

@@ -61,13 +61,17 @@ FILES = (
 )
 
 
-def run_their_tests(mode: str, out_file: str, files: tuple[str, ...] = FILES) -> None:
-    """Their ``tests/<file>.py`` in a child pytest (``mode``: "ours" through the shim, or
-    "real" Accelerate), one JSON line per test in ``out_file``."""
-    sources = shim.accelerate_sources()
+def their_env(mode: str, out_file: str, sources: Path) -> dict[str, str]:
+    """The environment of the child pytest running their tests, and of every process it starts.
+
+    "ours": ``tests/_parity_site/sitecustomize.py`` installs the shim in every interpreter of
+    the run, so that the forkserver and spawned ranks of their ``debug_launcher`` calls answer
+    ``import accelerate`` as the child pytest does (a forked rank inherits the shim anyway).
+    """
     env = kernel_env()
+    site = [str(REPO / "tests" / "_parity_site")] if mode == "ours" else []
     env.update(
-        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join([*site, str(REPO), env.get("PYTHONPATH", "")]),
         NOTEBOOK_LAUNCHER_PARITY=mode,
         NOTEBOOK_LAUNCHER_PARITY_OUT=out_file,
         NOTEBOOK_LAUNCHER_PARITY_SOURCES=str(sources),
@@ -76,6 +80,14 @@ def run_their_tests(mode: str, out_file: str, files: tuple[str, ...] = FILES) ->
         WANDB_MODE="offline",
         WANDB_SILENT="true",
     )
+    return env
+
+
+def run_their_tests(mode: str, out_file: str, files: tuple[str, ...] = FILES) -> None:
+    """Their ``tests/<file>.py`` in a child pytest (``mode``: "ours" through the shim, or
+    "real" Accelerate), one JSON line per test in ``out_file``."""
+    sources = shim.accelerate_sources()
+    env = their_env(mode, out_file, sources)
     with tempfile.TemporaryDirectory() as workdir:
         ini = Path(workdir) / "pytest.ini"
         ini.write_text("[pytest]\n")
@@ -129,11 +141,6 @@ DIFFERS: dict[str, tuple[str, str]] = {
         "offloading hooks are Accelerate's own",
         re.escape(_ONLY.format("has_offloaded_params")),
     ),
-    "test_utils.py::UtilsTester::test_convert_dict_to_env_variables": (
-        "this package logs under its own names (notebook_launcher.utils.environment), not "
-        "accelerate.utils.environment",
-        r"no logs of level WARNING or higher triggered on accelerate\.utils\.environment",
-    ),
     "test_launch.py::TestPrepareMultiGpuEnv::test_auto_port_selection": (
         "the `accelerate launch` command line and its helpers are Accelerate's own",
         re.escape(_ONLY.format("prepare_multi_gpu_env")),
@@ -142,14 +149,7 @@ DIFFERS: dict[str, tuple[str, str]] = {
 
 #: Not deliberate: failures still open, each with what it shows (see the README). A case here
 #: that starts passing fails, so that it is moved out.
-OPEN: dict[str, tuple[str, str]] = {
-    "test_grad_sync.py::SyncScheduler::test_gradient_sync_cpu_noop": (
-        "passes alone and after test_cpu; after test_utils's pad_across_processes tests ran in "
-        "the same process, the one-rank debug_launcher run sees a distributed type in the "
-        "rank and runs their multi-process no_sync check (open: a caller-process leak)",
-        r"Gradients in sync when they should not be",
-    ),
-}
+OPEN: dict[str, tuple[str, str]] = {}
 
 
 @functools.cache
@@ -198,6 +198,22 @@ def test_accelerate_unit(case: str) -> None:
         return
     if status != "passed":
         pytest.fail(f"{case} {status} with notebook_launcher:\n{detail[-4000:]}", pytrace=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_fresh_interpreter_of_their_run_imports_ours_as_accelerate() -> None:
+    """What a forkserver or spawned rank of their run imports as ``accelerate``: ours, as in
+    the child pytest (it was the real Accelerate, and ``test_gradient_sync_cpu_noop`` measured
+    it whenever the launcher picked the forkserver)."""
+    env = their_env("ours", os.devnull, shim.accelerate_sources())
+    probe = "import accelerate, accelerate.test_utils as t; print(accelerate.__name__, t.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=50
+    )
+    assert out.returncode == 0, out.stderr
+    name, helpers = out.stdout.split()
+    assert name == "notebook_launcher"
+    assert helpers.startswith(str(shim.accelerate_sources()))
 
 
 @pytest.mark.timeout(600)

@@ -231,15 +231,66 @@ def test_accelerate_only_names_raise_one_clear_error(statement: str) -> None:
     assert isinstance(info.value, ImportError)
 
 
+@pytest.mark.parametrize(
+    ("package", "name"),
+    [
+        ("notebook_launcher", "dispatch_model"),
+        ("notebook_launcher", "hooks"),
+        ("notebook_launcher.utils", "merge_fsdp_weights"),
+        ("notebook_launcher.utils.modeling", "infer_auto_device_map"),
+    ],
+)
+def test_feature_probes_of_accelerate_only_names_answer_not_here(package: str, name: str) -> None:
+    """How libraries detect a feature (Transformers: ``dispatch_model``): ``hasattr`` and
+    ``getattr`` with a default answer "absent", ``try: from ... import / except ImportError``
+    takes the except branch; each error still carries the message."""
+    module = importlib.import_module(package)
+    assert not hasattr(module, name)
+    assert getattr(module, name, None) is None
+    with pytest.raises(AttributeError, match="which notebook_launcher does not provide"):
+        getattr(module, name)
+    namespace: dict[str, Any] = {}
+    exec(  # the probe as libraries write it
+        f"try:\n    from {package} import {name}\nexcept ImportError as e:\n    caught = e\n",
+        namespace,
+    )
+    assert isinstance(namespace["caught"], AccelerateOnlyError)
+    assert "pip install accelerate" in str(namespace["caught"])
+
+
 def test_accelerate_only_error_pickles() -> None:
     import pickle
 
-    from notebook_launcher._accelerate_only import error_for
+    from notebook_launcher._accelerate_only import (
+        AccelerateOnlyAttributeError,
+        error_for,
+        lookup_error,
+    )
 
     error = pickle.loads(pickle.dumps(error_for("dispatch_model")))
     assert isinstance(error, AccelerateOnlyError)
     assert error.name == "dispatch_model"
     assert "dispatch_model" in str(error)
+    looked_up = pickle.loads(pickle.dumps(lookup_error("hooks", None)))
+    assert isinstance(looked_up, AccelerateOnlyAttributeError)
+    assert looked_up.name == "hooks"
+    assert "hooks" in str(looked_up)
+
+
+def test_convert_dict_to_env_variables_warns_on_accelerates_logger(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Accelerate's ``test_convert_dict_to_env_variables``: the entry it leaves out is named on
+    the logger Accelerate names, ``accelerate.utils.environment``."""
+    from notebook_launcher.utils import convert_dict_to_env_variables
+
+    env = {"ACCELERATE_DEBUG_MODE": "1", "BAD_ENV_NAME": "<mything", "OTHER_ENV": "2", "E": ""}
+    with caplog.at_level("WARNING", logger="accelerate.utils.environment"):
+        lines = convert_dict_to_env_variables(env)
+    assert lines == ["ACCELERATE_DEBUG_MODE=1\n", "OTHER_ENV=2\n"]
+    skipped = [r.getMessage() for r in caplog.records if r.name == "accelerate.utils.environment"]
+    assert len(skipped) == 2
+    assert "BAD_ENV_NAME=<mything" in skipped[0]
 
 
 def test_patch_environment_restores_after_an_error() -> None:

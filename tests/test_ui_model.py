@@ -752,3 +752,45 @@ def test_a_session_task_header_names_the_task_not_the_start_method() -> None:
         "running 1.0s",
     ]
     assert H.header_parts(fold([started(2)]), T0 + 1)[1:3] == ["2 ranks", "fork: cpu only"]
+
+
+def test_a_session_started_on_a_cluster_shows_the_wait_then_its_ranks_ready() -> None:
+    """The wait for the job and its agents shows at once, even in the view that holds a
+    quick task's events back; the ranks that came up are ready (alive, waiting for tasks),
+    not done; the clock runs on from the wait."""
+    from dataclasses import replace
+
+    from notebook_launcher._events import NodesWaiting
+    from notebook_launcher.ui.lazy import LazyView
+    from notebook_launcher.ui.model import READY
+
+    shown: list[Event] = []
+
+    class Shown:
+        def handle(self, event: Event) -> None:
+            shown.append(event)
+
+        def tick(self) -> None: ...
+
+        def close(self) -> None: ...
+
+    wait = NodesWaiting("Slurm job 12, 2 node(s)", "PENDING (Resources)", 0, 2, T0 - 30.0)
+    lazy = LazyView(Shown)
+    lazy.handle(wait)
+    assert shown == [wait]  # not held back until a task would have lasted
+
+    m = LaunchModel()
+    events: list[Event] = [
+        wait,
+        replace(started(2), session=True),
+        WorkerStarted(0, 0, 10, "cpu", T0 + 1.0),
+        WorkerStarted(1, 1, 11, "cpu", T0 + 1.0),
+        LaunchFinished(True, "2 ranks ready", None, 2.0, T0 + 2.0),
+    ]
+    for event in events:
+        m.apply(event)
+    assert [m.ranks[r].status for r in (0, 1)] == [READY, READY]
+    assert m.summary_line() == "2 ranks, 32.0s: ready"  # from the first word of the wait
+    head = H.header_parts(m, T0 + 5.0)
+    assert head[-1] == "ready in 32.0s"
+    assert "done" not in H.snapshot(m, T0 + 5.0)

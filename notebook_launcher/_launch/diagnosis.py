@@ -36,6 +36,7 @@ from ..errors import (
     RankFailure,
     SerializationError,
     WorkerDied,
+    first_sentence,
     notebook_cell_name,
     rank_list,
     shorten,
@@ -218,7 +219,7 @@ def _left_error(
     else:
         left = list(verdict.returned)
         first = stuck[0]
-        got = first.message.strip().splitlines()[0] if first.message else ""
+        got = first_sentence(first.message) if first.message else ""  # (gloo's boilerplate)
         waiting = (
             f"rank(s) {sorted({f.rank for f in stuck})} still waited for them in a "
             f"collective or barrier (rank {first.rank} got {first.exc_type}: {shorten(got, 200)})"

@@ -789,6 +789,67 @@ class ClusterPlan(LaunchPlan):
         )
 
 
+@dataclass(frozen=True)
+class Spelling:
+    """How a rank count is written where the user typed it, for the hints of
+    :func:`cluster_ranks`: Python's ``num_processes=4`` (the default) or ``%dist start``'s
+    ``-n 4``."""
+
+    #: no rank count given
+    unset: str = "num_processes=None"
+    #: a rank count ("{}": the number)
+    count: str = "num_processes={}"
+    #: the cluster's GPUs per node ("{}": the number)
+    gpus: str = "gpus_per_node={}"
+    #: a cluster without GPUs
+    no_gpus: str = "gpus_per_node=0"
+
+
+def cluster_ranks(
+    num_processes: Any,
+    nodes: int,
+    gpus_per_node: int,
+    spelling: Spelling = Spelling(),
+    devices: Any = "auto",
+) -> tuple[int, int]:
+    """(ranks in all, ranks per node) of a launch or session on ``nodes`` nodes of
+    ``gpus_per_node`` GPUs: everything it needs is known before a job is submitted, so it
+    is checked then (a queue is a long wait to be told to add ``-n``).
+
+    >>> cluster_ranks(None, 2, 4), cluster_ranks(6, 3, 0)
+    ((8, 4), (6, 2))
+    >>> cluster_ranks(None, 2, 0, Spelling(unset="no -n", count="-n {}", no_gpus="no GPU asked"))
+    Traceback (most recent call last):
+    notebook_launcher.errors.PreflightError: no -n means one rank per GPU, and the cluster has no GPUs (no GPU asked). Say how many ranks in all, a multiple of its 2 node(s): e.g. -n 4.
+    """
+    __tracebackhide__ = True
+    say = spelling
+    if num_processes is None:
+        if not gpus_per_node:
+            raise PreflightError(
+                f"{say.unset} means one rank per GPU, and the cluster has no GPUs "
+                f"({say.no_gpus}). Say how many ranks in all, a multiple of its "
+                f"{nodes} node(s): e.g. {say.count.format(2 * nodes)}."
+            )
+        num_processes = gpus_per_node * nodes
+    total = preflight.resolve_num_processes(num_processes, 0)
+    if total % nodes:
+        raise PreflightError(
+            f"{say.count.format(total)} does not split evenly over the cluster's {nodes} nodes: "
+            f"ask for a multiple of {nodes} "
+            f"(e.g. {say.count.format(nodes * max(1, round(total / nodes)))})."
+        )
+    per_node = total // nodes
+    # more ranks than GPUs share them (devices="auto", as on one machine); "gpu" refuses
+    if gpus_per_node and per_node > gpus_per_node and _placement.check_devices(devices) == "gpu":
+        raise PreflightError(
+            f"{say.count.format(total)} is {per_node} ranks per node, but the nodes have "
+            f"{say.gpus.format(gpus_per_node)}, and devices='gpu' asks for one rank per GPU: "
+            f"at most {gpus_per_node * nodes} in all (or devices='auto' to share them)."
+        )
+    return total, per_node
+
+
 def plan_cluster(
     nodes: list[RemoteNode],
     store: tuple[str, int],
@@ -810,21 +871,7 @@ def plan_cluster(
     authenticates nobody -- cannot name the keys the ranks will read, to poison them."""
     grace = preflight.check_grace_period(grace_period)
     count = len(nodes)
-    if num_processes is None:
-        if not gpus_per_node:
-            raise PreflightError(
-                "num_processes=None means one rank per GPU, and the cluster has no GPUs "
-                f"(gpus_per_node=0). Say how many ranks in all, a multiple of its {count} "
-                f"node(s): e.g. num_processes={2 * count}."
-            )
-        num_processes = gpus_per_node * count
-    total = preflight.resolve_num_processes(num_processes, 0)
-    if total % count:
-        raise PreflightError(
-            f"num_processes={total} does not split evenly over the cluster's {count} nodes: "
-            f"ask for a multiple of {count} (e.g. {count * max(1, round(total / count))})."
-        )
-    per_node = total // count
+    total, per_node = cluster_ranks(num_processes, count, gpus_per_node, devices=devices)
     wanted = _placement.check_devices(devices)
     # every node is placed alike (the agents said how many GPUs each has)
     where = _placement.place(
@@ -894,5 +941,7 @@ __all__ = [
     "RemoteNode",
     "ClusterPlan",
     "RemoteRank",
+    "Spelling",
+    "cluster_ranks",
     "plan_cluster",
 ]

@@ -42,6 +42,7 @@ session, without blocking the machinery that would complete it.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import os
 import signal
@@ -381,7 +382,7 @@ class SessionCore:
         world = len(self.world)
         told = False  # the view heard how the start ended
         try:
-            view.handle(plan.started_event())
+            view.handle(dataclasses.replace(plan.started_event(), session=True))
             run.start()
             while len(ready) < world and not run.record.failed and not run.finished:
                 run.pump(TICK)

@@ -363,7 +363,8 @@ def mismatch_message(entries: Sequence[Any], what: str = "") -> str:
         )
     else:
         head = (
-            f"The ranks called {ops[0]} with different inputs: every rank must pass the same "
+            f"The ranks called {ops[0]} with different inputs: "
+            f"{per_rank([_part(e, 1) for e in entries])}. Every rank must pass the same "
             "shapes, dtypes, root and reduce op" + (f" ({what})" if what else "")
         )
     lines = [head, "", "Inputs:"]
@@ -372,6 +373,24 @@ def mismatch_message(entries: Sequence[Any], what: str = "") -> str:
         lines.append("Called at:")
         lines += [f"  - Process {i}: {_part(e, 2) or '?'}" for i, e in enumerate(entries)]
     return "\n".join(lines)
+
+
+def per_rank(values: Sequence[str]) -> str:
+    """Each rank's value in one line, ranks that agree sharing an entry: the headline of a
+    mismatch, which is what a summary, the dashboard and a log show of it.
+
+    >>> per_rank(["float32 [4]", "float32 [5]", "float32 [4]"])
+    'processes 0, 2: float32 [4], process 1: float32 [5]'
+    """
+    groups: dict[str, list[int]] = {}
+    for i, value in enumerate(values):
+        groups.setdefault(value, []).append(i)
+    return ", ".join(
+        f"process {ranks[0]}: {value}"
+        if len(ranks) == 1
+        else f"processes {', '.join(map(str, ranks))}: {value}"
+        for value, ranks in groups.items()
+    )
 
 
 def _part(entry: Any, i: int) -> str:
@@ -389,6 +408,7 @@ __all__ = [
     "install",
     "install_for_launch",
     "mismatch_message",
+    "per_rank",
     "refuse",
     "task_scope",
     "uninstall",

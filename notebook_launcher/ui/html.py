@@ -28,6 +28,7 @@ from .model import (
     DIED,
     DONE,
     FAILED,
+    READY,
     RUNNING,
     STARTING,
     STOPPED,
@@ -46,6 +47,7 @@ STATUS_COLOURS = {
     RUNNING: "#1565c0",
     WAITING: "#e65100",
     DONE: "#2e7d32",
+    READY: "#2e7d32",
     FAILED: "#c62828",
     DIED: "#c62828",
     STOPPED: "#757575",
@@ -104,7 +106,8 @@ def header_parts(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> lis
     if m.finished is None:
         parts.append(f"running {clock(m.elapsed(now))}")
     else:
-        parts.append(f"finished in {fmt_duration(m.finished.wall_time)}")
+        done = "ready in" if m.session_start and m.finished.ok else "finished in"
+        parts.append(f"{done} {fmt_duration(m.elapsed(now))}")
     return parts
 
 
@@ -302,7 +305,7 @@ def spread_html(m: LaunchModel, now: float, clock: Clock, pick: str | None) -> s
             f"median {_pct(sp.median[1])} \u00b7 "
             f"fastest <b>rank {sp.fastest[0]}</b> {_pct(sp.fastest[1])}"
         )
-    order = (RUNNING, WAITING, STARTING, DONE, STOPPED, FAILED, DIED)
+    order = (RUNNING, WAITING, STARTING, READY, DONE, STOPPED, FAILED, DIED)
     counts = ", ".join(
         f"<span style='color:{STATUS_COLOURS[k]}'>{sp.counts[k]} {k}</span>"
         for k in order

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .._events import Event, LaunchStarted, Output, ProgressUpdate
+from .._events import Event, LaunchStarted, NodesWaiting, Output, ProgressUpdate
 from .model import LaunchModel, clean_line
 
 #: The most text a displayed text view keeps (its newest lines).
@@ -34,8 +34,8 @@ class _View(Protocol):
 
 
 class LazyView:
-    """Hold a task's events for ``delay`` seconds; then (or at the first progress bar)
-    hand them to the view ``make()`` builds. A task that ends sooner prints its output
+    """Hold a task's events for ``delay`` seconds; then (or at the first progress bar, or
+    a wait for a cluster's nodes) hand them to the view ``make()`` builds. A task that ends sooner prints its output
     lines alone (``[rank1] ...``); its failure, if any, is the exception the caller gets."""
 
     def __init__(self, make: Callable[[], _View], delay: float = 0.5) -> None:
@@ -52,7 +52,11 @@ class LazyView:
         if isinstance(event, LaunchStarted):
             self._started = time.monotonic()
         self._buffer.append(event)
-        if isinstance(event, ProgressUpdate) and not event.disabled:
+        if (
+            isinstance(event, ProgressUpdate)
+            and not event.disabled
+            or isinstance(event, NodesWaiting)
+        ):
             self._show()
 
     def tick(self) -> None:

@@ -63,6 +63,8 @@ DONE = "done"
 FAILED = "failed"
 DIED = "died"
 STOPPED = "stopped"
+#: a session's rank once the session started: alive, waiting for its tasks
+READY = "ready"
 ENDED = frozenset({DONE, FAILED, DIED, STOPPED})
 #: Why a rank the launcher stopped left the run (an interrupt, a peer's failure).
 STOPPED_REASON = "was stopped"
@@ -556,8 +558,15 @@ class LaunchModel:
         if self.start_time is None:
             return None
         if self.finished is not None:
+            if self.nodes_waiting is not None:  # the clock ran from the wait for the nodes
+                return self.finished.time - self.start_time
             return self.finished.wall_time
         return now - self.start_time
+
+    @property
+    def session_start(self) -> bool:
+        """This run starts a session's ranks (they stay, ready for its tasks)."""
+        return self.started is not None and self.started.session
 
     def open_barriers(self) -> list[BarrierRecord]:
         """Barriers some rank is waiting in right now."""
@@ -638,12 +647,12 @@ class LaunchModel:
             head = f"{self.nodes_waiting.nodes} nodes"
         if self.finished is None:
             return f"{head}: running"
-        head += f", {fmt_duration(self.finished.wall_time)}"
+        head += f", {fmt_duration(self.elapsed(self.finished.time))}"
         k = self.finished.restarts
         if k:
             head += f", {k} restart{'s' if k > 1 else ''}"
         if self.finished.ok:
-            return f"{head}: ok"
+            return f"{head}: {'ready' if self.session_start else 'ok'}"
         if self.finished.interrupted:  # the user's act: nobody failed
             return f"{head}: {self.finished.summary}"
         cause = self.root_cause()
@@ -1000,6 +1009,8 @@ class LaunchModel:
         for s in self.ranks.values():
             if s.status not in ENDED:
                 s.status, s.ended = (DONE if e.ok else STOPPED), e.time
+                if e.ok and self.session_start:  # the ranks stay, ready for tasks
+                    s.status = READY
             self._freeze_bars(s)
             if s.rank == cause and s.status == STOPPED:  # the launcher names it the cause
                 for bar in s.bars.values():
@@ -1035,6 +1046,7 @@ __all__ = [
     "DIED",
     "DONE",
     "ENDED",
+    "READY",
     "FAILED",
     "RUNNING",
     "STARTING",

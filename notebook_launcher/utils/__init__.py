@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from .constants import PrecisionType
@@ -202,10 +203,10 @@ _LAZY: dict[str, str] = {
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        from .._accelerate_only import ACCELERATE_ONLY, error_for
+        from .._accelerate_only import ACCELERATE_ONLY, lookup_error
 
         if name in ACCELERATE_ONLY:
-            raise error_for(name)
+            raise lookup_error(name, sys._getframe(1))
         raise AttributeError(f"module 'notebook_launcher.utils' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

@@ -21,7 +21,8 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-logger = logging.getLogger(__name__)
+# Accelerate's logger name, so that logging set up for Accelerate applies (README).
+logger = logging.getLogger("accelerate.utils.environment")
 
 T = TypeVar("T")
 

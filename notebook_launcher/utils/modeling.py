@@ -13,15 +13,16 @@ Example::
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from .._accelerate_only import ACCELERATE_ONLY, error_for
+from .._accelerate_only import ACCELERATE_ONLY, lookup_error
 from ..checkpointing import load_checkpoint_in_model
 
 
 def __getattr__(name: str) -> Any:
     if name in ACCELERATE_ONLY:
-        raise error_for(name)
+        raise lookup_error(name, sys._getframe(1))
     raise AttributeError(f"module 'notebook_launcher.utils.modeling' has no attribute {name!r}")
 
 

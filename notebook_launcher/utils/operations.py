@@ -280,9 +280,11 @@ def _all_gather_objects(obj: Any, num: int) -> list[Any]:
 def _raise_mismatch(op: str, descriptions: list[Any], what: str = "shapes") -> None:
     ops = [d[0] for d in descriptions]
     if len(set(ops)) == 1:
+        inputs = collectives.per_rank([_format_description(d[1]) for d in descriptions])
         headline = (
-            f"Cannot apply {op} because the ranks disagree on its inputs: all {what} across "
-            "processes must match (pad_across_processes() evens out tensor lengths)."
+            f"Cannot apply {op} because the ranks disagree on its inputs: {inputs}. All "
+            f"{what} across processes must match (pad_across_processes() evens out tensor "
+            "lengths)."
         )
     else:
         headline = "The ranks called different collective operations at the same point: " + (
