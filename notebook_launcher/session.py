@@ -388,9 +388,19 @@ class Session:
         __tracebackhide__ = True
         if not names:
             raise ValueError("compare(): name at least one variable, e.g. compare('model')")
+        odd = [n for n in names if not isinstance(n, str) or not n.strip()]
+        if odd:
+            raise TypeError(
+                f"compare(): variables are named by strings, e.g. compare('model', 'rng'); "
+                f"got {odd[0]!r} ({type(odd[0]).__name__})"
+            )
         asked = sorted(self._ranks(ranks))
         rows = self.run(rank_compare.digests, list(names), ranks=asked)
         found = compare_values.compare(dict(zip(asked, rows, strict=True)), names)
+        groups = compare_values.groups_wanted(found)
+        if groups:  # a large value whose group digests differ: its entries, one by one
+            rows = self.run(rank_compare.digests, list(groups), groups, ranks=asked)
+            compare_values.expand(found, dict(zip(asked, rows, strict=True)))
         want = compare_values.wanted(found)
         if want:
             values = self.run(rank_compare.values, want, ranks=asked)

@@ -568,3 +568,34 @@ def test_compare_says_which_ranks_differ_where_and_by_how_much(
         missing
         == "not_there: could not be read on ranks 0, 1 (NameError: name 'not_there' is not defined)"
     )
+
+
+def test_compare_leaves_nothing_out_and_names_what_it_cannot_compare(
+    shared: notebook_launcher.Session,
+) -> None:
+    """Issue 25, item 13: a dict past 10,000 entries is compared whole (the entry that
+    differs is named); equal sets are equal whatever order their items were put in (as
+    under another hash seed); an entry that cannot be pickled is named with why, and the
+    rest of its value is compared."""
+    shared.run_cell(
+        "import threading\n"
+        "big = {i: i for i in range(30_000)}\n"
+        "if rank == 1:\n    big[29_999] = -1\n"
+        "alike = {f'k{i}': i for i in range(30_000)}\n"
+        "tags = {0, 8} if rank == 0 else {8, 0}\n"  # one set, items in another order
+        "odd = {'lock': threading.Lock(), 'step': rank, 'lr': 0.1}\n"
+    )
+    assert str(shared.compare("big", "alike", "tags", "odd")).splitlines() == [
+        "big: ranks differ in 1 of 30,000 entries (29,999 identical)",
+        "  29999 (29999): rank 1 differs from rank 0 (-1 vs 29999)",
+        "alike: identical on ranks 0, 1 (30,000 entries)",
+        "tags: identical on ranks 0, 1 (1 entry)",
+        "odd: ranks differ in 1 of 3 entries, 1 could not be compared (1 identical)",
+        "  lock: could not be compared on ranks 0, 1 (TypeError: cannot pickle '_thread.lock' "
+        "object)",
+        "  step (0): rank 1 differs from rank 0 (1 vs 0)",
+    ]
+    with pytest.raises(
+        TypeError, match=r"named by strings, e.g. compare\('model', 'rng'\); got 42"
+    ):
+        shared.compare(42)  # type: ignore[arg-type]
