@@ -151,7 +151,7 @@ class Session:
 
     # -- life ----------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _start(self, renew: bool = False) -> None:
         options = dict(self._options)
         dashboard = options.pop("dashboard")
         stall_after = options.pop("stall_after")
@@ -159,7 +159,7 @@ class Session:
         plan = None
         try:
             if cluster is not None:
-                plan = self._on_cluster(cluster, dashboard, options)
+                plan = self._on_cluster(cluster, dashboard, options, renew)
             else:
                 plan = plan_launch(None, self._num_processes, **options)
             core = SessionCore(plan, stall_after)
@@ -182,9 +182,13 @@ class Session:
         if note:  # as a launch's header says it
             print(f"notebook_launcher: {note}", file=sys.stderr)
 
-    def _on_cluster(self, cluster: Cluster, dashboard: Any, options: dict[str, Any]) -> Any:
+    def _on_cluster(
+        self, cluster: Cluster, dashboard: Any, options: dict[str, Any], renew: bool
+    ) -> Any:
         """The plan of a session on a cluster's nodes (started if need be: the view shows
-        the wait for its job and agents)."""
+        the wait for its job and agents; ``renew``, a restart: on fresh nodes if the
+        cluster lost some)."""
+        preflight.check_cluster(cluster)
         for name, default in (
             ("use_port", "auto"),
             ("master_addr", "127.0.0.1"),
@@ -204,6 +208,7 @@ class Session:
                 mixed_precision=options.get("mixed_precision", "no"),
                 grace_period=options.get("grace_period", 1.0),
                 session=True,
+                renew=renew,
             )
         finally:
             view.close()
@@ -240,7 +245,7 @@ class Session:
         try:
             if core is not None:
                 core.close(grace=0.0)
-            self._start()
+            self._start(renew=True)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:

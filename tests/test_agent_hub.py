@@ -363,3 +363,77 @@ def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None
         proc.communicate(timeout=30)
         assert proc.returncode == 0
     assert agent_processes(job) == []
+
+
+class AgentStarter:
+    """A view that starts the agents whenever the cluster waits for them (what a user does
+    with ``cluster.agent_command()``), as often as the cluster starts."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.hubs: list[str] = []
+        self.agents: list[subprocess.Popen[str]] = []
+
+    def handle(self, event: Any) -> None:
+        from notebook_launcher._events import NodesWaiting
+
+        hub = self.cluster.hub
+        if isinstance(event, NodesWaiting) and hub is not None and hub.job not in self.hubs:
+            import shlex
+
+            self.hubs.append(hub.job)
+            for node in range(self.cluster.num_nodes):
+                self.agents.append(start_agent(shlex.split(self.cluster.agent_command(node))))
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_agent_cluster_starts_again_and_a_session_restarts_on_fresh_agents(
+    tmp_path: Path,
+) -> None:
+    """Issue 25, item 15: ``AgentCluster(secret_file=F)`` starts a second time (F is
+    rewritten, not FileExistsError); a session whose agent was killed restarts at the first
+    ``restart()``, on fresh agents, saying so."""
+    from notebook_launcher import AgentCluster, start
+
+    secret = tmp_path / "job.secret"
+    cluster = AgentCluster(nodes=1, host="127.0.0.1", secret_file=str(secret))
+    starter = AgentStarter(cluster)
+    try:
+        with start(num_processes=2, cluster=cluster, dashboard=starter) as session:
+            assert session.run_cell("rank") == ["0", "1"]
+            starter.agents[-1].kill()  # the node's agent dies, its ranks with it
+            starter.agents[-1].wait()
+            session.restart()  # at once (no 'lost 1 node(s)' first), with the same file
+            assert len(starter.hubs) == 2 and oct(secret.stat().st_mode & 0o777) == "0o600"
+            assert session.run_cell("rank") == ["0", "1"]
+        job = cluster.job_key
+    finally:
+        cluster.close()
+    for proc in _started:
+        proc.communicate(timeout=30)
+    assert agent_processes(job) == []
+
+
+def test_a_flood_of_refused_connections_is_summed_up_not_logged_line_by_line(
+    hub: AgentHub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25, item 15: 1,476 refused connections were 1,476 warnings printed into the
+    cell; now the first ten are logged one by one, the rest summed up in one line."""
+    caplog.set_level(logging.WARNING, logger="notebook_launcher.cluster")
+    for _ in range(40):
+        socket.create_connection(("127.0.0.1", hub.port)).close()  # connects, says nothing
+        hub.serve(0.0, 1)
+    deadline = time.monotonic() + 30
+    while hub.refused_count < 40 and time.monotonic() < deadline:
+        hub.serve(0.1, 1)
+    assert hub.refused_count == 40
+    hub.stop_listening()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 11, lines
+    assert all("closed the connection during the handshake" in x for x in lines[:10])
+    assert lines[10].startswith("refused 30 more connection(s) (40 in all; the last: 127.0.0.1:")

@@ -55,6 +55,11 @@ from . import preflight
 from .plan import LaunchPlan
 
 log = logging.getLogger("notebook_launcher.cluster")
+#: Refused connections logged one by one; then one line per REFUSED_SUMMARY_EVERY seconds.
+REFUSED_LOGGED = 10
+REFUSED_SUMMARY_EVERY = 10.0
+#: Refused connections kept in ``AgentHub.refused`` (the last ones).
+REFUSED_KEPT = 200
 
 #: Seconds an agent has to finish its handshake once connected.
 HANDSHAKE_TIMEOUT = 5.0
@@ -117,8 +122,9 @@ class AgentHub:
 
     A fresh secret per hub; :meth:`write_secret` puts it in a file only the user can read,
     :meth:`secret_env` gives it for a child's environment. Never printed, never in a repr.
-    ``refused`` lists (and the ``notebook_launcher.cluster`` logger warns about) every
-    connection that was turned away, with why.
+    ``refused`` lists (and the ``notebook_launcher.cluster`` logger warns about) the
+    connections that were turned away, with why: a flood is summed up, not logged line by
+    line.
     """
 
     def __init__(
@@ -133,6 +139,10 @@ class AgentHub:
         self._secret = secrets.token_bytes(32)
         self.nodes: dict[int, RemoteNode] = {}
         self.refused: list[str] = []
+        #: connections refused in all (``refused`` keeps the last ones only)
+        self.refused_count = 0
+        self._unlogged = 0
+        self._summary_at = 0.0
         self._pending: dict[int, _Pending] = {}
         self._selector = selectors.DefaultSelector()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -347,8 +357,30 @@ class AgentHub:
         self._note_refused(pending.peer, why)
 
     def _note_refused(self, peer: str, why: str) -> None:
+        """Keep (the last :data:`REFUSED_KEPT`) and log why a connection was turned away: the
+        first :data:`REFUSED_LOGGED` one by one, then a flood in one line per
+        :data:`REFUSED_SUMMARY_EVERY` seconds (a port scan must not fill the cell)."""
+        self.refused_count += 1
         self.refused.append(f"{peer}: {why}")
-        log.warning("refused a connection from %s: %s", peer, why)
+        del self.refused[:-REFUSED_KEPT]
+        if self.refused_count <= REFUSED_LOGGED:
+            log.warning("refused a connection from %s: %s", peer, why)
+            self._summary_at = time.monotonic() + REFUSED_SUMMARY_EVERY
+            return
+        self._unlogged += 1
+        if time.monotonic() >= self._summary_at:
+            self._log_unlogged()
+
+    def _log_unlogged(self) -> None:
+        if self._unlogged:
+            log.warning(
+                "refused %d more connection(s) (%d in all; the last: %s)",
+                self._unlogged,
+                self.refused_count,
+                self.refused[-1],
+            )
+        self._unlogged = 0
+        self._summary_at = time.monotonic() + REFUSED_SUMMARY_EVERY
 
     def _forget(self, pending: _Pending) -> None:
         self._pending.pop(pending.sock.fileno(), None)
@@ -361,6 +393,7 @@ class AgentHub:
         """Every node joined: nothing else may connect."""
         for pending in list(self._pending.values()):
             self._refuse(pending, "the job's nodes have all joined")
+        self._log_unlogged()
         if self._listen is not None:
             self._selector.unregister(self._listen)
             self._listen.close()
@@ -747,23 +780,9 @@ class ClusterPlan(LaunchPlan):
         )
 
 
-def plan_cluster(
-    nodes: list[RemoteNode],
-    store: tuple[str, int],
-    job_key: str,
-    launch_no: int,
-    num_processes: int | None,
-    gpus_per_node: int,
-    *,
-    mixed_precision: str = "no",
-    grace_period: Any = 1.0,
-    max_restarts: int = 0,
-    session: bool = False,
-    explain: Callable[[], str] | None = None,
-) -> ClusterPlan:
-    """Check a launch on a cluster's ``nodes`` and plan every rank of it."""
-    grace = preflight.check_grace_period(grace_period)
-    count = len(nodes)
+def check_split(num_processes: int | None, count: int, gpus_per_node: int) -> tuple[int, int]:
+    """``(ranks in all, ranks per node)`` of ``num_processes`` over ``count`` nodes, or
+    :class:`PreflightError` saying what to ask for (before a job is submitted as well)."""
     if num_processes is None:
         if not gpus_per_node:
             raise PreflightError(
@@ -785,6 +804,27 @@ def plan_cluster(
             f"gpus_per_node={gpus_per_node}: one rank per GPU, so at most "
             f"{gpus_per_node * count} in all."
         )
+    return total, per_node
+
+
+def plan_cluster(
+    nodes: list[RemoteNode],
+    store: tuple[str, int],
+    job_key: str,
+    launch_no: int,
+    num_processes: int | None,
+    gpus_per_node: int,
+    *,
+    mixed_precision: str = "no",
+    grace_period: Any = 1.0,
+    max_restarts: int = 0,
+    session: bool = False,
+    explain: Callable[[], str] | None = None,
+) -> ClusterPlan:
+    """Check a launch on a cluster's ``nodes`` and plan every rank of it."""
+    grace = preflight.check_grace_period(grace_period)
+    count = len(nodes)
+    total, per_node = check_split(num_processes, count, gpus_per_node)
     precision = preflight.check_mixed_precision(mixed_precision, gpus_per_node)
     backend = "nccl" if gpus_per_node else "gloo"
     prefix = f"{job_key}/l{launch_no}/a0/pg"  # each launch and session: a group of its own
@@ -872,6 +912,7 @@ __all__ = [
     "RemoteNode",
     "ClusterPlan",
     "RemoteRank",
+    "check_split",
     "plan_cluster",
     "remote_specs",
 ]
