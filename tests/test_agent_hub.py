@@ -47,9 +47,13 @@ def agent_argv(
 _started: list[subprocess.Popen[str]] = []
 
 
-def start_agent(argv: list[str]) -> subprocess.Popen[str]:
+def start_agent(argv: list[str], **env: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        argv, env=kernel_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        argv,
+        env={**kernel_env(), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     _started.append(proc)
     return proc
@@ -369,8 +373,9 @@ class AgentStarter:
     """A view that starts the agents whenever the cluster waits for them (what a user does
     with ``cluster.agent_command()``), as often as the cluster starts."""
 
-    def __init__(self, cluster: Any) -> None:
+    def __init__(self, cluster: Any, **env: str) -> None:
         self.cluster = cluster
+        self.env = env
         self.hubs: list[str] = []
         self.agents: list[subprocess.Popen[str]] = []
 
@@ -383,7 +388,8 @@ class AgentStarter:
 
             self.hubs.append(hub.job)
             for node in range(self.cluster.num_nodes):
-                self.agents.append(start_agent(shlex.split(self.cluster.agent_command(node))))
+                argv = shlex.split(self.cluster.agent_command(node))
+                self.agents.append(start_agent(argv, **self.env))
 
     def tick(self) -> None:
         pass
@@ -437,3 +443,29 @@ def test_a_flood_of_refused_connections_is_summed_up_not_logged_line_by_line(
     assert len(lines) == 11, lines
     assert all("closed the connection during the handshake" in x for x in lines[:10])
     assert lines[10].startswith("refused 30 more connection(s) (40 in all; the last: 127.0.0.1:")
+
+
+def test_a_node_that_cannot_hold_the_ranks_says_so_and_starts_none() -> None:
+    """Issue 25, item 11, on a cluster: the kernel cannot know a node's cores and memory,
+    its agent does; it refuses what it cannot hold, naming the limit, and the launch ends
+    naming the node."""
+    from notebook_launcher import AgentCluster, LaunchError, notebook_launcher
+
+    cluster = AgentCluster(nodes=1, host="127.0.0.1")
+    starter = AgentStarter(cluster, NOTEBOOK_LAUNCHER_MAX_PROCESSES="1")
+    try:
+        cluster.start(report=starter.handle)
+        with pytest.raises(LaunchError) as caught:
+            notebook_launcher(where, (1,), num_processes=2, cluster=cluster, dashboard=False)
+        said = str(caught.value)
+        assert "Node 0 (" in said, said
+        assert (
+            "its ranks could not start: 2 ranks are more than this node can hold: at most 1 "
+            "(NOTEBOOK_LAUNCHER_MAX_PROCESSES=1)" in said
+        ), said
+        job = cluster.job_key
+    finally:
+        cluster.close()
+    for proc in _started:
+        proc.communicate(timeout=30)
+    assert agent_processes(job) == []

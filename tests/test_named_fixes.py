@@ -92,3 +92,33 @@ def test_job_directories_of_ended_kernels_go_at_the_next_start(tmp_path: Path) -
     mine = clusters._jobs_dir(str(root), "new")
     assert sorted(os.listdir(root)) == ["alive", "elsewhere", "new", "not-ours"]
     assert (Path(mine) / clusters.OWNER).read_text() == clusters._kernel_id(os.getpid())
+
+
+def test_more_ranks_than_the_machine_holds_are_refused_naming_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 25, item 11: num_processes=10**6 built specs until the kernel ran out of
+    memory, and 1,000 on 2 cores forked 60+ ranks before anything said no."""
+    import resource
+
+    monkeypatch.setenv("NOTEBOOK_LAUNCHER_MAX_PROCESSES", "3")
+    with pytest.raises(
+        PreflightError,
+        match=r"num_processes=4: 4 ranks are more than this machine can hold: at most 3 "
+        r"\(NOTEBOOK_LAUNCHER_MAX_PROCESSES=3\)",
+    ):
+        notebook_launcher(nothing, num_processes=4, dashboard=False)
+    monkeypatch.delenv("NOTEBOOK_LAUNCHER_MAX_PROCESSES")
+    cores = len(os.sched_getaffinity(0))
+    with pytest.raises(PreflightError, match=rf"at most \d+ \(.*{cores} CPU core\(s\), 16 ranks"):
+        notebook_launcher(nothing, num_processes=10**6, dashboard=False)
+    with pytest.raises(PreflightError, match=r"1,000,000 ranks are more than this machine"):
+        start(num_processes=10**6, dashboard=False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    used = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 64 + 5 * 2, hard))
+    try:
+        with pytest.raises(PreflightError, match=r"at most 2 \(this process may open .* ulimit -n"):
+            notebook_launcher(nothing, num_processes=4, dashboard=False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -168,6 +168,7 @@ def plan_launch(
     grace = preflight.check_grace_period(grace_period)
     gpus = preflight.cuda_device_count()
     nprocs = preflight.resolve_num_processes(num_processes, gpus)
+    preflight.check_capacity(nprocs)
     precision = preflight.check_mixed_precision(mixed_precision, gpus)
     preflight.check_no_process_group_in_parent()
     state = sys.modules.get("notebook_launcher.state")

@@ -798,6 +798,11 @@ def check_split(num_processes: int | None, count: int, gpus_per_node: int) -> tu
             f"ask for a multiple of {count} (e.g. {count * max(1, round(total / count))})."
         )
     per_node = total // count
+    if total > preflight.MAX_WORLD:
+        raise PreflightError(
+            f"num_processes={total}: one kernel drives {preflight.MAX_WORLD:,} ranks at most. "
+            "Ask for fewer."
+        )
     if gpus_per_node and per_node > gpus_per_node:
         raise PreflightError(
             f"num_processes={total} is {per_node} ranks per node, but the nodes have "
