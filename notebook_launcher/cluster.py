@@ -606,6 +606,11 @@ class SlurmCluster(Cluster):
             self._state = state = slurm.state(self.job_id)
             if state.ended:
                 raise ClusterError(self._ended_early(state.describe()))
+            never = slurm.never_starts(state)
+            if never is not None:  # waiting would be forever: say why, and cancel it
+                raise ClusterError(
+                    f"{state.describe()}: it can never start ({never}). It was cancelled."
+                )
             if state.state == "RUNNING" and self._running_at is None:
                 self._running_at = now
         if self._running_at is None:
