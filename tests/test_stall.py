@@ -521,6 +521,56 @@ def test_the_flight_recorder_names_the_rank_behind(monkeypatch: pytest.MonkeyPat
         assert handle.cancel() is True
 
 
+def sleeps_in_c_among_many_threads(seconds: int) -> tuple[int, float]:
+    import ctypes
+
+    import torch.distributed as dist
+
+    stop = threading.Event()
+    pool = [threading.Thread(target=stop.wait, daemon=True) for _ in range(120)]
+    for thread in pool:
+        thread.start()
+    libc = ctypes.CDLL(None)
+    began = time.monotonic()
+    try:
+        if dist.get_rank() == 0:  # noqa: SIM108 - two lines: two places to be told apart
+            unslept = libc.sleep(seconds)  # rank 0 sleeps here
+        else:
+            unslept = libc.sleep(seconds)  # rank 1 sleeps there
+    finally:
+        stop.set()
+    return unslept, time.monotonic() - began
+
+
+def test_looking_at_a_rank_does_not_change_what_it_does() -> None:
+    """Issue 25, item 14: the stack signal cut libc's sleep short (EINTR: a sleep(10)
+    returned after 2 s), and with more than 100 threads the fault handler lost the main
+    thread, so that two ranks in different places were 'the same stacks'. Their helper
+    thread answers now: every thread, the main one first, and no signal."""
+    seen = Seen()
+    handle = launch(
+        sleeps_in_c_among_many_threads, (4,), num_processes=2, dashboard=seen, stall_after=0.5,
+        block=False,
+    )  # fmt: skip
+    try:
+        seen.wait_report("sleep")  # the stall view looked (the old signal's moment)
+        report = handle.stacks().report
+        lines = {
+            0: line_of(sleeps_in_c_among_many_threads, "rank 0 sleeps here"),
+            1: line_of(sleeps_in_c_among_many_threads, "rank 1 sleeps there"),
+        }
+        for rank in report.ranks:
+            assert len(rank.threads) > 120, (rank.rank, len(rank.threads))
+            main = rank.threads[0]
+            assert main.main and main.frames[-1].lineno == lines[rank.rank], main
+        assert len(notebook_launcher._stacks.same_stacks(report.ranks)) == 2
+        results = handle.result(timeout=60)
+    finally:
+        handle.cancel()
+    for unslept, took in results:
+        assert unslept == 0 and took >= 4.0, results  # the whole sleep, uninterrupted
+
+
 # --- values compared across ranks ---------------------------------------------------------------
 
 
