@@ -469,3 +469,63 @@ def test_a_node_that_cannot_hold_the_ranks_says_so_and_starts_none() -> None:
     for proc in _started:
         proc.communicate(timeout=30)
     assert agent_processes(job) == []
+
+
+def sleeps(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_frozen_agent_is_named_and_a_cancel_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25, item 10: a node's agent frozen (SIGSTOP) with its connection up: the stall
+    view said nothing, cancel() never returned, and the end said "all ranks stopped". Now
+    the stall view names the node that does not answer, cancel() returns once the stop had
+    its bound, and the end says the stop is not confirmed. The agent, woken, finds its
+    kernel gone and ends its ranks."""
+    from concurrent.futures import CancelledError
+
+    from notebook_launcher import AgentCluster, notebook_launcher
+    from notebook_launcher._events import LaunchFinished, StacksTaken, WorkerStopped
+    from notebook_launcher._launch import stall
+
+    from .helpers import Recorder
+
+    monkeypatch.setattr(stall, "REFRESH", 1.0)  # the stall view looks again every second
+    cluster = AgentCluster(nodes=1, host="127.0.0.1")
+    starter = AgentStarter(cluster)
+    seen = Recorder()
+    try:
+        cluster.start(report=starter.handle)
+        agent = starter.agents[-1]
+        assert cluster.hub is not None
+        label = cluster.hub.nodes[0].label  # node 0 (its host)
+        handle = notebook_launcher(
+            sleeps, (120,), num_processes=2, cluster=cluster, dashboard=seen, block=False,
+            stall_after=1.0, grace_period=0.2,
+        )  # fmt: skip
+        wait_until(lambda: seen.of(StacksTaken), 60, "the stall view")
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            silent = f"{label}'s agent sent nothing (stopped or swapping"
+            wait_until(
+                lambda: any(silent in " ".join(r.findings) for r in seen.of(StacksTaken)),
+                30,
+                "the stall view names the node that does not answer",
+            )
+            began = time.monotonic()
+            assert handle.cancel() is True
+            assert time.monotonic() - began < 15
+            with pytest.raises(CancelledError):
+                handle.result(timeout=5)
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+        (end,) = seen.of(LaunchFinished)
+        assert end.summary.startswith(
+            f"interrupted: 0 of 2 ranks stopped; ranks 0 and 1: not confirmed ({label} did "
+            "not answer within 5.2 s of being told to stop its ranks"
+        ), end.summary
+        assert all("its stop is not confirmed" in e.reason for e in seen.of(WorkerStopped))
+        agent.communicate(timeout=30)  # woken: its kernel is gone, its ranks end with it
+        job = cluster.job_key
+    finally:
+        cluster.close()
+    assert agent_processes(job) == []

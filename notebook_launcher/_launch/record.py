@@ -135,7 +135,7 @@ class RunRecord:
             self.finished_at[proc.rank] = now
             return [WorkerFinished(proc.rank, now)]
         if self.stopping and code is not None and code < 0 and getattr(proc, "signalled", True):
-            return self.stopped(proc.rank, proc.pid)
+            return self.stopped(proc.rank, proc.pid, getattr(proc, "unconfirmed", ""))
         return self.died(proc)
 
     def returned(self, rank: int, pid: int, data: bytes) -> list[Event]:
@@ -168,11 +168,14 @@ class RunRecord:
             )
         ]
 
-    def stopped(self, rank: int, pid: int | None) -> list[Event]:
-        """We stopped the rank (it was interrupted, or another rank failed)."""
+    def stopped(self, rank: int, pid: int | None, unconfirmed: str = "") -> list[Event]:
+        """We stopped the rank (it was interrupted, or another rank failed);
+        ``unconfirmed``: why its end was not reported (its node did not answer)."""
         now = time.time()
         self.failures.append(RankFailure(rank, "stopped", pid, time=now))
         reason = "interrupted" if self.interrupted else self.stop_reason or "another rank failed"
+        if unconfirmed:
+            reason += f"; its stop is not confirmed: {unconfirmed}"
         return [WorkerStopped(rank, reason, now)]
 
     def died(self, proc: WorkerProcess) -> list[Event]:

@@ -67,6 +67,9 @@ HANDSHAKE_TIMEOUT = 5.0
 CLOSE_TIMEOUT = 10.0
 #: Seconds an agent has, beyond the ranks' own time, to send the stacks it took.
 STACKS_GRACE = 1.0
+#: Seconds a node's agent has, once told to stop its ranks (after their grace period), to
+#: report their ends; then the node is named as not answering and the stop as unconfirmed.
+STOP_ANSWER = 5.0
 
 
 @dataclass
@@ -433,6 +436,8 @@ class RemoteRank:
     note: str = ""
     #: its agent (or we, for a node gone) had sent it SIGTERM or SIGKILL
     signalled: bool = False
+    #: why its end was not reported (its node's agent did not answer)
+    unconfirmed: str = ""
 
     @property
     def exited(self) -> bool:
@@ -499,6 +504,10 @@ class RemoteGroup:
         self._stacks_cond = threading.Condition()
         self._requests = itertools.count(1)
         self._pumping: threading.Thread | None = None
+        #: when the nodes told to stop must have reported their ranks' ends
+        self._stop_by: float | None = None
+        #: rank -> why its end is not confirmed (its node's agent did not answer)
+        self.unconfirmed: dict[int, str] = {}
 
     # -- start -------------------------------------------------------------------------------
 
@@ -579,6 +588,28 @@ class RemoteGroup:
             except wire.AuthError as exc:
                 node.link.close()
                 self._node_gone(node, f"its connection broke the protocol ({exc})")
+        if self._stop_by is not None and time.monotonic() >= self._stop_by:
+            self._silent_after_stop()
+
+    def _silent_after_stop(self) -> None:
+        """The nodes that still have ranks running after being told to stop them are named
+        as not answering (stopped, swapping, unreachable), and left: their ranks' ends are
+        unconfirmed (an agent that wakes up finds its kernel gone and ends them)."""
+        waited = self.grace + STOP_ANSWER
+        for node in self._live_nodes():
+            running = [p for p in self.procs if p.node is node and not p.exited]
+            if running:
+                why = (
+                    f"did not answer within {waited:g} s of being told to stop its ranks "
+                    "(its agent is stopped or swapping, or the node is unreachable)"
+                )
+                self._unanswered(node, why)
+
+    def _unanswered(self, node: RemoteNode, why: str) -> None:
+        for p in self.procs:
+            if p.node is node and not p.exited:
+                p.unconfirmed = self.unconfirmed[p.rank] = f"{node.label} {why}"
+        self._node_gone(node, why, stopped=True)
 
     def _handle(self, node: RemoteNode, message: Any) -> None:
         if isinstance(message, wire.Batch):
@@ -628,8 +659,9 @@ class RemoteGroup:
                 self.proc(item.rank).stage = "running"
             self._on_event(item)
 
-    def _node_gone(self, node: RemoteNode, why: str) -> None:
-        """The agent's connection ended: its ranks died with it."""
+    def _node_gone(self, node: RemoteNode, why: str, stopped: bool = False) -> None:
+        """The agent's connection ended: its ranks died with it (``stopped``: we had
+        told them to stop)."""
         if node.gone is None:
             node.gone = why if node.ending else self._with_reason(why)
             node.link.close()
@@ -641,7 +673,7 @@ class RemoteGroup:
             if proc.node is node and not proc.exited:
                 proc.returncode = -int(signal.SIGKILL)
                 proc.note = f"{node.label}'s agent is gone: {node.gone}"
-                proc.signalled = self._closed  # (we were closing them: a stop)
+                proc.signalled = self._closed or stopped  # (we were stopping them)
                 self._on_exit(proc)
 
     # -- where the ranks are (the stall view) ----------------------------------------------------
@@ -683,17 +715,28 @@ class RemoteGroup:
         silent = {p.rank for p in self.running if p.node.index in set(nodes) - set(got)} & (
             set(ranks) if ranks is not None else {p.rank for p in self.procs}
         )
-        late = f"did not answer within {timeout + STACKS_GRACE:g}s (its node's agent sent nothing)"
+        waited = timeout + STACKS_GRACE
         stacks += tuple(
-            RankStacks(rank, self.proc(rank).pid, error=late) for rank in sorted(silent)
+            RankStacks(
+                rank,
+                self.proc(rank).pid,
+                error=f"did not answer within {waited:g}s: {self.proc(rank).node.label}'s "
+                "agent sent nothing (stopped or swapping, or the node is unreachable)",
+            )
+            for rank in sorted(silent)
         )
         return tuple(sorted(stacks, key=lambda s: s.rank)), flight
 
     # -- stop ------------------------------------------------------------------------------------
 
     def terminate(self) -> None:
+        """Tell every node to stop its ranks (SIGTERM, SIGKILL after the grace period);
+        a node that then reports nothing within :data:`STOP_ANSWER` more seconds is named
+        as not answering (see :meth:`pump`)."""
         for node in self._live_nodes():
             node.link.send(wire.Terminate())
+        if self._stop_by is None:
+            self._stop_by = time.monotonic() + self.grace + STOP_ANSWER
 
     def stop(self) -> None:
         try:
@@ -721,11 +764,12 @@ class RemoteGroup:
             self.pump(min(remaining, 0.5))
         for node in waiting:
             if node.index not in self._closed_nodes and node.gone is None:
-                self._node_gone(node, f"no answer to close within {CLOSE_TIMEOUT:g} s")
+                self._unanswered(node, f"did not answer to close within {CLOSE_TIMEOUT:g} s")
         for proc in self.running:  # never left unreported
             proc.returncode = -int(signal.SIGKILL)
             proc.note = proc.note or f"{proc.node.label} did not report its end"
             proc.signalled = True
+            self.unconfirmed.setdefault(proc.rank, proc.note)
             self._on_exit(proc)
         self._selector.close()
 

@@ -524,8 +524,8 @@ class StallWatch:
             found = report(self.ranks, "stall", now - self.last)
         except Exception:  # noqa: BLE001 - a look that fails must not stop the launch
             return
-        if all(r.error for r in found.ranks):  # still starting (or gone): nothing to show
-            return
+        if all(r.error in (STARTING, ENDED) for r in found.ranks):  # nothing to show yet
+            return  # (ranks that do not answer are news: shown)
         if self.stalled_since is None:
             self.stalled_since = self.last
         self.shown = found
