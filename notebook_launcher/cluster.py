@@ -322,9 +322,11 @@ class AgentCluster(Cluster):
     """Nodes whose agents you start yourself, by hand or with any scheduler (Kubernetes,
     TorchX, PBS...): ``cluster.agent_command(i)`` is the command to run on node ``i``.
 
-    The job's secret is written to ``secret_file`` (default under
-    ``~/.notebook_launcher/jobs/``), readable by you only: the agents read it there, so it
-    must be on a file system the nodes share (or copy it, keeping its mode 0600)::
+    The job's secret is written to ``secret_file`` (default: a directory of the job's own
+    under ``~/.notebook_launcher/jobs/``, removed when the cluster closes, or at the next
+    start on this machine if the kernel was killed), readable by you only: the agents read
+    it there, so it must be on a file system the nodes share (or copy it, keeping its mode
+    0600)::
 
         cluster = AgentCluster(nodes=2, host="10.0.0.5", port=29400)
         cluster.start()   # prints the command, waits for both agents
@@ -343,13 +345,17 @@ class AgentCluster(Cluster):
         super().__init__(nodes, gpus_per_node, host=host, port=port, join_timeout=join_timeout)
         self._secret_file = secret_file
         self._written: str | None = None
+        self._dir: str | None = None
 
     def _default_host(self) -> str:
         return slurm.reachable_address(None)
 
     def _start_agents(self, hub: AgentHub, report: Callable[[Event], None]) -> None:
-        path = self._secret_file or os.path.join(_jobs_dir(), f"{hub.job}.secret")
-        if self._secret_file is not None:
+        if self._secret_file is None:  # a directory of the job's own (swept if we die)
+            self._dir = _jobs_dir(None, hub.job)
+            path = os.path.join(self._dir, "secret")
+        else:
+            path = self._secret_file
             _remove(path)  # the last start's secret: this start has a new one
         self._written = hub.write_secret(path)
 
@@ -381,6 +387,9 @@ class AgentCluster(Cluster):
 
     def _stop_agents(self) -> None:
         self._forget_secret()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
 
 class SlurmCluster(Cluster):

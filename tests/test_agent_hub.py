@@ -459,6 +459,8 @@ def test_a_node_that_cannot_hold_the_ranks_says_so_and_starts_none() -> None:
             notebook_launcher(where, (1,), num_processes=2, cluster=cluster, dashboard=False)
         said = str(caught.value)
         assert "Node 0 (" in said, said
+        job_dir = Path.home() / ".notebook_launcher" / "jobs" / cluster.job_key
+        assert (job_dir / "kernel").exists()  # the secret's directory, swept if we die
         assert (
             "its ranks could not start: 2 ranks are more than this node can hold: at most 1 "
             "(NOTEBOOK_LAUNCHER_MAX_PROCESSES=1)" in said
@@ -466,6 +468,7 @@ def test_a_node_that_cannot_hold_the_ranks_says_so_and_starts_none() -> None:
         job = cluster.job_key
     finally:
         cluster.close()
+    assert not job_dir.exists()  # removed with the cluster
     for proc in _started:
         proc.communicate(timeout=30)
     assert agent_processes(job) == []
