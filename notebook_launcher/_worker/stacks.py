@@ -64,6 +64,7 @@ _pid: int | None = None
 _hooked = False
 _flight_pid: int | None = None
 _helper_pid: int | None = None
+_helper_fds: tuple[int, ...] = ()
 #: Frames written of one thread at most (then ``...``, as the fault handler does).
 MAX_FRAMES = 500
 
@@ -134,7 +135,7 @@ def install(helper: bool = True) -> None:
 def _install_helper() -> None:
     """The helper thread that writes every thread's stack when the kernel asks (see the
     module docstring)."""
-    global _helper_pid
+    global _helper_pid, _helper_fds
     pid = os.getpid()
     if _helper_pid == pid:
         return
@@ -143,7 +144,7 @@ def _install_helper() -> None:
     fcntl.fcntl(answer, fcntl.F_SETFL, flags | os.O_APPEND)
     # the pipe last: the kernel asks only a rank whose pipe it finds (the answer file is there)
     request, _ = _named_temp(f"{PYSTACKS_PREFIX}req-{pid}", fifo=True)
-    _helper_pid = pid
+    _helper_pid, _helper_fds = pid, (request, answer)
     thread = threading.Thread(
         target=_answer_stacks, args=(request, answer, pid), name="notebook-launcher-stacks"
     )
@@ -268,6 +269,13 @@ def flight_entries() -> list[dict[str, Any]]:
 
 
 def _after_fork() -> None:
+    global _helper_fds
+    for fd in _helper_fds:  # the parent's helper's pipe and answer: not this child's
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _helper_fds = ()
     if _pid is None:
         return
     try:
