@@ -574,6 +574,32 @@ def test_looking_at_a_rank_does_not_change_what_it_does() -> None:
 # --- values compared across ranks ---------------------------------------------------------------
 
 
+def test_a_sets_digest_is_the_same_under_any_hash_seed() -> None:
+    """Issue 25, item 13: equal sets differed between ranks started by spawn or on another
+    node (pickle writes a set in the order of the interpreter's hash seed)."""
+    import subprocess
+    import sys
+
+    from .helpers import kernel_env
+
+    code = (
+        "from notebook_launcher._worker.compare import digest\n"
+        "print(digest({'tags': {f'w{i}' for i in range(50)}, 'f': frozenset('abc')}))"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**kernel_env(), "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert len(seen) == 1, seen
+
+
 def test_compare_says_which_ranks_differ_where_and_by_how_much(
     shared: notebook_launcher.Session,
 ) -> None:
