@@ -39,6 +39,11 @@ STACK_SIGNAL = signal.SIGRTMIN + 5 if hasattr(signal, "SIGRTMIN") else signal.SI
 FILE_PREFIX = "notebook_launcher-stacks-"
 #: The start of the names of the flight recorder's request pipe and answer file.
 FLIGHT_PREFIX = "notebook_launcher-flight-"
+#: The start of the names of a rank's stack helper's request pipe and answer file (its
+#: stacks read from Python, without a signal: ``_worker.stacks``).
+PYSTACKS_PREFIX = "notebook_launcher-pystacks-"
+#: The last line of the helper's answer.
+PYSTACKS_END = "# end of stacks"
 
 #: torch.distributed's blocking collectives that need every rank of their group (the rank
 #: side wraps these, ``_worker.collectives``; a stack in one of them "waits in" it).
@@ -488,6 +493,8 @@ __all__ = [
     "COLLECTIVES",
     "FILE_PREFIX",
     "FLIGHT_PREFIX",
+    "PYSTACKS_END",
+    "PYSTACKS_PREFIX",
     "STACK_SIGNAL",
     "WAIT_CALLS",
     "Place",

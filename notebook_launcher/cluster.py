@@ -45,7 +45,7 @@ from typing import Any
 from ._events import Event, NodesWaiting
 from ._launch import slurm
 from ._launch.remote import AgentHub, ClusterPlan, RemoteNode, cluster_ranks, plan_cluster
-from .errors import ClusterError
+from .errors import ClusterError, PreflightError
 
 #: Seconds the agents have to join once the scheduler started them.
 DEFAULT_JOIN_TIMEOUT = 120.0
@@ -223,12 +223,18 @@ class Cluster:
     # -- what launches use ------------------------------------------------------------------------
 
     def plan(
-        self, report: Callable[[Event], None], num_processes: int | None, **options: Any
+        self,
+        report: Callable[[Event], None],
+        num_processes: int | None,
+        *,
+        renew: bool = False,
+        **options: Any,
     ) -> ClusterPlan:
         """The plan of a launch or a session (``options``: ``plan_cluster``'s) on this
         cluster's nodes, started if need be (``report`` is told of the wait). What can be
-        checked without the nodes is checked first: nothing is submitted for a launch
-        that cannot run."""
+        checked without the nodes is checked first: no job is submitted for a launch that
+        could not run. ``renew``: a cluster that lost nodes starts again on fresh ones,
+        saying so (what a session's ``restart()`` asks for), instead of raising."""
         __tracebackhide__ = True
         cluster_ranks(
             num_processes,
@@ -237,7 +243,7 @@ class Cluster:
             devices=options.get("devices", "auto"),
         )
         return plan_cluster(
-            self.nodes_for_launch(report),
+            self.nodes_for_launch(report, renew=renew),
             self.store_address,
             self._store_key,
             self.launches,
@@ -247,9 +253,12 @@ class Cluster:
             **options,
         )
 
-    def nodes_for_launch(self, report: Callable[[Event], None] | None = None) -> list[RemoteNode]:
+    def nodes_for_launch(
+        self, report: Callable[[Event], None] | None = None, *, renew: bool = False
+    ) -> list[RemoteNode]:
         """The nodes, started if needed; :class:`ClusterError` when one is gone (saying why,
-        with what the scheduler says of the job)."""
+        with what the scheduler says of the job) -- or, with ``renew``, the nodes of the
+        cluster started again."""
         self.start(report)
         for node in self._nodes:
             _notice_gone(node)
@@ -260,10 +269,17 @@ class Cluster:
             ended = why if not state or state in why else f"{why} ({state})"
             self.close()  # what is left of the job ends too
             self.ended = ended
-            raise ClusterError(
-                f"the cluster lost {len(gone)} node(s): {ended}. The next launch (or "
-                "cluster.start()) starts the cluster again, on fresh nodes."
+            if not renew:
+                raise ClusterError(
+                    f"the cluster lost {len(gone)} node(s): {ended}. The next launch (or "
+                    "cluster.start()) starts the cluster again, on fresh nodes."
+                )
+            print(
+                f"notebook_launcher: the cluster lost {len(gone)} node(s) ({ended}); "
+                "starting it again on fresh nodes",
+                file=sys.stderr,
             )
+            self.start(report)
         self.launches += 1
         return list(self._nodes)
 
@@ -335,9 +351,11 @@ class AgentCluster(Cluster):
     """Nodes whose agents you start yourself, by hand or with any scheduler (Kubernetes,
     TorchX, PBS...): ``cluster.agent_command(i)`` is the command to run on node ``i``.
 
-    The job's secret is written to ``secret_file`` (default under
-    ``~/.notebook_launcher/jobs/``), readable by you only: the agents read it there, so it
-    must be on a file system the nodes share (or copy it, keeping its mode 0600)::
+    The job's secret is written to ``secret_file`` (default: a directory of the job's own
+    under ``~/.notebook_launcher/jobs/``, removed when the cluster closes, or at the next
+    start on this machine if the kernel was killed), readable by you only: the agents read
+    it there, so it must be on a file system the nodes share (or copy it, keeping its mode
+    0600)::
 
         cluster = AgentCluster(nodes=2, host="10.0.0.5", port=29400)
         cluster.start()   # prints the command, waits for both agents
@@ -356,12 +374,18 @@ class AgentCluster(Cluster):
         super().__init__(nodes, gpus_per_node, host=host, port=port, join_timeout=join_timeout)
         self._secret_file = secret_file
         self._written: str | None = None
+        self._dir: str | None = None
 
     def _default_host(self) -> str:
         return slurm.reachable_address(None)
 
     def _start_agents(self, hub: AgentHub, report: Callable[[Event], None]) -> None:
-        path = self._secret_file or os.path.join(_jobs_dir(), f"{hub.job}.secret")
+        if self._secret_file is None:  # a directory of the job's own (swept if we die)
+            self._dir = _jobs_dir(None, hub.job)
+            path = os.path.join(self._dir, "secret")
+        else:
+            path = self._secret_file
+            _remove(path)  # the last start's secret: this start has a new one
         self._written = hub.write_secret(path)
 
     def agent_command(self, node: int | None = None) -> str:
@@ -392,6 +416,9 @@ class AgentCluster(Cluster):
 
     def _stop_agents(self) -> None:
         self._forget_secret()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
 
 class SlurmCluster(Cluster):
@@ -498,7 +525,13 @@ class SlurmCluster(Cluster):
         """A cluster from ``sbatch``-style options (what ``%dist start --slurm "..."``
         takes): ``--nodes 2 --partition debug --time 10 --gpus-per-node 4``; the others
         pass through to ``sbatch``."""
-        args = shlex.split(options) if isinstance(options, str) else list(options)
+        example = "e.g. '--nodes 2 --partition gpu --time 60 --gpus-per-node 4'"
+        try:
+            args = shlex.split(options) if isinstance(options, str) else list(options)
+        except ValueError as exc:  # an unclosed quote
+            raise PreflightError(
+                f"SlurmCluster.from_sbatch({options!r}): {exc}; {example}"
+            ) from None
         named = {
             "-N": "nodes", "--nodes": "nodes", "-p": "partition", "--partition": "partition",
             "-t": "time", "--time": "time", "-A": "account", "--account": "account",
@@ -513,13 +546,22 @@ class SlurmCluster(Cluster):
             if flag in named:
                 if not sep:
                     if i + 1 >= len(args):
-                        raise ValueError(f"{flag} needs a value")
+                        raise PreflightError(
+                            f"SlurmCluster.from_sbatch: {flag} needs a value ({flag} 2); {example}"
+                        )
                     i += 1
                     value = args[i]
                 key = named[flag]
-                kwargs[key] = (
-                    int(value) if key in ("nodes", "gpus_per_node", "cpus_per_node") else value
-                )
+                if key in ("nodes", "gpus_per_node", "cpus_per_node"):
+                    try:
+                        kwargs[key] = int(value)
+                    except ValueError:
+                        raise PreflightError(
+                            f"SlurmCluster.from_sbatch: {flag} {value!r} is not a whole number "
+                            f"(a count of {key.replace('_', ' ')}); {example}"
+                        ) from None
+                else:
+                    kwargs[key] = value
             else:
                 rest.append(args[i])
             i += 1
@@ -617,6 +659,11 @@ class SlurmCluster(Cluster):
             self._state = state = slurm.state(self.job_id)
             if state.ended:
                 raise ClusterError(self._ended_early(state.describe()))
+            never = slurm.never_starts(state)
+            if never is not None:  # waiting would be forever: say why, and cancel it
+                raise ClusterError(
+                    f"{state.describe()}: it can never start ({never}). It was cancelled."
+                )
             if state.state == "RUNNING" and self._running_at is None:
                 self._running_at = now
         if self._running_at is None:
@@ -722,11 +769,55 @@ class SlurmCluster(Cluster):
             self._dir = None
 
 
+#: The file in a job's directory that names the kernel that made it (host, pid, start).
+OWNER = "kernel"
+
+
 def _jobs_dir(base: str | None = None, job: str | None = None) -> str:
+    """The jobs' root (``~/.notebook_launcher/jobs``), or the directory of ``job`` in it,
+    made with an :data:`OWNER` file; the directories of ended kernels of this host go
+    (a killed kernel could not remove its own)."""
     root = base or os.path.join(os.path.expanduser("~"), ".notebook_launcher", "jobs")
-    path = os.path.join(root, job) if job else root
+    if not job:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        return root
+    _sweep(root)
+    path = os.path.join(root, job)
     os.makedirs(path, mode=0o700, exist_ok=True)
+    with open(os.path.join(path, OWNER), "w") as f:
+        f.write(_kernel_id(os.getpid()))
     return path
+
+
+def _kernel_id(pid: int) -> str:
+    """``host pid start``: a process, told apart from a later one that reuses its pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "?"
+    return f"{socket.gethostname()} {pid} {start}"
+
+
+def _sweep(root: str) -> None:
+    """Remove the job directories under ``root`` whose kernel, on this host, has ended."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    host = socket.gethostname()
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            with open(os.path.join(path, OWNER)) as f:
+                owner = f.read().strip()
+            owner_host, pid = owner.split()[:2]
+            if owner_host != host or int(pid) == os.getpid():
+                continue  # another login node's kernel (it may well be alive), or this one
+        except (OSError, ValueError):
+            continue  # not one of ours, or being made
+        if _kernel_id(int(pid)) != owner:  # that kernel ended (its pid is gone or reused)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _remove(path: str) -> None:

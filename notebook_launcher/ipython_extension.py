@@ -151,11 +151,16 @@ def parse_ranks(text: str | None) -> list[int] | None:
     for part in text.strip().strip("[]").replace(" ", "").split(","):
         if not part:
             continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            ranks += range(int(lo), int(hi) + 1)
-        else:
-            ranks.append(int(part))
+        try:
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                ranks += range(int(lo), int(hi) + 1)
+            else:
+                ranks.append(int(part))
+        except ValueError:
+            raise UsageError(
+                f"ranks {text.strip()!r}: {part!r} is not a rank; write them as 1, 0,2, 0-3 or all"
+            ) from None
     return ranks
 
 
@@ -388,7 +393,12 @@ class DistMagics:
         __tracebackhide__ = True
         import shlex
 
-        words = shlex.split(line)
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:  # an unclosed quote
+            raise UsageError(
+                f"%rankdiff {line}: {exc}\n%rankdiff NAME [NAME...] [--ranks 0,1]"
+            ) from None
         ranks = None
         if "--ranks" in words:
             at = words.index("--ranks")

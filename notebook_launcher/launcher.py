@@ -296,6 +296,7 @@ def _on_cluster(
 ) -> _Launch:
     """A launch on a cluster's nodes: one controller, every rank of the job planned here."""
     __tracebackhide__ = True
+    preflight.check_cluster(cluster)
     for name, (value, default) in others.items():
         if value != default:
             raise PreflightError(

@@ -157,7 +157,7 @@ class Session:
 
     # -- life ----------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _start(self, renew: bool = False) -> None:
         __tracebackhide__ = True  # a preflight error reads as raised by the caller's line
         options = dict(self._options)
         dashboard = options.pop("dashboard")
@@ -169,7 +169,7 @@ class Session:
         view = self._view(dashboard)
         try:
             if cluster is not None:
-                plan = self._on_cluster(cluster, view, options)
+                plan = self._on_cluster(cluster, view, options, renew)
             else:
                 plan = plan_launch(None, self._num_processes, **options)
             core = SessionCore(plan, stall_after)
@@ -196,10 +196,14 @@ class Session:
         if note:  # as a launch's header says it
             print(f"notebook_launcher: {note}", file=sys.stderr)
 
-    def _on_cluster(self, cluster: Cluster, view: View, options: dict[str, Any]) -> Any:
+    def _on_cluster(
+        self, cluster: Cluster, view: View, options: dict[str, Any], renew: bool
+    ) -> Any:
         """The plan of a session on a cluster's nodes (started if need be: ``view`` shows
-        the wait for its job and agents)."""
+        the wait for its job and agents; ``renew``, a restart: on fresh nodes if the
+        cluster lost some)."""
         __tracebackhide__ = True
+        preflight.check_cluster(cluster)
         for name, default in (
             ("use_port", "auto"),
             ("master_addr", "127.0.0.1"),
@@ -218,6 +222,7 @@ class Session:
             grace_period=options.get("grace_period", 1.0),
             session=True,
             devices=options.get("devices", "auto"),
+            renew=renew,
         )
 
     def _view(self, dashboard: Any = None) -> View:
@@ -252,7 +257,7 @@ class Session:
         try:
             if core is not None:
                 core.close(grace=0.0)
-            self._start()
+            self._start(renew=True)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
@@ -400,9 +405,19 @@ class Session:
         __tracebackhide__ = True
         if not names:
             raise ValueError("compare(): name at least one variable, e.g. compare('model')")
+        odd = [n for n in names if not isinstance(n, str) or not n.strip()]
+        if odd:
+            raise TypeError(
+                f"compare(): variables are named by strings, e.g. compare('model', 'rng'); "
+                f"got {odd[0]!r} ({type(odd[0]).__name__})"
+            )
         asked = sorted(self._ranks(ranks))
         rows = self.run(rank_compare.digests, list(names), ranks=asked)
         found = compare_values.compare(dict(zip(asked, rows, strict=True)), names)
+        groups = compare_values.groups_wanted(found)
+        if groups:  # a large value whose group digests differ: its entries, one by one
+            rows = self.run(rank_compare.digests, list(groups), groups, ranks=asked)
+            compare_values.expand(found, dict(zip(asked, rows, strict=True)))
         want = compare_values.wanted(found)
         if want:
             values = self.run(rank_compare.values, want, ranks=asked)

@@ -49,10 +49,12 @@ def agent_argv(
 _started: list[subprocess.Popen[str]] = []
 
 
-def start_agent(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def start_agent(
+    argv: list[str], env: dict[str, str] | None = None, **more: str
+) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         argv,
-        env={**kernel_env(), **(env or {})},
+        env={**kernel_env(), **(env or {}), **more},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -653,3 +655,168 @@ def test_a_result_larger_than_a_frame_is_the_ranks_failure(hub: AgentHub, tmp_pa
     assert "the result of rank 3 is 2,097,1" in cause.message
     assert "more than the connection from its node's agent to the kernel carries" in cause.message
     assert cause.host  # named with its node
+
+
+class AgentStarter:
+    """A view that starts the agents whenever the cluster waits for them (what a user does
+    with ``cluster.agent_command()``), as often as the cluster starts."""
+
+    def __init__(self, cluster: Any, **env: str) -> None:
+        self.cluster = cluster
+        self.env = env
+        self.hubs: list[str] = []
+        self.agents: list[subprocess.Popen[str]] = []
+
+    def handle(self, event: Any) -> None:
+        from notebook_launcher._events import NodesWaiting
+
+        hub = self.cluster.hub
+        if isinstance(event, NodesWaiting) and hub is not None and hub.job not in self.hubs:
+            import shlex
+
+            self.hubs.append(hub.job)
+            for node in range(self.cluster.num_nodes):
+                argv = shlex.split(self.cluster.agent_command(node))
+                self.agents.append(start_agent(argv, **self.env))
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_agent_cluster_starts_again_and_a_session_restarts_on_fresh_agents(
+    tmp_path: Path,
+) -> None:
+    """Issue 25, item 15: ``AgentCluster(secret_file=F)`` starts a second time (F is
+    rewritten, not FileExistsError); a session whose agent was killed restarts at the first
+    ``restart()``, on fresh agents, saying so."""
+    from notebook_launcher import AgentCluster, start
+
+    secret = tmp_path / "job.secret"
+    cluster = AgentCluster(nodes=1, host="127.0.0.1", secret_file=str(secret))
+    starter = AgentStarter(cluster)
+    try:
+        with start(num_processes=2, cluster=cluster, dashboard=starter) as session:
+            assert session.run_cell("rank") == ["0", "1"]
+            starter.agents[-1].kill()  # the node's agent dies, its ranks with it
+            starter.agents[-1].wait()
+            session.restart()  # at once (no 'lost 1 node(s)' first), with the same file
+            assert len(starter.hubs) == 2 and oct(secret.stat().st_mode & 0o777) == "0o600"
+            assert session.run_cell("rank") == ["0", "1"]
+        job = cluster.job_key
+    finally:
+        cluster.close()
+    for proc in _started:
+        proc.communicate(timeout=30)
+    assert agent_processes(job) == []
+
+
+def test_a_flood_of_refused_connections_is_summed_up_not_logged_line_by_line(
+    hub: AgentHub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25, item 15: 1,476 refused connections were 1,476 warnings printed into the
+    cell; now the first ten are logged one by one, the rest summed up in one line."""
+    caplog.set_level(logging.WARNING, logger="notebook_launcher.cluster")
+    for _ in range(40):
+        socket.create_connection(("127.0.0.1", hub.port)).close()  # connects, says nothing
+        hub.serve(0.0, 1)
+    deadline = time.monotonic() + 30
+    while hub.refused_count < 40 and time.monotonic() < deadline:
+        hub.serve(0.1, 1)
+    assert hub.refused_count == 40
+    hub.stop_listening()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 11, lines
+    assert all("closed the connection during the handshake" in x for x in lines[:10])
+    assert lines[10].startswith("refused 30 more connection(s) (40 in all; the last: 127.0.0.1:")
+
+
+def test_a_node_that_cannot_hold_the_ranks_says_so_and_starts_none() -> None:
+    """Issue 25, item 11, on a cluster: the kernel cannot know a node's cores and memory,
+    its agent does; it refuses what it cannot hold, naming the limit, and the launch ends
+    naming the node."""
+    from notebook_launcher import AgentCluster, LaunchError, notebook_launcher
+
+    cluster = AgentCluster(nodes=1, host="127.0.0.1")
+    starter = AgentStarter(cluster, NOTEBOOK_LAUNCHER_MAX_PROCESSES="1")
+    try:
+        cluster.start(report=starter.handle)
+        with pytest.raises(LaunchError) as caught:
+            notebook_launcher(where, (1,), num_processes=2, cluster=cluster, dashboard=False)
+        said = str(caught.value)
+        assert "Node 0 (" in said, said
+        job_dir = Path.home() / ".notebook_launcher" / "jobs" / cluster.job_key
+        assert (job_dir / "kernel").exists()  # the secret's directory, swept if we die
+        assert (
+            "its ranks could not start: 2 ranks are more than this node can hold: at most 1 "
+            "(NOTEBOOK_LAUNCHER_MAX_PROCESSES=1)" in said
+        ), said
+        job = cluster.job_key
+    finally:
+        cluster.close()
+    assert not job_dir.exists()  # removed with the cluster
+    for proc in _started:
+        proc.communicate(timeout=30)
+    assert agent_processes(job) == []
+
+
+def sleeps(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_frozen_agent_is_named_and_a_cancel_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25, item 10: a node's agent frozen (SIGSTOP) with its connection up: the stall
+    view said nothing, cancel() never returned, and the end said "all ranks stopped". Now
+    the stall view names the node that does not answer, cancel() returns once the stop had
+    its bound, and the end says the stop is not confirmed. The agent, woken, finds its
+    kernel gone and ends its ranks."""
+    from concurrent.futures import CancelledError
+
+    from notebook_launcher import AgentCluster, notebook_launcher
+    from notebook_launcher._events import LaunchFinished, StacksTaken, WorkerStopped
+    from notebook_launcher._launch import stall
+
+    from .helpers import Recorder
+
+    monkeypatch.setattr(stall, "REFRESH", 1.0)  # the stall view looks again every second
+    cluster = AgentCluster(nodes=1, host="127.0.0.1")
+    starter = AgentStarter(cluster)
+    seen = Recorder()
+    try:
+        cluster.start(report=starter.handle)
+        agent = starter.agents[-1]
+        assert cluster.hub is not None
+        label = cluster.hub.nodes[0].label  # node 0 (its host)
+        handle = notebook_launcher(
+            sleeps, (120,), num_processes=2, cluster=cluster, dashboard=seen, block=False,
+            stall_after=1.0, grace_period=0.2,
+        )  # fmt: skip
+        wait_until(lambda: seen.of(StacksTaken), 60, "the stall view")
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            silent = f"{label}'s agent sent nothing (stopped or swapping"
+            wait_until(
+                lambda: any(silent in " ".join(r.findings) for r in seen.of(StacksTaken)),
+                30,
+                "the stall view names the node that does not answer",
+            )
+            began = time.monotonic()
+            assert handle.cancel() is True
+            assert time.monotonic() - began < 15
+            with pytest.raises(CancelledError):
+                handle.result(timeout=5)
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+        (end,) = seen.of(LaunchFinished)
+        assert end.summary.startswith(
+            f"interrupted: 0 of 2 ranks stopped; ranks 0 and 1: not confirmed ({label} did "
+            "not answer within 5.2 s of being told to stop its ranks"
+        ), end.summary
+        assert all("its stop is not confirmed" in e.reason for e in seen.of(WorkerStopped))
+        agent.communicate(timeout=30)  # woken: its kernel is gone, its ranks end with it
+        job = cluster.job_key
+    finally:
+        cluster.close()
+    assert agent_processes(job) == []

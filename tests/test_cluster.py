@@ -149,6 +149,25 @@ def test_ctrl_c_while_the_job_is_queued_cancels_it(cluster_clean: SlurmTestClust
     assert not cluster.running
 
 
+def test_a_job_that_can_never_start_says_why_and_is_cancelled(
+    cluster_clean: SlurmTestCluster,
+) -> None:
+    """Issue 25, item 12: 5 nodes of a 3-node partition pended forever; Slurm says why
+    (PartitionConfig, then PartitionNodeLimit): said, with the fix, and the job is gone."""
+    cluster = SlurmCluster(nodes=5)
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as caught:
+        cluster.start()
+    said = str(caught.value)
+    assert f"Slurm job {cluster.job_id}: PENDING (Partition" in said, said
+    assert (
+        "it can never start (it asks for 5 nodes, and partition debug has 3 node(s): ask for "
+        "at most 3 (nodes=3), or another partition" in said
+    ), said
+    assert time.monotonic() - started < 30
+    assert cluster.job_id not in cluster_clean.jobs() and not cluster.running
+
+
 def test_agents_that_cannot_start_are_explained(
     cluster_clean: SlurmTestCluster, tmp_path: Path
 ) -> None:

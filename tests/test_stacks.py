@@ -409,6 +409,39 @@ def test_values_compared_digest_first_then_details() -> None:
     assert values.describe_difference(0.1, 0.2) == "(0.2 vs 0.1)"
 
 
+def test_a_large_value_is_compared_whole_whatever_the_order_of_its_entries() -> None:
+    """More than 10,000 entries: group digests over every entry (not the first 10,000),
+    the same whatever order the entries come in; the differing group is asked for entry by
+    entry, and the entry is named."""
+    from notebook_launcher._worker import compare as rank_compare
+
+    mine = {f"k{i}": i for i in range(12_000)}
+    theirs = dict(reversed(list(mine.items())))  # the same entries, in another order
+    rows = {0: {"d": rank_compare._rows(mine, None)}, 1: {"d": rank_compare._rows(theirs, None)}}
+    assert {p[: len(values.GROUP)] for p, _, _ in rows[0]["d"]} == {values.GROUP}
+    same = values.compare(rows, ["d"])
+    assert str(same) == "d: identical on ranks 0, 1 (12,000 entries)"
+    assert values.groups_wanted(same) == {}
+
+    theirs["k11999"] = -1
+    rows[1] = {"d": rank_compare._rows(theirs, None)}
+    found = values.compare(rows, ["d"])
+    assert not found.identical
+    groups = values.groups_wanted(found)
+    assert groups == {"d": [rank_compare.group_of("k11999")]}
+    only = set(groups["d"])
+    values.expand(
+        found,
+        {0: {"d": rank_compare._rows(mine, only)}, 1: {"d": rank_compare._rows(theirs, only)}},
+    )
+    assert values.wanted(found) == {"d": ["k11999"]}
+    values.details(found, {0: {"d": {"k11999": 11999}}, 1: {"d": {"k11999": -1}}})
+    assert str(found).splitlines() == [
+        "d: ranks differ in 1 of 12,000 entries (11,999 identical)",
+        "  k11999 (11999): rank 1 differs from rank 0 (-1 vs 11999)",
+    ]
+
+
 # --- collectives: what a check compares and says ----------------------------------------------
 
 

@@ -559,7 +559,83 @@ def test_the_flight_recorder_names_the_rank_behind(monkeypatch: pytest.MonkeyPat
         assert handle.cancel() is True
 
 
+def sleeps_in_c_among_many_threads(seconds: int) -> tuple[int, float]:
+    import ctypes
+
+    import torch.distributed as dist
+
+    stop = threading.Event()
+    pool = [threading.Thread(target=stop.wait, daemon=True) for _ in range(120)]
+    for thread in pool:
+        thread.start()
+    libc = ctypes.CDLL(None)
+    began = time.monotonic()
+    try:
+        if dist.get_rank() == 0:  # noqa: SIM108 - two lines: two places to be told apart
+            unslept = libc.sleep(seconds)  # rank 0 sleeps here
+        else:
+            unslept = libc.sleep(seconds)  # rank 1 sleeps there
+    finally:
+        stop.set()
+    return unslept, time.monotonic() - began
+
+
+def test_looking_at_a_rank_does_not_change_what_it_does() -> None:
+    """Issue 25, item 14: the stack signal cut libc's sleep short (EINTR: a sleep(10)
+    returned after 2 s), and with more than 100 threads the fault handler lost the main
+    thread, so that two ranks in different places were 'the same stacks'. Their helper
+    thread answers now: every thread, the main one first, and no signal."""
+    seen = Seen()
+    handle = launch(
+        sleeps_in_c_among_many_threads, (4,), num_processes=2, dashboard=seen, stall_after=0.5,
+        block=False,
+    )  # fmt: skip
+    try:
+        seen.wait_report("sleep")  # the stall view looked (the old signal's moment)
+        report = handle.stacks().report
+        lines = {
+            0: line_of(sleeps_in_c_among_many_threads, "rank 0 sleeps here"),
+            1: line_of(sleeps_in_c_among_many_threads, "rank 1 sleeps there"),
+        }
+        for rank in report.ranks:
+            assert len(rank.threads) > 120, (rank.rank, len(rank.threads))
+            main = rank.threads[0]
+            assert main.main and main.frames[-1].lineno == lines[rank.rank], main
+        assert len(notebook_launcher._stacks.same_stacks(report.ranks)) == 2
+        results = handle.result(timeout=60)
+    finally:
+        handle.cancel()
+    for unslept, took in results:
+        assert unslept == 0 and took >= 4.0, results  # the whole sleep, uninterrupted
+
+
 # --- values compared across ranks ---------------------------------------------------------------
+
+
+def test_a_sets_digest_is_the_same_under_any_hash_seed() -> None:
+    """Issue 25, item 13: equal sets differed between ranks started by spawn or on another
+    node (pickle writes a set in the order of the interpreter's hash seed)."""
+    import subprocess
+    import sys
+
+    from .helpers import kernel_env
+
+    code = (
+        "from notebook_launcher._worker.compare import digest\n"
+        "print(digest({'tags': {f'w{i}' for i in range(50)}, 'f': frozenset('abc')}))"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**kernel_env(), "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert len(seen) == 1, seen
 
 
 def test_compare_says_which_ranks_differ_where_and_by_how_much(
@@ -606,3 +682,34 @@ def test_compare_says_which_ranks_differ_where_and_by_how_much(
         missing
         == "not_there: could not be read on ranks 0, 1 (NameError: name 'not_there' is not defined)"
     )
+
+
+def test_compare_leaves_nothing_out_and_names_what_it_cannot_compare(
+    shared: notebook_launcher.Session,
+) -> None:
+    """Issue 25, item 13: a dict past 10,000 entries is compared whole (the entry that
+    differs is named); equal sets are equal whatever order their items were put in (as
+    under another hash seed); an entry that cannot be pickled is named with why, and the
+    rest of its value is compared."""
+    shared.run_cell(
+        "import threading\n"
+        "big = {i: i for i in range(30_000)}\n"
+        "if rank == 1:\n    big[29_999] = -1\n"
+        "alike = {f'k{i}': i for i in range(30_000)}\n"
+        "tags = {0, 8} if rank == 0 else {8, 0}\n"  # one set, items in another order
+        "odd = {'lock': threading.Lock(), 'step': rank, 'lr': 0.1}\n"
+    )
+    assert str(shared.compare("big", "alike", "tags", "odd")).splitlines() == [
+        "big: ranks differ in 1 of 30,000 entries (29,999 identical)",
+        "  29999 (29999): rank 1 differs from rank 0 (-1 vs 29999)",
+        "alike: identical on ranks 0, 1 (30,000 entries)",
+        "tags: identical on ranks 0, 1 (1 entry)",
+        "odd: ranks differ in 1 of 3 entries, 1 could not be compared (1 identical)",
+        "  lock: could not be compared on ranks 0, 1 (TypeError: cannot pickle '_thread.lock' "
+        "object)",
+        "  step (0): rank 1 differs from rank 0 (1 vs 0)",
+    ]
+    with pytest.raises(
+        TypeError, match=r"named by strings, e.g. compare\('model', 'rng'\); got 42"
+    ):
+        shared.compare(42)  # type: ignore[arg-type]

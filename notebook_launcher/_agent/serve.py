@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from .._events import MetricsLogged, Output, ProgressUpdate
-from .._launch import stall
+from .._launch import preflight, stall
 from .._launch.group import WorkerGroup, WorkerProcess
 from .._launch.plan import FORK_PRELOAD, threads_per_rank
 from .._posix import close_quietly
@@ -144,7 +144,7 @@ class Agent:
 
     def _handle(self, message: Any) -> bool:
         if isinstance(message, wire.Start):
-            self._start(message)
+            return self._start(message)
         elif isinstance(message, wire.ToRank):
             if self.group is not None:
                 self.group.send(self.group.proc(message.rank), message.message)
@@ -163,9 +163,15 @@ class Agent:
             return False
         return True
 
-    def _start(self, message: wire.Start) -> None:
+    def _start(self, message: wire.Start) -> bool:
+        """Start this node's ranks; False (the agent leaves, saying why) when this node
+        cannot hold them (the kernel cannot know its cores and memory)."""
         self._close_ranks()  # a new attempt: nothing of the last one is left
         setup = message.setup
+        too_many = preflight.capacity_problem(len(setup.specs), "this node")
+        if too_many is not None:
+            self.link.send(wire.AgentEnding(f"its ranks could not start: {too_many}"))
+            return False
         specs = [_on_this_node(s, len(setup.specs)) for s in setup.specs]
         group = WorkerGroup(
             specs,
@@ -185,6 +191,7 @@ class Agent:
         for proc in group.procs:
             self._add(wire.RankStarted(proc.rank, proc.pid))
         self._flush()
+        return True
 
     def _stacks(self, message: wire.TakeStacks) -> None:
         """Where this node's ranks are, read here (their fault handlers write to files only

@@ -13,6 +13,11 @@ many elements differ, the largest difference and where::
       0.weight (float32 [2, 4]): rank 1 differs from ranks 0, 2, 3 in 8 of 8 elements;
         largest |difference| 0.0312 at [1, 3] (0.5 vs 0.4688)
     optimizer: identical on ranks 0-3 (6 entries)
+
+A value of more than 10,000 entries comes as group digests over all its entries
+(``_worker.compare.GROUPS``); the groups that differ are asked for entry by entry
+(:func:`groups_wanted`, :func:`expand`), so "identical" is said only of what was compared
+whole. An entry a rank could not read is named, with why, and the others are compared.
 """
 
 from __future__ import annotations
@@ -24,6 +29,14 @@ from typing import Any
 from .._stacks import rank_list
 
 Rows = list[tuple[str, str, str]]  # (path, description, digest)
+
+#: The ranks' markers (``_worker.compare``): a group's row, the row of entries not listed,
+#: the digest of an entry that could not be read, a value sent as its repr.
+GROUP = "\0group "
+MORE = "\0more"
+UNREADABLE = ""
+SHOWN = "\0repr"
+ERROR = "\0error"
 
 
 @dataclass
@@ -51,10 +64,14 @@ class ValueDiff:
     differing: list[EntryDiff] = field(default_factory=list)
     error: dict[int, str] = field(default_factory=dict)  # rank -> why it could not be read
     only_on: dict[str, list[int]] = field(default_factory=dict)  # path -> ranks that have it
+    unreadable: dict[str, dict[int, str]] = field(default_factory=dict)  # path -> rank -> why
+    unlisted: int = 0  # entries of differing groups that were not listed one by one
 
     @property
     def identical(self) -> bool:
-        return not (self.differing or self.error or self.only_on)
+        return not (self.differing or self.error or self.only_on or self.unreadable) and not (
+            self.unlisted
+        )
 
     def lines(self) -> list[str]:
         who = rank_list(self.ranks)
@@ -66,17 +83,35 @@ class ValueDiff:
                 f"{self.name}: could not be read on "
                 + "; ".join(f"{rank_list(rs)} ({why})" for why, rs in same.items())
             ]
+        n = self.entries
         if self.identical:
-            n = self.entries
-            return [f"{self.name}: identical on {who} ({n} entr{'y' if n == 1 else 'ies'})"]
-        bad = len(self.differing) + len(self.only_on)
-        out = [
-            f"{self.name}: ranks differ in {bad} of {self.entries} entries "
-            f"({self.entries - bad} identical)"
-        ]
+            return [f"{self.name}: identical on {who} ({n:,} entr{'y' if n == 1 else 'ies'})"]
+        groups = [d for d in self.differing if d.path.startswith(GROUP)]
+        named = [d for d in self.differing if not d.path.startswith(GROUP)]
+        bad = len(named) + len(self.only_on)
+        unread = len(self.unreadable)
+        if self.unlisted or groups:
+            out = [
+                f"{self.name}: ranks differ in {bad + unread:,} of {n:,} entries listed below and "
+                f"in {self.unlisted:,} more not listed one by one (compare a part of it to see them)"
+            ]
+        else:
+            head = f"ranks differ in {bad:,} of {n:,} entries" if bad else ""
+            if unread:
+                told = f"{unread:,} of {n:,} entries could not be compared"
+                head = f"{head}, {told.split(' of ')[0]} could not be compared" if bad else told
+            out = [f"{self.name}: {head} ({n - bad - unread:,} identical)"]
+        for path, by_rank in sorted(self.unreadable.items()):
+            said: dict[str, list[int]] = {}
+            for r, text in sorted(by_rank.items()):
+                said.setdefault(text, []).append(r)
+            out.append(
+                f"  {path}: could not be compared on "
+                + "; ".join(f"{rank_list(rs)} ({text})" for text, rs in said.items())
+            )
         for path, have in sorted(self.only_on.items()):
             out.append(f"  {path}: only on {rank_list(have)}")
-        for d in self.differing:
+        for d in named:
             desc = d.description.get(d.reference[0], "")
             path = "the value" if d.path in ("(value)", "(tensor)") else d.path
             head = f"  {path} ({desc})" if desc and desc != RANDOM else f"  {path}"
@@ -126,28 +161,82 @@ def compare(per_rank: Mapping[int, Mapping[str, Any]], names: Sequence[str]) -> 
         if value.error:
             out.append(value)
             continue
-        paths: dict[str, None] = {}
-        for rank in ranks:
-            for path, _, _ in rows_of[rank]:
-                paths.setdefault(path, None)
-        value.entries = len(paths)
-        table = {r: {p: (d, h) for p, d, h in rows_of[r]} for r in ranks}
-        for path in paths:
-            have = [r for r in ranks if path in table[r]]
-            if len(have) != len(ranks):
-                value.only_on[path] = have
-                continue
-            by_digest: dict[str, list[int]] = {}
-            for r in ranks:
-                by_digest.setdefault(table[r][path][1], []).append(r)
-            if len(by_digest) == 1:
-                continue
-            groups = sorted(by_digest.values(), key=lambda g: (-len(g), g[0]))
-            value.differing.append(
-                EntryDiff(name, path, {r: table[r][path][0] for r in ranks}, groups)
-            )
+        value.entries = max(
+            (
+                sum(int(d.split()[0]) if p.startswith(GROUP) else 1 for p, d, _ in rows)
+                for rows in rows_of.values()
+            ),
+            default=0,
+        )
+        _fold(value, rows_of)
         out.append(value)
     return Comparison(out)
+
+
+def _fold(value: ValueDiff, rows_of: Mapping[int, Rows]) -> None:
+    """Compare the rows of each rank (entries, or groups of them), entry by entry."""
+    ranks = value.ranks
+    paths: dict[str, None] = {}
+    for rank in ranks:
+        for path, _, _ in rows_of[rank]:
+            paths.setdefault(path, None)
+    table = {r: {p: (d, h) for p, d, h in rows_of[r]} for r in ranks}
+    for path in paths:
+        if path == MORE:
+            value.unlisted += max(int(table[r].get(MORE, ("0",))[0]) for r in ranks)
+            continue
+        have = [r for r in ranks if path in table[r]]
+        if len(have) != len(ranks):
+            if path.startswith(GROUP):  # (a group some ranks lack: compared entry by entry)
+                value.differing.append(EntryDiff(value.name, path, {}, [have, []]))
+            else:
+                value.only_on[path] = have
+            continue
+        unread = {r: table[r][path][0] for r in ranks if table[r][path][1] == UNREADABLE}
+        if unread and not path.startswith(GROUP):
+            value.unreadable[path] = unread
+            continue
+        by_digest: dict[str, list[int]] = {}
+        for r in ranks:
+            by_digest.setdefault(table[r][path][1], []).append(r)
+        if len(by_digest) == 1 and not unread:
+            continue
+        groups = sorted(by_digest.values(), key=lambda g: (-len(g), g[0]))
+        value.differing.append(
+            EntryDiff(value.name, path, {r: table[r][path][0] for r in ranks}, groups)
+        )
+
+
+def groups_wanted(comparison: Comparison) -> dict[str, list[int]]:
+    """name -> the groups of entries that differ (or hold an entry some rank could not
+    read): the round that asks for their entries one by one."""
+    out: dict[str, list[int]] = {}
+    for value in comparison.values:
+        ids = [int(d.path[len(GROUP) :]) for d in value.differing if d.path.startswith(GROUP)]
+        if ids:
+            out[value.name] = ids
+    return out
+
+
+def expand(comparison: Comparison, per_rank: Mapping[int, Mapping[str, Any]]) -> None:
+    """The groups' round: ``per_rank[rank][name]`` is the rows of the entries of that
+    name's differing groups; they replace the groups (a rank that could not send them:
+    the name could not be read there)."""
+    for value in comparison.values:
+        if not any(d.path.startswith(GROUP) for d in value.differing):
+            continue
+        rows_of: dict[int, Rows] = {}
+        for rank in value.ranks:
+            got = per_rank.get(rank, {}).get(value.name)
+            if isinstance(got, dict) or got is None:
+                value.error[rank] = got.get("error", "?") if isinstance(got, dict) else "?"
+            else:
+                rows_of[rank] = list(got)
+        if value.error:
+            continue
+        value.differing = [d for d in value.differing if not d.path.startswith(GROUP)]
+        value.only_on, value.unreadable, value.unlisted = {}, {}, 0
+        _fold(value, rows_of)
 
 
 #: How the ranks describe a random generator's state (``_worker.compare.RANDOM``).
@@ -160,6 +249,8 @@ def wanted(comparison: Comparison) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for value in comparison.values:
         for d in value.differing:
+            if d.path.startswith(GROUP):
+                continue
             if RANDOM in d.description.values():
                 for group in d.groups[1:]:
                     d.details[group[0]] = "(a different random state: seed every rank alike)"
@@ -176,12 +267,25 @@ def details(
     from the values ``per_rank[rank][name][path]``."""
     for value in comparison.values:
         for d in value.differing:
-            if d.details:
+            if d.details or d.path.startswith(GROUP):
                 continue
-            ref = per_rank.get(d.reference[0], {}).get(value.name, {}).get(d.path)
+            ref_values = per_rank.get(d.reference[0], {}).get(value.name, {})
             for group in d.groups[1:]:
-                other = per_rank.get(group[0], {}).get(value.name, {}).get(d.path)
-                d.details[group[0]] = describe_difference(ref, other)
+                other_values = per_rank.get(group[0], {}).get(value.name, {})
+                unread = [
+                    f"{why} on rank {r}"
+                    for r, got in ((d.reference[0], ref_values), (group[0], other_values))
+                    for why in [got.get(ERROR)]
+                    if why
+                ]
+                if unread:
+                    d.details[group[0]] = f"(its values could not be read: {'; '.join(unread)})"
+                    continue
+                try:
+                    how = describe_difference(ref_values.get(d.path), other_values.get(d.path))
+                except Exception as exc:  # noqa: BLE001 - the digests differ: that stands
+                    how = f"(how could not be told: {type(exc).__name__}: {exc})"
+                d.details[group[0]] = how
 
 
 def describe_difference(ref: Any, other: Any) -> str:
@@ -220,8 +324,20 @@ def describe_difference(ref: Any, other: Any) -> str:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == SHOWN:
+        text = str(value[1])
+        return text if len(text) <= 40 else text[:37] + "..."
     text = f"{value:.6g}" if isinstance(value, float) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-__all__ = ["Comparison", "EntryDiff", "ValueDiff", "compare", "describe_difference", "details"]
+__all__ = [
+    "Comparison",
+    "EntryDiff",
+    "ValueDiff",
+    "compare",
+    "describe_difference",
+    "details",
+    "expand",
+    "groups_wanted",
+]

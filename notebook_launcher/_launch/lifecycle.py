@@ -40,6 +40,7 @@ from ..errors import (
     RankFailure,
     SessionBroken,
     interrupted,
+    rank_list,
 )
 from . import stall
 from .contract import Group
@@ -81,6 +82,8 @@ class RunEnd:
     #: a verdict already reached with every node (a launch across nodes); else the
     #: records decide
     verdict: Verdict | None = None
+    #: rank -> why its stop (or end) is not confirmed: its node's agent did not answer
+    unconfirmed: Mapping[int, str] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -155,6 +158,8 @@ def decide(end: RunEnd) -> Outcome:
             text = f"interrupted: ranks {list(end.ranks)} stopped their task; the session lives on"
         else:
             text = summary_line(verdict, n, True)
+        if end.unconfirmed:
+            text = _unconfirmed(end, n)
         kind = "broken" if end.broken is not None else "interrupted"
         return Outcome(kind, _restarted(text, end.restarts), verdict)
     if not verdict.ok:
@@ -170,6 +175,16 @@ def decide(end: RunEnd) -> Outcome:
         what = f"ranks {list(missing)} ended without a result"
         return Outcome("short", what, verdict, missing=missing)
     return Outcome("ok", _restarted(summary_line(verdict, n), end.restarts), verdict)
+
+
+def _unconfirmed(end: RunEnd, n: int) -> str:
+    """``interrupted: 2 of 4 ranks stopped; ranks 2, 3: not confirmed (node 1 (h2) did not
+    answer ...)``: a stop is said only of the ranks whose end was reported."""
+    by_why: dict[str, list[int]] = {}
+    for rank, why in sorted(end.unconfirmed.items()):
+        by_why.setdefault(why, []).append(rank)
+    told = "; ".join(f"{rank_list(rs)}: not confirmed ({why})" for why, rs in by_why.items())
+    return f"interrupted: {n - len(end.unconfirmed)} of {n} ranks stopped; {told}"
 
 
 def _restarted(summary: str, restarts: int) -> str:
@@ -222,6 +237,8 @@ def value_of(
             if end.purpose == "task"
             else f"interrupted: all {len(end.ranks)} ranks stopped"
         )
+        if end.unconfirmed:
+            what = _unconfirmed(end, len(end.ranks))
         return interrupted(what)
     if kind == "broken":
         if end.interrupted:
@@ -332,7 +349,8 @@ class GroupRun:
         if self._end is None:
             self.watch.stop()
             self.group.close()
-            self._end = self.snapshot(purpose, world_size, **extra)
+            unconfirmed = dict(getattr(self.group, "unconfirmed", {}))
+            self._end = self.snapshot(purpose, world_size, unconfirmed=unconfirmed, **extra)
         return self._end
 
 

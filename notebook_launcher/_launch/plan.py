@@ -187,6 +187,7 @@ def plan_launch(
     nprocs = preflight.resolve_num_processes(
         num_processes, _placement.num_processes_for(wanted, found) or 0
     )
+    preflight.check_capacity(nprocs)
     where = _placement.place(found, nprocs, wanted, world_size=nprocs * num_nodes)
     preflight.check_placement(where, found)
     precision = preflight.check_mixed_precision(mixed_precision, where.on_gpu)

@@ -625,3 +625,120 @@ def _bind(master_addr: str, port: int) -> tuple[socket.socket, int, str | None]:
     except BaseException:
         sock.close()
         raise
+
+
+def check_cluster(cluster: Any) -> None:
+    """``cluster=`` is a cluster object (:class:`~notebook_launcher.SlurmCluster`,
+    :class:`~notebook_launcher.AgentCluster`), not its name or its class."""
+    if isinstance(cluster, type):
+        name = cluster.__name__
+        raise PreflightError(
+            f"cluster={name} is the class, not a cluster: make one and pass it, e.g. "
+            f"cluster={name}(nodes=2) (it starts with the first launch and stays for the next)."
+        )
+    if not callable(getattr(cluster, "plan", None)) or not hasattr(cluster, "nodes_for_launch"):
+        raise PreflightError(
+            f"cluster={cluster!r} ({type(cluster).__name__}) is not a cluster: pass a "
+            "SlurmCluster or AgentCluster object, e.g. "
+            "`from notebook_launcher import SlurmCluster; cluster = SlurmCluster(nodes=2, "
+            "partition='gpu')`, then cluster=cluster (or leave cluster=None to run here)."
+        )
+
+
+#: CPU ranks per core at most (more only wait for a core: a mistake, not a plan).
+RANKS_PER_CORE = 16
+#: The kernel's file descriptors per local rank (its pipes and sentinels), and a margin.
+FDS_PER_RANK = 5
+FD_MARGIN = 64
+#: Memory a rank needs at the least (a forked interpreter with torch, gloo's buffers).
+MIN_RANK_MEMORY = 64 << 20
+#: Ranks one kernel drives at most, on a cluster too (each has its records and its row).
+MAX_WORLD = 16_384
+#: Overrides the per-core bound (never the descriptors, memory or process limits).
+MAX_PROCESSES_ENV = "NOTEBOOK_LAUNCHER_MAX_PROCESSES"
+
+
+def capacity_problem(count: int, where: str = "this machine") -> str | None:
+    """Why ``count`` ranks cannot run on this machine (its cores, its free memory, this
+    process's descriptor limit, the user's process limit), or None. Each reason names the
+    limit and the most ranks it allows."""
+    import resource
+
+    found: list[tuple[int, str]] = []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    override = os.environ.get(MAX_PROCESSES_ENV, "")
+    if override.isdigit():
+        found.append((int(override), f"{MAX_PROCESSES_ENV}={override}"))
+    else:
+        found.append(
+            (
+                max(RANKS_PER_CORE * cores, 32),
+                f"{cores} CPU core(s), {RANKS_PER_CORE} ranks per core at most: more only "
+                f"wait for a core (set {MAX_PROCESSES_ENV} to allow more)",
+            )
+        )
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            used = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            used = 0
+        most = max(0, (soft - used - FD_MARGIN) // FDS_PER_RANK)
+        found.append(
+            (
+                most,
+                f"this process may open {soft} files (ulimit -n; {used} open now) and each "
+                f"rank takes {FDS_PER_RANK}: raise it (resource.setrlimit, or ulimit -n "
+                "before starting Jupyter)",
+            )
+        )
+    nproc, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if nproc != resource.RLIM_INFINITY and os.geteuid() != 0:
+        found.append((nproc // 2, f"this user may run {nproc} processes and threads (ulimit -u)"))
+    free = _available_memory()
+    if free is not None:
+        found.append(
+            (
+                free // MIN_RANK_MEMORY,
+                f"{free >> 20:,} MiB of memory is free, and a rank needs "
+                f"{MIN_RANK_MEMORY >> 20} MiB at the least",
+            )
+        )
+    found.append((MAX_WORLD, f"one kernel drives {MAX_WORLD:,} ranks at most"))
+    most, why = min(found, key=lambda f: f[0])
+    if count <= most:
+        return None
+    return f"{count:,} ranks are more than {where} can hold: at most {most:,} ({why})"
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory this process may still use: the system's available memory, or its
+    cgroup's room when that is less; None when neither can be read."""
+    free = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            current = int(f.read())
+        if limit != "max":
+            room = max(0, int(limit) - current)
+            free = room if free is None else min(free, room)
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def check_capacity(count: int) -> None:
+    """Refuse, before anything is built, more ranks than this machine can hold
+    (:func:`capacity_problem`)."""
+    why = capacity_problem(count)
+    if why is not None:
+        raise PreflightError(f"num_processes={count}: {why}. Ask for fewer.")

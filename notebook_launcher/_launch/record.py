@@ -137,7 +137,7 @@ class RunRecord:
         if self.stopping and code == 0:  # a SIGTERM handler of its own that exits: stopped
             return self.stopped(proc.rank, proc.pid)
         if self.stopping and code is not None and code < 0 and getattr(proc, "signalled", True):
-            return self.stopped(proc.rank, proc.pid)
+            return self.stopped(proc.rank, proc.pid, getattr(proc, "unconfirmed", ""))
         if code == 0 and not proc.note:
             # sys.exit(0) or os._exit(0) in the function: no value came back, so not a success
             return self.died(proc, NO_VALUE)
@@ -173,11 +173,14 @@ class RunRecord:
             )
         ]
 
-    def stopped(self, rank: int, pid: int | None) -> list[Event]:
-        """We stopped the rank (it was interrupted, or another rank failed)."""
+    def stopped(self, rank: int, pid: int | None, unconfirmed: str = "") -> list[Event]:
+        """We stopped the rank (it was interrupted, or another rank failed);
+        ``unconfirmed``: why its end was not reported (its node did not answer)."""
         now = time.time()
         self.failures.append(RankFailure(rank, "stopped", pid, time=now))
         reason = "interrupted" if self.interrupted else self.stop_reason or "another rank failed"
+        if unconfirmed:
+            reason += f"; its stop is not confirmed: {unconfirmed}"
         return [WorkerStopped(rank, reason, now)]
 
     def died(self, proc: WorkerProcess, context: str = "") -> list[Event]:

@@ -54,6 +54,11 @@ from .plan import LaunchPlan, rank_specs
 from .rendezvous import endpoint_text
 
 log = logging.getLogger("notebook_launcher.cluster")
+#: Refused connections logged one by one; then one line per REFUSED_SUMMARY_EVERY seconds.
+REFUSED_LOGGED = 10
+REFUSED_SUMMARY_EVERY = 10.0
+#: Refused connections kept in ``AgentHub.refused`` (the last ones).
+REFUSED_KEPT = 200
 
 #: Seconds an agent has to finish its handshake once connected.
 HANDSHAKE_TIMEOUT = 5.0
@@ -64,6 +69,10 @@ STACKS_GRACE = 1.0
 #: What a rank's error says when a value it read from the store does not decode (a C++
 #: string or buffer of a garbage length): see RemoteGroup._store_hint.
 _UNDECODABLE = ("basic_string", "_M_create", "bad_alloc", "length_error", "bad_array_new_length")
+
+#: Seconds a node's agent has, once told to stop its ranks (after their grace period), to
+#: report their ends; then the node is named as not answering and the stop as unconfirmed.
+STOP_ANSWER = 5.0
 
 
 @dataclass
@@ -134,8 +143,9 @@ class AgentHub:
 
     A fresh secret per hub; :meth:`write_secret` puts it in a file only the user can read,
     :meth:`secret_env` gives it for a child's environment. Never printed, never in a repr.
-    ``refused`` lists (and the ``notebook_launcher.cluster`` logger warns about) every
-    connection that was turned away, with why.
+    ``refused`` lists (and the ``notebook_launcher.cluster`` logger warns about) the
+    connections that were turned away, with why: a flood is summed up, not logged line by
+    line.
     """
 
     def __init__(
@@ -150,6 +160,10 @@ class AgentHub:
         self._secret = secrets.token_bytes(32)
         self.nodes: dict[int, RemoteNode] = {}
         self.refused: list[str] = []
+        #: connections refused in all (``refused`` keeps the last ones only)
+        self.refused_count = 0
+        self._unlogged = 0
+        self._summary_at = 0.0
         self._pending: dict[int, _Pending] = {}
         self._selector = selectors.DefaultSelector()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -368,8 +382,30 @@ class AgentHub:
         self._note_refused(pending.peer, why)
 
     def _note_refused(self, peer: str, why: str) -> None:
+        """Keep (the last :data:`REFUSED_KEPT`) and log why a connection was turned away: the
+        first :data:`REFUSED_LOGGED` one by one, then a flood in one line per
+        :data:`REFUSED_SUMMARY_EVERY` seconds (a port scan must not fill the cell)."""
+        self.refused_count += 1
         self.refused.append(f"{peer}: {why}")
-        log.warning("refused a connection from %s: %s", peer, why)
+        del self.refused[:-REFUSED_KEPT]
+        if self.refused_count <= REFUSED_LOGGED:
+            log.warning("refused a connection from %s: %s", peer, why)
+            self._summary_at = time.monotonic() + REFUSED_SUMMARY_EVERY
+            return
+        self._unlogged += 1
+        if time.monotonic() >= self._summary_at:
+            self._log_unlogged()
+
+    def _log_unlogged(self) -> None:
+        if self._unlogged:
+            log.warning(
+                "refused %d more connection(s) (%d in all; the last: %s)",
+                self._unlogged,
+                self.refused_count,
+                self.refused[-1],
+            )
+        self._unlogged = 0
+        self._summary_at = time.monotonic() + REFUSED_SUMMARY_EVERY
 
     def _forget(self, pending: _Pending) -> None:
         self._pending.pop(pending.sock.fileno(), None)
@@ -382,6 +418,7 @@ class AgentHub:
         """Every node joined: nothing else may connect."""
         for pending in list(self._pending.values()):
             self._refuse(pending, "the job's nodes have all joined")
+        self._log_unlogged()
         if self._listen is not None:
             self._selector.unregister(self._listen)
             self._listen.close()
@@ -421,6 +458,8 @@ class RemoteRank:
     note: str = ""
     #: its agent (or we, for a node gone) had sent it SIGTERM or SIGKILL
     signalled: bool = False
+    #: why its end was not reported (its node's agent did not answer)
+    unconfirmed: str = ""
 
     @property
     def exited(self) -> bool:
@@ -489,6 +528,10 @@ class RemoteGroup:
         self._pumping: threading.Thread | None = None
         #: where the ranks' store is (for what a rank that read garbage from it is told)
         self._store = (specs[0].master_addr, specs[0].master_port) if specs else None
+        #: when the nodes told to stop must have reported their ranks' ends
+        self._stop_by: float | None = None
+        #: rank -> why its end is not confirmed (its node's agent did not answer)
+        self.unconfirmed: dict[int, str] = {}
 
     # -- start -------------------------------------------------------------------------------
 
@@ -564,6 +607,28 @@ class RemoteGroup:
                 self._handle(node, message)
             if messages is None or node.link.failed is not None:
                 self._node_gone(node, node.lost())
+        if self._stop_by is not None and time.monotonic() >= self._stop_by:
+            self._silent_after_stop()
+
+    def _silent_after_stop(self) -> None:
+        """The nodes that still have ranks running after being told to stop them are named
+        as not answering (stopped, swapping, unreachable), and left: their ranks' ends are
+        unconfirmed (an agent that wakes up finds its kernel gone and ends them)."""
+        waited = self.grace + STOP_ANSWER
+        for node in self._live_nodes():
+            running = [p for p in self.procs if p.node is node and not p.exited]
+            if running:
+                why = (
+                    f"did not answer within {waited:g} s of being told to stop its ranks "
+                    "(its agent is stopped or swapping, or the node is unreachable)"
+                )
+                self._unanswered(node, why)
+
+    def _unanswered(self, node: RemoteNode, why: str) -> None:
+        for p in self.procs:
+            if p.node is node and not p.exited:
+                p.unconfirmed = self.unconfirmed[p.rank] = f"{node.label} {why}"
+        self._node_gone(node, why, stopped=True)
 
     def _handle(self, node: RemoteNode, message: Any) -> None:
         if isinstance(message, wire.Batch):
@@ -632,9 +697,9 @@ class RemoteGroup:
             "see the README's Security section)"
         )
 
-    def _node_gone(self, node: RemoteNode, why: str) -> None:
+    def _node_gone(self, node: RemoteNode, why: str, stopped: bool = False) -> None:
         """The agent's connection ended (or was tampered with, and ends now): its ranks
-        died with it."""
+        died with it (``stopped``: we had told them to stop)."""
         if node.gone is None:
             plain = node.ending or node.link.failed is not None
             node.gone = why if plain else self._with_reason(why)
@@ -649,7 +714,7 @@ class RemoteGroup:
             if proc.node is node and not proc.exited:
                 proc.returncode = -int(signal.SIGKILL)
                 proc.note = f"{node.label}'s agent is gone: {node.gone}"
-                proc.signalled = self._closed  # (we were closing them: a stop)
+                proc.signalled = self._closed or stopped  # (we were stopping them)
                 self._on_exit(proc)
 
     # -- where the ranks are (the stall view) ----------------------------------------------------
@@ -691,17 +756,28 @@ class RemoteGroup:
         silent = {p.rank for p in self.running if p.node.index in set(nodes) - set(got)} & (
             set(ranks) if ranks is not None else {p.rank for p in self.procs}
         )
-        late = f"did not answer within {timeout + STACKS_GRACE:g}s (its node's agent sent nothing)"
+        waited = timeout + STACKS_GRACE
         stacks += tuple(
-            RankStacks(rank, self.proc(rank).pid, error=late) for rank in sorted(silent)
+            RankStacks(
+                rank,
+                self.proc(rank).pid,
+                error=f"did not answer within {waited:g}s: {self.proc(rank).node.label}'s "
+                "agent sent nothing (stopped or swapping, or the node is unreachable)",
+            )
+            for rank in sorted(silent)
         )
         return tuple(sorted(stacks, key=lambda s: s.rank)), flight
 
     # -- stop ------------------------------------------------------------------------------------
 
     def terminate(self) -> None:
+        """Tell every node to stop its ranks (SIGTERM, SIGKILL after the grace period);
+        a node that then reports nothing within :data:`STOP_ANSWER` more seconds is named
+        as not answering (see :meth:`pump`)."""
         for node in self._live_nodes():
             node.link.send(wire.Terminate())
+        if self._stop_by is None:
+            self._stop_by = time.monotonic() + self.grace + STOP_ANSWER
 
     def stop(self) -> None:
         try:
@@ -729,11 +805,12 @@ class RemoteGroup:
             self.pump(min(remaining, 0.5))
         for node in waiting:
             if node.index not in self._closed_nodes and node.gone is None:
-                self._node_gone(node, f"no answer to close within {CLOSE_TIMEOUT:g} s")
+                self._unanswered(node, f"did not answer to close within {CLOSE_TIMEOUT:g} s")
         for proc in self.running:  # never left unreported
             proc.returncode = -int(signal.SIGKILL)
             proc.note = proc.note or f"{proc.node.label} did not report its end"
             proc.signalled = True
+            self.unconfirmed.setdefault(proc.rank, proc.note)
             self._on_exit(proc)
         self._selector.close()
 
@@ -840,6 +917,11 @@ def cluster_ranks(
             f"(e.g. {say.count.format(nodes * max(1, round(total / nodes)))})."
         )
     per_node = total // nodes
+    if total > preflight.MAX_WORLD:
+        raise PreflightError(
+            f"{say.count.format(total)}: one kernel drives {preflight.MAX_WORLD:,} ranks at "
+            "most. Ask for fewer."
+        )
     # more ranks than GPUs share them (devices="auto", as on one machine); "gpu" refuses
     if gpus_per_node and per_node > gpus_per_node and _placement.check_devices(devices) == "gpu":
         raise PreflightError(

@@ -51,6 +51,28 @@ MEANING = {
 }
 
 
+#: Pending reasons no wait resolves: the job asks what its partition, account or QOS never
+#: grants (``squeue -o %r``), with what to change.
+NEVER = {
+    "PartitionTimeLimit": "ask for less time (time=...), or another partition",
+    "BadConstraints": "constraint=... matches no node's features (`sinfo -o '%N %f'` lists them)",
+    "InvalidAccount": "account=... must name an account you may use (`sacctmgr show assoc "
+    "user=$USER`)",
+    "InvalidQOS": "qos=... must name a QOS you may use (`sacctmgr show assoc user=$USER`)",
+    "DependencyNeverSatisfied": "a dependency in sbatch_options can never be satisfied",
+    "QOSMaxNodePerJobLimit": "your QOS allows fewer nodes per job: ask for fewer nodes",
+    "QOSMaxCpuPerJobLimit": "your QOS allows fewer CPUs per job: ask for fewer",
+    "QOSMaxGRESPerJob": "your QOS allows fewer GPUs per job: ask for fewer",
+    "QOSMaxWallDurationPerJobLimit": "your QOS allows less time per job: ask for less time",
+    "AssocMaxNodesPerJobLimit": "your account allows fewer nodes per job: ask for fewer nodes",
+    "AssocMaxCpuPerJobLimit": "your account allows fewer CPUs per job: ask for fewer",
+    "AssocMaxWallDurationPerJobLimit": "your account allows less time per job: ask for less",
+}
+#: Pending reasons that mean "never" when the job asks more nodes than its partition has
+#: (else: some of its nodes are down or drained, and may come back).
+PARTITION_LIMITS = frozenset({"PartitionConfig", "PartitionNodeLimit"})
+
+
 class SlurmError(LaunchError):
     """A Slurm command failed, or Slurm is not there."""
 
@@ -66,6 +88,8 @@ class JobState:
     nodes: str = ""
     time_limit: str = ""
     exit_code: str = ""
+    partition: str = ""
+    num_nodes: str = ""  # "5-5": the nodes the job asks for
 
     @property
     def ended(self) -> bool:
@@ -139,6 +163,40 @@ def state(job_id: str) -> JobState:
         fields.get("NodeList", ""),
         fields.get("TimeLimit", ""),
         fields.get("ExitCode", ""),
+        fields.get("Partition", ""),
+        fields.get("NumNodes", ""),
+    )
+
+
+def never_starts(job: JobState) -> str | None:
+    """Why a pending ``job`` can never start, and what to ask for instead; None when it
+    may start yet (waiting for resources, priority, nodes that are down...)."""
+    if job.state != "PENDING":
+        return None
+    if job.reason in NEVER:
+        return NEVER[job.reason]
+    if job.reason not in PARTITION_LIMITS or not job.partition:
+        return None
+    try:
+        asked = int(job.num_nodes.split("-")[0])
+        out = run(["scontrol", "show", "partition", "--oneliner", job.partition], timeout=30.0)
+    except (ValueError, SlurmError):
+        return None
+    fields = dict(item.split("=", 1) for item in out.split() if "=" in item)
+    limits = []
+    for key in ("TotalNodes", "MaxNodes"):
+        value = fields.get(key, "")
+        if value.isdigit():
+            limits.append((int(value), key))
+    if not limits:
+        return None
+    most, key = min(limits)
+    if asked <= most:
+        return None
+    has = f"has {most} node(s)" if key == "TotalNodes" else f"allows {most} node(s) per job"
+    return (
+        f"it asks for {asked} nodes, and partition {job.partition} {has}: ask for at most "
+        f"{most} (nodes={most}), or another partition (partition=...; `sinfo -s` lists them)"
     )
 
 
@@ -278,6 +336,7 @@ def tail(path: str, lines: int = 15) -> str:
 
 __all__ = [
     "ENDED",
+    "NEVER",
     "JobState",
     "SlurmError",
     "allocation",
@@ -285,6 +344,7 @@ __all__ = [
     "cancel",
     "check_option",
     "controller_host",
+    "never_starts",
     "unhealthy",
     "reachable_address",
     "run",

@@ -1,10 +1,13 @@
 """Where every rank is when nothing moves: the stall watch and the stacks it takes (kernel side).
 
-:func:`take` asks ranks for their stacks and reads them: it finds each rank's dump file
-among its open files (``/proc/<pid>/fd``; ``_worker.stacks`` made it), empties it, sends
-:data:`~notebook_launcher._worker.stacks.STACK_SIGNAL` to the rank and to the Python
-processes it started (a DataLoader's workers), and reads what their fault handlers wrote:
-all of them at once, in a few milliseconds, whether a rank runs Python or waits in C++.
+:func:`take` asks ranks for their stacks and reads them: it finds each rank's files among
+its open files (``/proc/<pid>/fd``; ``_worker.stacks`` made them) and asks its helper
+thread through its pipe -- no signal: a signal would cut short the sleep or wait the rank
+is in -- and reads every thread's stack from its answer. A rank whose helper does not
+answer within :data:`HELPER_WAIT` (a C extension holds the GIL) is sent
+:data:`~notebook_launcher._worker.stacks.STACK_SIGNAL`, as are the Python processes a rank
+started (a DataLoader's workers), and what their fault handlers wrote is read: all of them
+at once, in a few milliseconds, whether a rank runs Python or waits in C++.
 With torch's flight recorder on (``TORCH_FR_BUFFER_SIZE``; on NCCL ranks by default) each
 rank's last collectives are read too (``_worker.stacks``' helper thread answers).
 
@@ -37,7 +40,7 @@ from typing import Any, Protocol
 from .. import _stacks
 from .._events import Event, RankStacks, StacksTaken, StallOver, ThreadStack
 from .._posix import descendants
-from .._stacks import FILE_PREFIX, FLIGHT_PREFIX, STACK_SIGNAL
+from .._stacks import FILE_PREFIX, FLIGHT_PREFIX, PYSTACKS_END, PYSTACKS_PREFIX, STACK_SIGNAL
 
 #: Default seconds without progress before the stall view shows (launch and session option).
 DEFAULT_STALL_AFTER = 30.0
@@ -45,6 +48,8 @@ DEFAULT_STALL_AFTER = 30.0
 REFRESH = 5.0
 #: How long the kernel waits for the ranks' dumps, at most.
 ANSWER_TIMEOUT = 0.5
+#: How long a rank's helper thread has to answer before the rank is sent the signal.
+HELPER_WAIT = 0.25
 #: A dump is complete once it has not grown for this long.
 SETTLE = 0.01
 #: An interrupt attaches where each rank was when they had been quiet this long.
@@ -85,6 +90,9 @@ class _Dump:
     data: bytes = b""
     settled_at: float | None = None
     done: bool = False
+    pidfd: int | None = None
+    #: the helper thread's answer file, while its answer is awaited (no signal sent)
+    helper: int | None = None
 
 
 def _find(pid: int, prefix: str) -> tuple[str, str] | None:
@@ -129,6 +137,50 @@ def _open(rank: int, pid: int) -> _Dump | None:
         return None
     main = "0x" + rest.split("-", 1)[0]
     return _Dump(rank, pid, fd, main)
+
+
+def _ask_helper(dump: _Dump) -> bool:
+    """Ask the rank's helper thread for its stacks (no signal); False if it has none."""
+    pipe = _find(dump.pid, f"{PYSTACKS_PREFIX}req-")
+    answer = _find(dump.pid, f"{PYSTACKS_PREFIX}out-")
+    if pipe is None or answer is None:
+        return False
+    try:
+        fd = os.open(answer[0], os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.ftruncate(fd, 0)
+        w = os.open(pipe[0], os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            os.write(w, b"?")
+        finally:
+            os.close(w)
+    except OSError:
+        os.close(fd)
+        return False
+    dump.helper = fd
+    return True
+
+
+def _helper_answer(dump: _Dump) -> bytes | None:
+    """The helper's whole answer, or None while it is not complete."""
+    assert dump.helper is not None
+    try:
+        size = min(os.fstat(dump.helper).st_size, MAX_DUMP)
+        data = os.pread(dump.helper, size, 0) if size else b""
+    except OSError:
+        return None
+    return data if data.endswith(PYSTACKS_END.encode() + b"\n") else None
+
+
+def _drop_helper(dump: _Dump) -> None:
+    if dump.helper is not None:
+        try:
+            os.close(dump.helper)
+        except OSError:
+            pass
+        dump.helper = None
 
 
 def _signal(dump: _Dump, pidfd: int | None) -> bool:
@@ -180,8 +232,9 @@ def _take(
                 alive = os.path.exists(f"/proc/{pid}")
                 missing[rank] = STARTING if alive else ENDED
                 continue
+            dump.pidfd = pidfd
             dumps.append(dump)
-            if not _signal(dump, pidfd):
+            if not _ask_helper(dump) and not _signal(dump, pidfd):
                 missing[rank] = ENDED
             if children:
                 for child, _ in descendants(pid):
@@ -190,15 +243,27 @@ def _take(
                         kids.setdefault(rank, []).append(kid)
                         _signal(kid, None)
         everything = [*dumps, *(k for ks in kids.values() for k in ks)]
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
+        helper_deadline = start + min(HELPER_WAIT, timeout / 2)
         while True:
             now = time.monotonic()
             pending = [d for d in everything if not d.done]
             if not pending or now >= deadline:
                 break
+            if now >= helper_deadline:  # no answer from Python: the fault handler's, then
+                for d in pending:
+                    if d.helper is not None:
+                        _drop_helper(d)
+                        _signal(d, d.pidfd)
             time.sleep(0.002)
             now = time.monotonic()
             for d in pending:
+                if d.helper is not None:
+                    answer = _helper_answer(d)
+                    if answer is not None:
+                        d.data, d.done = answer, True
+                    continue
                 data = _read(d)
                 if data != d.data or not _complete(data):
                     d.data, d.settled_at = data, now
@@ -227,6 +292,7 @@ def _take(
         return tuple(out)
     finally:
         for d in [*dumps, *(k for ks in kids.values() for k in ks)]:
+            _drop_helper(d)
             try:
                 os.close(d.fd)
             except OSError:
@@ -482,8 +548,8 @@ class StallWatch:
             found = report(self.ranks, "stall", now - self.last)
         except Exception:  # noqa: BLE001 - a look that fails must not stop the launch
             return
-        if all(r.error for r in found.ranks):  # still starting (or gone): nothing to show
-            return
+        if all(r.error in (STARTING, ENDED) for r in found.ranks):  # nothing to show yet
+            return  # (ranks that do not answer are news: shown)
         if self.stalled_since is None:
             self.stalled_since = self.last
         self.shown = found

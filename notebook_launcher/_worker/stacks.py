@@ -21,6 +21,16 @@ rank's open files alone. The file is opened in append mode: the kernel empties i
 the signal, and reads what was written. A process the rank forks from Python (a
 DataLoader worker) inherits the handler and gets a file of its own at the fork.
 
+**Without a signal, where Python can answer**: a signal cuts short what the rank waits in
+(``sleep`` and ``nanosleep``, ``poll``, ``select`` and timed waits are never restarted: they
+return early, with ``EINTR``), and the fault handler writes at most 100 threads (a rank with
+more loses its main thread, the oldest). So :func:`install` also starts a helper thread
+that sleeps on a pipe of its own until the kernel writes to it, then writes every thread's
+stack, from ``sys._current_frames()``, in the fault handler's format, to an answer file.
+A rank that waits in C with the GIL released (a collective, a sleep, a lock) lets it run at
+once; the kernel sends the signal only to a rank whose helper did not answer in time (a C
+extension that holds the GIL).
+
 **The flight recorder** (torch's record of each process group's last collectives, with
 their sequence numbers): on when ``TORCH_FR_BUFFER_SIZE`` (or
 ``TORCH_NCCL_TRACE_BUFFER_SIZE``) is set, and on NCCL ranks by default (2000 entries; on
@@ -41,7 +51,7 @@ import tempfile
 import threading
 from typing import Any
 
-from .._stacks import FILE_PREFIX, FLIGHT_PREFIX, STACK_SIGNAL
+from .._stacks import FILE_PREFIX, FLIGHT_PREFIX, PYSTACKS_END, PYSTACKS_PREFIX, STACK_SIGNAL
 
 #: Entries of each process group the flight recorder's answer keeps (the newest).
 FLIGHT_ENTRIES = 8
@@ -53,6 +63,10 @@ _fd: int | None = None
 _pid: int | None = None
 _hooked = False
 _flight_pid: int | None = None
+_helper_pid: int | None = None
+_helper_fds: tuple[int, ...] = ()
+#: Frames written of one thread at most (then ``...``, as the fault handler does).
+MAX_FRAMES = 500
 
 
 def _named_temp(name: str, fifo: bool = False) -> tuple[int, str]:
@@ -79,9 +93,12 @@ def _named_temp(name: str, fifo: bool = False) -> tuple[int, str]:
     return fd, final
 
 
-def install() -> None:
-    """Make this process dump its stacks on :data:`STACK_SIGNAL` (idempotent per process)."""
+def install(helper: bool = True) -> None:
+    """Make this process dump its stacks on :data:`STACK_SIGNAL`, and (``helper``) answer
+    the kernel's requests from a helper thread without one (idempotent per process)."""
     global _fd, _pid, _hooked
+    if helper:
+        _install_helper()
     if _pid == os.getpid():
         return
     inherited = _fd if _pid is not None else None
@@ -113,6 +130,68 @@ def install() -> None:
     if not _hooked:
         _hooked = True
         os.register_at_fork(after_in_child=_after_fork)
+
+
+def _install_helper() -> None:
+    """The helper thread that writes every thread's stack when the kernel asks (see the
+    module docstring)."""
+    global _helper_pid, _helper_fds
+    pid = os.getpid()
+    if _helper_pid == pid:
+        return
+    answer, _ = _named_temp(f"{PYSTACKS_PREFIX}out-{pid}")
+    flags = fcntl.fcntl(answer, fcntl.F_GETFL)
+    fcntl.fcntl(answer, fcntl.F_SETFL, flags | os.O_APPEND)
+    # the pipe last: the kernel asks only a rank whose pipe it finds (the answer file is there)
+    request, _ = _named_temp(f"{PYSTACKS_PREFIX}req-{pid}", fifo=True)
+    _helper_pid, _helper_fds = pid, (request, answer)
+    thread = threading.Thread(
+        target=_answer_stacks, args=(request, answer, pid), name="notebook-launcher-stacks"
+    )
+    thread.daemon = True
+    thread.start()
+
+
+def _answer_stacks(request: int, answer: int, pid: int) -> None:
+    while os.getpid() == pid:
+        try:
+            if not os.read(request, 64):
+                return
+        except OSError:
+            return
+        try:
+            text = python_dump()
+        except Exception:  # noqa: BLE001 - no answer: the kernel falls back to the signal
+            continue
+        try:
+            os.write(answer, text.encode("utf-8", "replace"))
+        except OSError:
+            return
+
+
+def python_dump() -> str:
+    """Every thread's stack but this one's, in the fault handler's format (innermost frame
+    first), ending with :data:`PYSTACKS_END`; no limit on the number of threads."""
+    me = threading.get_ident()
+    lines: list[str] = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        lines.append(f"Thread 0x{ident:016x} (most recent call first):")
+        depth = 0
+        at: Any = frame
+        while at is not None:
+            if depth == MAX_FRAMES:
+                lines.append("  ...")
+                break
+            code = at.f_code
+            lineno = at.f_lineno if at.f_lineno is not None else "???"
+            lines.append(f'  File "{code.co_filename}", line {lineno} in {code.co_name}')
+            at, depth = at.f_back, depth + 1
+        lines.append("")
+        del frame, at
+    lines.append(PYSTACKS_END)
+    return "\n".join(lines) + "\n"
 
 
 def flight_enabled(backend: str) -> bool:
@@ -190,10 +269,17 @@ def flight_entries() -> list[dict[str, Any]]:
 
 
 def _after_fork() -> None:
+    global _helper_fds
+    for fd in _helper_fds:  # the parent's helper's pipe and answer: not this child's
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _helper_fds = ()
     if _pid is None:
         return
     try:
-        install()
+        install(helper=False)  # (a child forked by the rank: no thread of ours started there)
     except Exception:  # noqa: BLE001 - a child without stacks is still a working child
         pass
 
@@ -206,4 +292,5 @@ __all__ = [
     "flight_entries",
     "install",
     "install_flight",
+    "python_dump",
 ]
