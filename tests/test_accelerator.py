@@ -357,7 +357,8 @@ def _own_directory_worker(base: str) -> dict[str, Any]:
     import sys
 
     # pytest's log capture, inherited by the forked rank, would keep the warning from stderr
-    logging.getLogger("notebook_launcher").addHandler(logging.StreamHandler(sys.stderr))
+    # (the Accelerator logs under Accelerate's logger name, as Accelerate's does)
+    logging.getLogger("accelerate").addHandler(logging.StreamHandler(sys.stderr))
     acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     loader = acc.prepare(DataLoader(data(32), batch_size=4, shuffle=True))
     mine = os.path.join(base, f"rank{acc.process_index}")
