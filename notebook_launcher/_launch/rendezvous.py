@@ -393,6 +393,7 @@ class Lobby:
         if self.store.check([f"{_NS}/left"]):
             why = self.store.get(f"{_NS}/left").decode()
             c = self.config
+            self._told()
             raise RendezvousError(
                 f"{why} while the nodes met at the {c.backend} rendezvous '{c.run_id}' at "
                 f"{c.endpoint}: the job cannot form. Start the launch again on every node."
@@ -401,7 +402,13 @@ class Lobby:
         for other in self.others():
             differ = [k for k in ("run_id", "num_nodes", "backend") if other.get(k) != mine[k]]
             if differ:
+                self._told()
                 raise self._differ(other, differ)
+
+    def _told(self) -> None:
+        """This node read why the meeting ends: the node holding the store may go now."""
+        with contextlib.suppress(Exception):
+            self.store.add(f"{_NS}/told", 1)
 
     def _differ(self, other: dict[str, Any], keys: list[str]) -> RendezvousError:
         c = self.config
@@ -430,13 +437,27 @@ class Lobby:
         """This node gives up on the meeting (Ctrl-C, an error): tell the others at once
         (best effort: the store may be gone already). ``linger``: this node holds the
         store; it keeps it a moment, for the others to read why (a few of their polls)."""
-        if isinstance(error, RendezvousError) and "settings differ" in str(error):
-            return  # the others see the difference themselves
-        what = "was interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         with contextlib.suppress(Exception):
-            self.store.compare_set(f"{_NS}/left", "", f"{self.label or 'a node'} {what}")
-            if linger and self.store.add(f"{_NS}/arrivals", 0) > 1:
-                time.sleep(5 * _POLL)
+            if not (isinstance(error, RendezvousError) and "settings differ" in str(error)):
+                # (a difference the others see themselves; this node counted itself told)
+                what = "was interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+                self.store.compare_set(f"{_NS}/left", "", f"{self.label or 'a node'} {what}")
+                self._told()
+            if linger:
+                self._wait_until_told()
+
+    def _wait_until_told(self, bound: float = 5.0) -> None:
+        """Keep the store until every node that came has read why the meeting ends (a
+        loaded machine may take a while to look), at most ``bound`` seconds: else it finds
+        the store gone and says the holder was killed."""
+        deadline = time.monotonic() + bound
+        try:
+            while time.monotonic() < deadline:
+                if self.store.add(f"{_NS}/told", 0) >= self.store.add(f"{_NS}/arrivals", 0):
+                    return
+                time.sleep(_POLL)
+        except KeyboardInterrupt:  # pressed again: stop waiting (the first one is raised)
+            return
 
     def failed(self, error: BaseException) -> RendezvousError:
         """What a store error during the meeting means: a node left (it said why), or the
