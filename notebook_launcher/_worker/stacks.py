@@ -49,6 +49,7 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .._stacks import FILE_PREFIX, FLIGHT_PREFIX, PYSTACKS_END, PYSTACKS_PREFIX, STACK_SIGNAL
@@ -139,34 +140,44 @@ def _install_helper() -> None:
     pid = os.getpid()
     if _helper_pid == pid:
         return
-    answer, _ = _named_temp(f"{PYSTACKS_PREFIX}out-{pid}")
+    _helper_pid, _helper_fds = pid, _serve_requests(PYSTACKS_PREFIX, "stacks", pid, _stacks_answer)
+
+
+def _stacks_answer() -> bytes | None:
+    try:
+        return python_dump().encode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - no answer: the kernel falls back to the signal
+        return None
+
+
+def _serve_requests(
+    prefix: str, name: str, pid: int, answer_for: Callable[[], bytes | None]
+) -> tuple[int, int]:
+    """A daemon thread that writes ``answer_for()`` to the answer file each time the kernel
+    writes to the request pipe (both named for ``prefix`` and this pid); returns their fds.
+    The pipe is made last: the kernel asks only a rank whose pipe it finds."""
+    answer, _ = _named_temp(f"{prefix}out-{pid}")
     flags = fcntl.fcntl(answer, fcntl.F_GETFL)
     fcntl.fcntl(answer, fcntl.F_SETFL, flags | os.O_APPEND)
-    # the pipe last: the kernel asks only a rank whose pipe it finds (the answer file is there)
-    request, _ = _named_temp(f"{PYSTACKS_PREFIX}req-{pid}", fifo=True)
-    _helper_pid, _helper_fds = pid, (request, answer)
-    thread = threading.Thread(
-        target=_answer_stacks, args=(request, answer, pid), name="notebook-launcher-stacks"
-    )
-    thread.daemon = True
-    thread.start()
+    request, _ = _named_temp(f"{prefix}req-{pid}", fifo=True)
 
-
-def _answer_stacks(request: int, answer: int, pid: int) -> None:
-    while os.getpid() == pid:
-        try:
-            if not os.read(request, 64):
+    def serve() -> None:
+        while os.getpid() == pid:
+            try:
+                if not os.read(request, 64):
+                    return
+            except OSError:
                 return
-        except OSError:
-            return
-        try:
-            text = python_dump()
-        except Exception:  # noqa: BLE001 - no answer: the kernel falls back to the signal
-            continue
-        try:
-            os.write(answer, text.encode("utf-8", "replace"))
-        except OSError:
-            return
+            data = answer_for()
+            if data is None:
+                continue
+            try:
+                os.write(answer, data)
+            except OSError:
+                return
+
+    threading.Thread(target=serve, name=f"notebook-launcher-{name}", daemon=True).start()
+    return request, answer
 
 
 def python_dump() -> str:
@@ -212,33 +223,16 @@ def install_flight(backend: str) -> None:
     if _flight_pid == os.getpid() or not flight_enabled(backend):
         return
     pid = os.getpid()
-    request, _ = _named_temp(f"{FLIGHT_PREFIX}req-{pid}", fifo=True)
-    answer, _ = _named_temp(f"{FLIGHT_PREFIX}out-{pid}")
-    flags = fcntl.fcntl(answer, fcntl.F_GETFL)
-    fcntl.fcntl(answer, fcntl.F_SETFL, flags | os.O_APPEND)
+    _serve_requests(FLIGHT_PREFIX, "flight", pid, _flight_answer)
     _flight_pid = pid
-    thread = threading.Thread(
-        target=_answer_flight, args=(request, answer, pid), name="notebook-launcher-flight"
-    )
-    thread.daemon = True
-    thread.start()
 
 
-def _answer_flight(request: int, answer: int, pid: int) -> None:
-    while os.getpid() == pid:
-        try:
-            if not os.read(request, 64):
-                return
-        except OSError:
-            return
-        try:
-            entries = flight_entries()
-        except Exception:  # noqa: BLE001 - an answer, whatever torch says
-            entries = []
-        try:
-            os.write(answer, json.dumps(entries).encode() + b"\n")
-        except OSError:
-            return
+def _flight_answer() -> bytes:
+    try:
+        entries = flight_entries()
+    except Exception:  # noqa: BLE001 - an answer, whatever torch says
+        entries = []
+    return json.dumps(entries).encode() + b"\n"
 
 
 def flight_entries() -> list[dict[str, Any]]:
