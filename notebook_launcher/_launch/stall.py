@@ -139,16 +139,18 @@ def _open(rank: int, pid: int) -> _Dump | None:
     return _Dump(rank, pid, fd, main)
 
 
-def _ask_helper(dump: _Dump) -> bool:
-    """Ask the rank's helper thread for its stacks (no signal); False if it has none."""
-    pipe = _find(dump.pid, f"{PYSTACKS_PREFIX}req-")
-    answer = _find(dump.pid, f"{PYSTACKS_PREFIX}out-")
+def ask_through_pipe(pid: int, prefix: str) -> int | None:
+    """Ask a rank's helper thread (``_worker.stacks._serve_requests``) through its request
+    pipe: the emptied answer file's fd, to read once it has answered; None if the rank has
+    no such helper (or it is gone)."""
+    pipe = _find(pid, f"{prefix}req-")
+    answer = _find(pid, f"{prefix}out-")
     if pipe is None or answer is None:
-        return False
+        return None
     try:
         fd = os.open(answer[0], os.O_RDWR | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
     try:
         os.ftruncate(fd, 0)
         w = os.open(pipe[0], os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -158,6 +160,14 @@ def _ask_helper(dump: _Dump) -> bool:
             os.close(w)
     except OSError:
         os.close(fd)
+        return None
+    return fd
+
+
+def _ask_helper(dump: _Dump) -> bool:
+    """Ask the rank's helper thread for its stacks (no signal); False if it has none."""
+    fd = ask_through_pipe(dump.pid, PYSTACKS_PREFIX)
+    if fd is None:
         return False
     dump.helper = fd
     return True
@@ -402,23 +412,8 @@ def read_flight(
     out: dict[int, list[dict[str, Any]]] = {}
     try:
         for rank, (pid, _) in procs.items():
-            pipe = _find(pid, FLIGHT_PREFIX + "req-")
-            answer = _find(pid, FLIGHT_PREFIX + "out-")
-            if pipe is None or answer is None:
-                continue
-            try:
-                fd = os.open(answer[0], os.O_RDWR | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                os.ftruncate(fd, 0)
-                w = os.open(pipe[0], os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                try:
-                    os.write(w, b"?")
-                finally:
-                    os.close(w)
-            except OSError:
-                os.close(fd)
+            fd = ask_through_pipe(pid, FLIGHT_PREFIX)
+            if fd is None:
                 continue
             asked[rank] = (pid, fd)
         deadline = time.monotonic() + timeout
