@@ -39,6 +39,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[object]:
+    """Keep each phase's report on the test (``item.rep_call``): a fixture that shares a
+    kernel across a module replaces it after a test that failed (helpers.Kept)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread in this (parent) process, so its OpenMP pool never starts (a
+    module asks for it with ``pytest.mark.usefixtures("one_torch_thread")``).
+
+    Once a process has run a multi-threaded OpenMP region (a bf16 matmul, a large elementwise
+    op), a child forked from it hangs in its own first parallel region: libgomp is not
+    fork-safe. The launcher detects that and then starts ranks with a slower method
+    (seconds per launch instead of a fraction of one); staying single-threaded keeps every
+    launch of the module on the fast fork path, and its forked children free of a pool."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 _SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGPIPE]
 _ENV_IGNORED = {"PYTEST_CURRENT_TEST"}
 
@@ -119,7 +146,7 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     leaked_ports = listening_ports() - ports_before
     if leaked_ports:
         problems.append(f"listening ports left open: {sorted(leaked_ports)}")
-    extra = _wait_for_no_children(children_before)
+    extra = _wait_for_no_children(children_before | helpers.Kept.children)
     if extra:
         described = [_describe(pid) for pid in sorted(extra)]
         for pid in extra:

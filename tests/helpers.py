@@ -50,6 +50,51 @@ def started_kernel(**env: str) -> Iterator[Any]:
         km.shutdown_kernel(now=True)
 
 
+class Kept:
+    """A costly resource (a kernel, a session) shared by a module's tests, and replaced
+    after a test that failed with it: a test that timed out may leave the kernel busy or
+    wedged, and every later test of the module would time out waiting on it.
+
+    ``make`` is a context manager factory; :func:`kept_for` is the per-test fixture body."""
+
+    #: the child processes of every resource kept now: not left behind by the test that
+    #: happens to start one (the leak check of tests/conftest.py allows them)
+    children: set[int] = set()
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+        self._cm: Any = None
+        self._pids: set[int] = set()
+        self.value: Any = None
+
+    def get(self) -> Any:
+        if self._cm is None:
+            from .conftest import child_pids
+
+            before = child_pids()
+            cm = self._make()
+            self.value = cm.__enter__()
+            self._cm = cm
+            self._pids = child_pids() - before
+            Kept.children |= self._pids
+        return self.value
+
+    def drop(self) -> None:
+        cm, self._cm, self.value = self._cm, None, None
+        Kept.children -= self._pids
+        self._pids = set()
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+
+def kept_for(kept: Kept, request: Any) -> Iterator[Any]:
+    """Yield the module's resource to one test; throw it away if that test failed."""
+    yield kept.get()
+    report = getattr(request.node, "rep_call", None)
+    if report is None or report.failed:
+        kept.drop()
+
+
 def wait_until(condition: Any, timeout: float, what: str) -> None:
     """Poll ``condition()`` every 50 ms until it is true; fail naming ``what`` after
     ``timeout`` seconds."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +31,7 @@ from notebook_launcher.utils.dataclasses import (
 
 from .helpers import Recorder
 
-pytestmark = pytest.mark.multiprocess
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """One intra-op thread in this (parent) process, so its OpenMP pool never starts.
-
-    Once a process has run a multi-threaded OpenMP region (a bf16 matmul, a large elementwise
-    op), a child forked from it hangs in its own first parallel region: libgomp is not
-    fork-safe. The launcher detects that and then starts ranks with a slower method
-    (seconds per launch instead of a fraction of one); staying single-threaded here keeps
-    every launch of this module on the fast fork path.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def mlp(seed: int = 0) -> torch.nn.Module:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +25,10 @@ from notebook_launcher.accelerator import Accelerator
 from notebook_launcher.checkpointing import load_model_state_dict, save_model_files
 from notebook_launcher.utils.dataclasses import ProjectConfiguration
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("one_torch_thread")]
 
 KILLED = 113  # the child's exit code when it died at the chosen step
 MAX_STEPS = 200  # a save of these tiny checkpoints takes far fewer
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """No OpenMP pool in this process: a forked child of one may hang (libgomp)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _arm(step: int) -> None:

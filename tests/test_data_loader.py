@@ -22,16 +22,7 @@ from notebook_launcher.data_loader import (
 )
 from notebook_launcher.state import GradientState
 
-pytestmark = pytest.mark.multiprocess
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Keep this process's OpenMP pool unstarted so launches fork: see tests/test_accelerator.py."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def shards(n: int, bs: int, world: int, **kw: Any) -> list[list[list[int]]]:

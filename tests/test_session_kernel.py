@@ -16,13 +16,14 @@ import textwrap
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .helpers import shell_reply
+from .helpers import Kept, kept_for, shell_reply
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(60)]
 
@@ -142,8 +143,8 @@ def wait_gone(pids: list[int], timeout: float = 15.0) -> bool:
     return gone(pids)
 
 
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
+@contextmanager
+def session_kernel() -> Iterator[Kernel]:
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     k = Kernel(env)
     try:
@@ -153,6 +154,19 @@ def kernel() -> Iterator[Kernel]:
         yield k
     finally:
         k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def kept() -> Iterator[Kept]:
+    kept = Kept(session_kernel)
+    yield kept
+    kept.drop()
+
+
+@pytest.fixture
+def kernel(kept: Kept, request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    """The module's kernel and session; a new one after a test that failed with it."""
+    yield from kept_for(kept, request)
 
 
 def test_cells_run_on_the_ranks_and_their_variables_stay(kernel: Kernel) -> None:

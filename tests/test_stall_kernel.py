@@ -12,16 +12,18 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
+from .helpers import Kept, kept_for
 from .test_session_kernel import Kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(120)]
 
 
-@pytest.fixture(scope="module")
-def kernel() -> Iterator[Kernel]:
+@contextmanager
+def extension_kernel() -> Iterator[Kernel]:
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     k = Kernel(env)
     try:
@@ -29,6 +31,19 @@ def kernel() -> Iterator[Kernel]:
         yield k
     finally:
         k.shutdown()
+
+
+@pytest.fixture(scope="module")
+def kept() -> Iterator[Kept]:
+    kept = Kept(extension_kernel)
+    yield kept
+    kept.drop()
+
+
+@pytest.fixture
+def kernel(kept: Kept, request: pytest.FixtureRequest) -> Iterator[Kernel]:
+    """The module's kernel; a new one after a test that failed with it."""
+    yield from kept_for(kept, request)
 
 
 def widget_values(kernel: Kernel, msg_id: str) -> list[str]:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import Kept, kept_for
+
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
 TESTS = Path(__file__).resolve().parent
@@ -31,3 +33,45 @@ def test_no_stack_dump_fires_before_a_tests_own_timeout(pytestconfig: pytest.Con
         f"faulthandler_timeout = {dump_after:g} s dumps the stacks of a test that may still "
         f"pass: the longest test timeout is {longest:g} s"
     )
+
+
+class _Resource:
+    """A context manager that counts how often it was entered and left."""
+
+    made = 0
+    closed = 0
+
+    def __enter__(self) -> int:
+        type(self).made += 1
+        return type(self).made
+
+    def __exit__(self, *exc: object) -> None:
+        type(self).closed += 1
+
+
+class _Request:
+    def __init__(self, failed: bool | None) -> None:
+        report = None if failed is None else type("Report", (), {"failed": failed})()
+        self.node = type("Node", (), {"rep_call": report})()
+
+
+def test_a_shared_kernel_is_replaced_after_a_test_that_failed_with_it() -> None:
+    """A test that timed out leaves its module's kernel busy: the next test gets a new one
+    instead of timing out behind it (the cascade seen on a loaded machine)."""
+    _Resource.made = _Resource.closed = 0
+    kept = Kept(_Resource)
+
+    def one_test(failed: bool | None) -> int:
+        fixture = kept_for(kept, _Request(failed))
+        value = next(fixture)
+        for _ in fixture:  # the teardown
+            pass
+        return value
+
+    assert [one_test(False), one_test(False)] == [1, 1]  # passing tests share it
+    assert one_test(True) == 1 and _Resource.closed == 1  # a failure throws it away
+    assert one_test(None) == 2 and _Resource.closed == 2  # no call report: setup failed
+    assert one_test(False) == 3
+    kept.drop()
+    kept.drop()  # idempotent
+    assert (_Resource.made, _Resource.closed) == (3, 3)

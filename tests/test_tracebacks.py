@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .helpers import run_cell, started_kernel
+from .helpers import Kept, kept_for, run_cell, started_kernel
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(240)]
 
@@ -29,9 +29,16 @@ jupyter_client = pytest.importorskip("jupyter_client")
 
 
 @pytest.fixture(scope="module")
-def kernel() -> Iterator[object]:
-    with started_kernel() as kc:
-        yield kc
+def kept() -> Iterator[Kept]:
+    kept = Kept(started_kernel)
+    yield kept
+    kept.drop()
+
+
+@pytest.fixture
+def kernel(kept: Kept, request: pytest.FixtureRequest) -> Iterator[object]:
+    """The module's kernel; a new one after a test that failed with it."""
+    yield from kept_for(kept, request)
 
 
 DEFINITIONS = """
