@@ -18,8 +18,9 @@ callbacks, so whatever drives a local group (a launch, a session) drives a remot
         close() ----------- CloseRanks ------------> kill, reap --> RanksClosed
       AgentHub.close() ---- Leave ------------------> exits (the Slurm step ends)
 
-The ranks join one process group on a TCPStore the kernel holds (``master_addr`` is the
-address the nodes reach the kernel on). An agent whose connection ends takes its ranks
+The ranks join one process group on a TCPStore the kernel holds on 127.0.0.1, behind an
+authenticating proxy on the hub's interface (``master_addr:master_port``); each agent
+forwards its ranks' store clients there (:mod:`notebook_launcher._wire.store`). An agent whose connection ends takes its ranks
 with it (they die with their parent): they are reported as died, naming the node and why.
 """
 
@@ -48,6 +49,7 @@ from .._posix import deferred_interrupts
 from .._spec import WorkerSpec
 from .._wire import agent as wire
 from .._wire.control import Raised, Returned
+from .._wire.store import StoreProxy
 from ..errors import ClusterError, PreflightError, RankFailure
 from . import preflight
 from .plan import LaunchPlan, rank_specs
@@ -203,6 +205,12 @@ class AgentHub:
         finally:
             os.close(fd)
         return path
+
+    def store_proxy(self, store_port: int) -> StoreProxy:
+        """The proxy in front of the ranks' store (on 127.0.0.1:``store_port``), on the
+        hub's interface: it lets through only the connections that prove the job's secret
+        (each node's agent forwards its ranks' store clients there)."""
+        return StoreProxy(self.host, store_port, self._secret)
 
     def secret_env(self) -> dict[str, str]:
         """The secret for the environment of a child that starts agents (an srun step)."""
@@ -693,8 +701,9 @@ class RemoteGroup:
         return (
             f"{message} -- while joining its process group it read a value from the job's "
             f"store ({address}) that does not decode: something other than this job's ranks "
-            "may have written there (possible tampering: the store authenticates no one; "
-            "see the README's Security section)"
+            "may have written there (possible tampering: the nodes reach the store only "
+            "through forwarders that prove the job's secret, but a program of this machine's "
+            "users can reach it on 127.0.0.1; see the README's Security section)"
         )
 
     def _node_gone(self, node: RemoteNode, why: str, stopped: bool = False) -> None:
@@ -948,9 +957,11 @@ def plan_cluster(
     devices: Any = "auto",
 ) -> ClusterPlan:
     """Check a launch on a cluster's ``nodes`` and plan every rank of it. Its groups' keys
-    in the ``store`` begin with ``store_key``: a secret of the cluster (it travels only in
-    the sealed Start frames), so that whoever reaches the store -- torch's TCPStore
-    authenticates nobody -- cannot name the keys the ranks will read, to poison them."""
+    in the ``store`` (the kernel's proxy in front of it: each node's agent forwards its
+    ranks there, proving the job's secret) begin with ``store_key``: a secret of the cluster
+    (it travels only in the sealed Start frames), so that whatever else reaches the store --
+    torch's TCPStore authenticates nobody, and it listens on this machine's 127.0.0.1 --
+    cannot name the keys the ranks will read, to poison them."""
     grace = preflight.check_grace_period(grace_period)
     count = len(nodes)
     total, per_node = cluster_ranks(num_processes, count, gpus_per_node, devices=devices)
