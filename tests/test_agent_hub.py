@@ -808,11 +808,19 @@ def test_a_node_that_cannot_hold_the_ranks_says_so_and_starts_none() -> None:
         with pytest.raises(LaunchError) as caught:
             notebook_launcher(where, (1,), num_processes=2, cluster=cluster, dashboard=False)
         said = str(caught.value)
-        assert "Node 0 (" in said, said
+        # issue 25: the refused ranks read "killed by SIGKILL (pid 0)": no process of them
+        # ever was; they never started, and that says why
+        assert said.startswith("rank 0 of 2 never started: node 0 ("), said
+        assert "refused to start it" in said and "SIGKILL" not in said and "pid" not in said
+        failures = caught.value.launch_failure.failures  # type: ignore[attr-defined]
+        assert {(f.rank, f.pid, f.started) for f in failures} == {
+            (0, None, False),
+            (1, None, False),
+        }
         job_dir = Path.home() / ".notebook_launcher" / "jobs" / cluster.job_key
         assert (job_dir / "kernel").exists()  # the secret's directory, swept if we die
         assert (
-            "its ranks could not start: 2 ranks are more than this node can hold: at most 1 "
+            "2 ranks are more than this node can hold: at most 1 "
             "(NOTEBOOK_LAUNCHER_MAX_PROCESSES=1)" in said
         ), said
         job = cluster.job_key
@@ -822,6 +830,18 @@ def test_a_node_that_cannot_hold_the_ranks_says_so_and_starts_none() -> None:
     for proc in _started:
         proc.communicate(timeout=30)
     assert agent_processes(job) == []
+
+
+def test_a_rank_that_never_started_says_whether_its_node_refused_it_or_was_gone() -> None:
+    from notebook_launcher._launch.remote import RemoteNode, _refused_or_gone
+
+    hello = wire.NodeHello("gpu-3", 1, 0, "3.11", "2", "0", "/")
+    node = RemoteNode(1, None, hello, gone="its connection ended")  # type: ignore[arg-type]
+    assert (
+        _refused_or_gone(node) == "node 1 (gpu-3) was gone before it started: its connection ended"
+    )
+    node.ending = "its ranks could not start: OSError: no memory"
+    assert _refused_or_gone(node) == "node 1 (gpu-3) refused to start it: OSError: no memory"
 
 
 def sleeps(seconds: float) -> None:

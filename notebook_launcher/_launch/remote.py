@@ -468,10 +468,13 @@ class RemoteRank:
     signalled: bool = False
     #: why its end was not reported (its node's agent did not answer)
     unconfirmed: str = ""
+    #: why it never started (its node refused it, or was gone before it started): then it
+    #: has no pid and no exit status
+    never_started: str = ""
 
     @property
     def exited(self) -> bool:
-        return self.returncode is not None
+        return self.returncode is not None or bool(self.never_started)
 
     @property
     def host(self) -> str:
@@ -721,8 +724,11 @@ class RemoteGroup:
             pass
         for proc in self.procs:
             if proc.node is node and not proc.exited:
-                proc.returncode = -int(signal.SIGKILL)
-                proc.note = f"{node.label}'s agent is gone: {node.gone}"
+                if proc.pid == 0:  # the agent never said it started: no process to tell of
+                    proc.never_started = _refused_or_gone(node)
+                else:
+                    proc.returncode = -int(signal.SIGKILL)
+                    proc.note = f"{node.label}'s agent is gone: {node.gone}"
                 proc.signalled = self._closed or stopped  # (we were stopping them)
                 self._on_exit(proc)
 
@@ -825,6 +831,18 @@ class RemoteGroup:
 
     def _live_nodes(self) -> list[RemoteNode]:
         return [n for n in self.nodes if n.gone is None]
+
+
+#: How an agent that refuses to start its node's ranks says so (see ``_agent.serve``).
+_COULD_NOT_START = "its ranks could not start: "
+
+
+def _refused_or_gone(node: RemoteNode) -> str:
+    """Why a rank of ``node`` never started: the node refused it (its agent said why), or
+    was gone before it started."""
+    if node.ending.startswith(_COULD_NOT_START):
+        return f"{node.label} refused to start it: {node.ending[len(_COULD_NOT_START) :]}"
+    return f"{node.label} was gone before it started: {node.gone}"
 
 
 @dataclass
