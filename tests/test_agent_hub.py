@@ -844,6 +844,49 @@ def test_a_rank_that_never_started_says_whether_its_node_refused_it_or_was_gone(
     assert _refused_or_gone(node) == "node 1 (gpu-3) refused to start it: OSError: no memory"
 
 
+def test_a_forked_rank_holds_none_of_the_store_forwarders_sockets() -> None:
+    """The agent forks its ranks while its forwarder splices their store connections: a
+    rank must hold none of those sockets (a connection would outlive its end in the agent,
+    and one rank could read another's bytes)."""
+    import warnings
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from notebook_launcher._wire.store import StoreForwarder, StoreProxy
+    from notebook_launcher.cluster import _store_server
+
+    secret = os.urandom(32)
+    server = _store_server()
+    proxy = StoreProxy("127.0.0.1", server.port, secret)
+    forwarder = StoreForwarder(("127.0.0.1", proxy.port), secret)
+    try:
+        client = dist.TCPStore(*forwarder.address, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")  # a spliced connection through both
+        fds = set(forwarder._fds) | set(proxy._fds)
+        assert len(forwarder._socks) >= 3 and len(proxy._socks) >= 3, (forwarder, proxy)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+            pid = os.fork()
+        if pid == 0:
+            still = 0
+            for fd in fds:
+                try:
+                    os.fstat(fd)
+                    still += 1
+                except OSError:
+                    pass
+            os._exit(min(still, 100))
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "descriptors left open in the child"
+        assert client.get("k") == b"v"  # and the parent's go on
+        del client
+    finally:
+        forwarder.close()
+        proxy.close()
+        del server
+
+
 def sleeps(seconds: float) -> None:
     time.sleep(seconds)
 

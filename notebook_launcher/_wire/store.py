@@ -164,7 +164,12 @@ class _Loop:
         try:
             while not self._closing:
                 for key, mask in self._selector.select(self._timeout()):
-                    key.data(mask)
+                    try:
+                        key.data(mask)
+                    except Exception:  # a bug here must not end every connection
+                        log.exception("%r: a connection failed", self)
+                        if isinstance(key.fileobj, socket.socket):
+                            self._drop(key.fileobj)
                 self._tick()
         finally:
             self._release()
@@ -520,8 +525,13 @@ class StoreForwarder(_Loop):
         #: closed; a flood that made the proxy drop us is not this, and the rank retries)
         self.tampered: str | None = None
         self._listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listen.bind(("127.0.0.1", 0))
-        self._listen.listen(128)
+        try:
+            self._listen.bind(("127.0.0.1", 0))
+            self._listen.listen(128)
+        except OSError:
+            self._listen.close()
+            self.close()
+            raise
         self._own(self._listen)
         self.address: tuple[str, int] = ("127.0.0.1", self._listen.getsockname()[1])
         self._selector.register(self._listen, _READ, self._accept)
@@ -540,7 +550,8 @@ class StoreForwarder(_Loop):
                 rank, addr = self._listen.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError:  # out of descriptors: the rank's client retries
+                time.sleep(0.1)
                 return
             self._own(rank)
             owner = peer_uid(self.address, (addr[0], addr[1]))
