@@ -227,6 +227,9 @@ class WorkerExited:
     exitcode: int | None
     signal_name: str | None
     time: float
+    #: what happened when there is no exit status to tell (e.g. "never started: node 1
+    #: (gpu-3) refused to start them: ...")
+    note: str = ""
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,10 @@ class WorkerSpec:
     #: process group as a client under this key prefix (one per attempt); None: rank 0
     #: holds the store itself (one node, the kernel's listening socket)
     store_prefix: str | None = None
+    #: where this rank's store client connects instead of ``master_addr:master_port`` (its
+    #: node's agent's forwarder, on 127.0.0.1, which proves the job's secret to the kernel's
+    #: proxy there); None: straight there
+    store_via: tuple[str, int] | None = None
     num_nodes: int = 1
     #: which restart this is (0: the first attempt) and how many are allowed
     restart_count: int = 0

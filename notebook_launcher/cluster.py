@@ -45,6 +45,7 @@ from typing import Any
 from ._events import Event, NodesWaiting
 from ._launch import slurm
 from ._launch.remote import AgentHub, ClusterPlan, RemoteNode, cluster_ranks, plan_cluster
+from ._wire.store import StoreProxy
 from .errors import ClusterError, PreflightError
 
 #: Seconds the agents have to join once the scheduler started them.
@@ -85,6 +86,7 @@ class Cluster:
         self._hub: AgentHub | None = None
         self._nodes: list[RemoteNode] = []
         self._store: Any = None
+        self._proxy: StoreProxy | None = None
         self._store_key = ""
         #: why the cluster ended without close() (its job ended, an agent went away)
         self.ended: str | None = None
@@ -143,7 +145,8 @@ class Cluster:
             nodes = hub.wait_for(self.num_nodes, self._join_budget(), self._check, tick)
             self._check_nodes(nodes)
             self._nodes = nodes
-            self._store = _store_server(hub.host)
+            self._store = _store_server()
+            self._proxy = hub.store_proxy(int(self._store.port))
             self._store_key = secrets.token_hex(16)  # never in an argv: see plan_cluster
         except BaseException:
             self._abort()
@@ -197,8 +200,10 @@ class Cluster:
         """Let the agents go and end the job. Idempotent; the kernel's exit does it too."""
         hub, self._hub = self._hub, None
         self._nodes = []
-        if self._store is not None:
-            self._store = None
+        proxy, self._proxy = self._proxy, None
+        if proxy is not None:
+            proxy.close()
+        self._store = None
         if hub is not None:
             hub.close()
         self._stop_agents()
@@ -285,15 +290,18 @@ class Cluster:
 
     @property
     def store_address(self) -> tuple[str, int]:
-        """Where the ranks' process groups meet: a TCPStore this kernel holds."""
-        if self._store is None or self._hub is None:
+        """Where the nodes reach the ranks' store: the proxy in front of the TCPStore this
+        kernel holds on 127.0.0.1 (each node's agent forwards its ranks' clients there,
+        proving the job's secret: see ``_wire.store``)."""
+        if self._proxy is None or self._hub is None:
             raise ClusterError("the cluster is not started")
-        return self._hub.host, int(self._store.port)
+        return self._hub.host, self._proxy.port
 
     @property
     def job_key(self) -> str:
         """The job's id: it names the job's directory and is on the agents' command lines
-        (not secret; the ranks' keys in the store begin with a secret of their own)."""
+        (not secret: the store is reached only through forwarders that prove the job's
+        secret, and the ranks' keys there begin with a secret of their own)."""
         assert self._hub is not None
         return self._hub.job
 
@@ -321,10 +329,10 @@ def _torch_version() -> str:
     return str(torch.__version__)
 
 
-def _store_server(host: str) -> Any:
-    """The ranks' store, listening on ``host`` only -- the interface the hub listens on,
-    which the nodes reach -- never on every interface of this machine (what a TCPStore torch
-    binds itself does): we bind the socket and hand it over."""
+def _store_server(host: str = "127.0.0.1") -> Any:
+    """The ranks' store, listening on 127.0.0.1 only -- never on every interface of this
+    machine (what a TCPStore torch binds itself does): we bind the socket and hand it over.
+    The nodes reach it through the kernel's authenticating proxy (``_wire.store``)."""
     import torch.distributed as dist
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

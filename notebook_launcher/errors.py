@@ -156,6 +156,9 @@ class RankFailure:
     context: str = ""
     #: the host the rank ran on, for a launch across a cluster's nodes ("" on one machine)
     host: str = ""
+    #: False: the rank never started (its node refused it, or was gone first): no process,
+    #: no pid, no exit status; ``context`` says why
+    started: bool = True
 
     def describe(self) -> str:
         on = f" on {self.host}" if self.host else ""
@@ -164,6 +167,8 @@ class RankFailure:
             # sentence says it (gloo goes on "This is typically caused by... GLHF!")
             message = first_sentence(self.message) if self.collateral else self.message
             return f"rank {self.rank}{on} raised {self.exc_type}: {shorten(message)}"
+        if self.kind == "died" and not self.started:
+            return f"rank {self.rank}{on} never started: {self.context}"
         if self.kind == "died":
             if self.signal_name:
                 how = f"killed by {self.signal_name}({self.exitcode})"

@@ -32,6 +32,7 @@ from notebook_launcher._launch.remote import AgentHub, RemoteGroup
 from notebook_launcher._serialization import dumps
 from notebook_launcher._spec import WorkerSpec
 from notebook_launcher._wire import agent as wire
+from notebook_launcher._wire.store import MAX_UNAUTHENTICATED
 
 from .helpers import agent_processes, kernel_env, wait_until
 
@@ -67,6 +68,8 @@ def start_agent(
 def _agents_reaped() -> Iterator[None]:
     """Whatever a test did, the agents it started are gone after it (killed if need be)."""
     yield
+    while _proxies:
+        _proxies.pop().close()
     while _started:
         proc = _started.pop()
         if proc.poll() is None:
@@ -93,14 +96,23 @@ def specs_for(hub_store: Any, attempt: int, per_node: int = 2, nodes: int = 2) -
     ]  # fmt: skip
 
 
-def store() -> Any:
-    from datetime import timedelta
+class ProxiedStore:
+    """The ranks' store as a cluster holds it: a TCPStore on 127.0.0.1, which the agents'
+    forwarders reach through the hub's proxy (``port``: the proxy's)."""
 
-    import torch.distributed as dist
+    def __init__(self, hub: AgentHub) -> None:
+        from notebook_launcher.cluster import _store_server
 
-    return dist.TCPStore(
-        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
-    )
+        self.server = _store_server()
+        self.proxy = hub.store_proxy(int(self.server.port))
+        _proxies.append(self.proxy)
+
+    @property
+    def port(self) -> int:
+        return self.proxy.port
+
+
+_proxies: list[Any] = []
 
 
 def where(x: int) -> tuple[int, int, str]:
@@ -112,8 +124,8 @@ def where(x: int) -> tuple[int, int, str]:
     return dist.get_rank(), int(t.item()) * x, os.environ["LOCAL_RANK"]
 
 
-def run_group(nodes: list[Any], fn: Any, *args: Any, attempt: int = 0) -> RunRecord:
-    server = store()
+def run_group(hub: AgentHub, nodes: list[Any], fn: Any, *args: Any, attempt: int = 0) -> RunRecord:
+    server = ProxiedStore(hub)
     record = RunRecord([0, 1, 2, 3])
     group = RemoteGroup(
         nodes, specs_for(server, attempt), dumps((fn, args, {})), record.on_event, record.on_exit
@@ -189,7 +201,7 @@ def test_attacks_are_refused_and_logged_and_the_job_runs(
     for sock in (silent, garbage, replayed):
         with sock:
             assert b"NO" in _until_closed(sock)  # told why, then closed
-    record = run_group(joined, where, 10)
+    record = run_group(hub, joined, where, 10)
     assert record.verdict().ok
     assert sorted(record.results.values()) == [
         (0, 40, "0"),
@@ -248,7 +260,7 @@ def test_a_secret_from_the_environment_reaches_no_rank(hub: AgentHub) -> None:
     argv = [sys.executable, "-m", "notebook_launcher", "agent", "--connect", hub.address]
     agent = start_agent([*argv, "--job", hub.job, "--node", "0"], secret)
     nodes = hub.wait_for(1, 60)
-    server = store()
+    server = ProxiedStore(hub)
     record = RunRecord([0, 1])
     task = dumps((environs, (secret[wire.SECRET_ENV],), {}))
     group = RemoteGroup(nodes, specs_for(server, 0, nodes=1), task, record.on_event, record.on_exit)
@@ -273,7 +285,7 @@ def test_a_killed_agent_is_its_ranks_death_naming_the_node(hub: AgentHub, tmp_pa
     secret_file = hub.write_secret(str(tmp_path / "secret"))
     agents = [start_agent(agent_argv(hub, secret_file, i)) for i in range(2)]
     nodes = hub.wait_for(2, 60)
-    server = store()
+    server = ProxiedStore(hub)
     record = RunRecord([0, 1, 2, 3])
     group = RemoteGroup(
         nodes, specs_for(server, 0), dumps((sleeper, (), {})), record.on_event, record.on_exit
@@ -308,13 +320,13 @@ import sys, time
 from notebook_launcher._launch.remote import AgentHub, RemoteGroup
 from notebook_launcher._serialization import dumps
 sys.path.insert(0, {tests!r})
-from tests.test_agent_hub import specs_for, store, sleeper, agent_argv, start_agent
+from tests.test_agent_hub import specs_for, ProxiedStore, sleeper, agent_argv, start_agent
 
 hub = AgentHub("127.0.0.1")
 secret = hub.write_secret({secret!r})
 agents = [start_agent(agent_argv(hub, secret, i)) for i in range(2)]
 nodes = hub.wait_for(2, 60)
-server = store()
+server = ProxiedStore(hub)
 group = RemoteGroup(nodes, specs_for(server, 0), dumps((sleeper, (), {{}})), lambda e: None, lambda p: None)
 group.start()
 while not all(p.stage == "running" for p in group.procs):
@@ -359,23 +371,23 @@ def _reachable(host: str, port: int) -> bool:
 
 
 @pytest.mark.parametrize(("host", "elsewhere"), [("127.0.0.1", "127.0.0.2"), ("::1", "127.0.0.1")])
-def test_the_ranks_store_listens_on_the_hubs_interface_only(host: str, elsewhere: str) -> None:
+def test_the_ranks_store_listens_on_loopback_and_its_proxy_on_the_hubs_interface_only(
+    host: str, elsewhere: str
+) -> None:
     """torch's own TCPStore server binds every interface (IPv4 and IPv6): the cluster's
-    listens where its hub does, and nowhere else."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
+    listens on 127.0.0.1 only, and the proxy the nodes reach it through listens where the
+    hub does, and nowhere else."""
+    from notebook_launcher._wire.store import StoreProxy
     from notebook_launcher.cluster import _store_server
 
-    server = _store_server(host)
+    server = _store_server()
+    proxy = StoreProxy(host, server.port, os.urandom(32))
     try:
-        client = dist.TCPStore(host, server.port, is_master=False, timeout=timedelta(seconds=10))
-        client.set("k", "v")
-        assert server.get("k") == b"v"
-        del client
-        assert not _reachable(elsewhere, server.port)
+        assert _reachable("127.0.0.1", server.port)
+        assert not _reachable("127.0.0.2", server.port) and not _reachable("::1", server.port)
+        assert _reachable(host, proxy.port) and not _reachable(elsewhere, proxy.port)
     finally:
+        proxy.close()
         del server
 
 
@@ -404,19 +416,21 @@ import sys
 from datetime import timedelta
 import torch.distributed as dist
 
-host, port, job = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=10))
+host, port, job, wait = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=wait))
 for launch in range(1, 3):  # gloo's addresses of the next launches' ranks, as keyed by job
     for rank in range(4):
         store.set(f"{job}/l{launch}/a0/pg/0//cpu//0/{rank}", b"\\xff" * 64)
 """
 
 
-def poison_the_store(address: tuple[str, int], job: str) -> subprocess.CompletedProcess[str]:
+def poison_the_store(
+    address: tuple[str, int], job: str, wait: float = 10.0
+) -> subprocess.CompletedProcess[str]:
     """Another process that reaches the ranks' store (torch's TCPStore authenticates no one)
     writes garbage where the ranks of the next launches would read their peers' addresses,
     were their keys named after the job (whose id is on every agent's command line)."""
-    argv = [sys.executable, "-c", POISON, address[0], str(address[1]), job]
+    argv = [sys.executable, "-c", POISON, address[0], str(address[1]), job, str(wait)]
     return subprocess.run(
         argv, env=kernel_env(), capture_output=True, text=True, timeout=60, check=False
     )
@@ -451,20 +465,33 @@ def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None
             secret not in said[0]
             and oct(os.stat(tmp_path / "job.secret").st_mode & 0o777) == "0o600"
         )
-        poisoned = poison_the_store(cluster.store_address, cluster.job_key)
-        out = notebook_launcher(where, (2,), num_processes=4, cluster=cluster, dashboard=False)
-        assert sorted(out) == [(0, 8, "0"), (1, 8, "1"), (2, 8, "0"), (3, 8, "1")]
-        assert poisoned.returncode == 0, poisoned.stdout
-        # whoever knew the cluster's secret key could still poison it: that is named
-        poisoned = poison_the_store(cluster.store_address, cluster._store_key)
+        # the nodes reach the store through the kernel's proxy, which lets through only
+        # who proves the secret: a process that does not (here, torch's own client, writing
+        # under the job's id) is turned away, and idle connections held open there (a
+        # flood: 200 turned a 1 s launch into 20 s when they reached the store) do not
+        # keep the job's ranks from meeting
+        proxy = cluster._proxy
+        assert proxy is not None and cluster.store_address == ("127.0.0.1", proxy.port)
+        idle = [socket.create_connection(cluster.store_address) for _ in range(200)]
+        try:
+            poisoned = poison_the_store(cluster.store_address, cluster.job_key, wait=1.0)
+            assert poisoned.returncode != 0 and "DistNetworkError" in poisoned.stderr
+            out = notebook_launcher(where, (2,), num_processes=4, cluster=cluster, dashboard=False)
+            assert sorted(out) == [(0, 8, "0"), (1, 8, "1"), (2, 8, "0"), (3, 8, "1")]
+        finally:
+            for sock in idle:
+                sock.close()
+        assert proxy.refused_count >= 200 - MAX_UNAUTHENTICATED
+        # the store itself listens on 127.0.0.1 only: a program of this machine that knew
+        # the cluster's secret key could still poison it there; that is named
+        store = ("127.0.0.1", int(cluster._store.port))
+        assert not _reachable("127.0.0.2", store[1]) and not _reachable("::1", store[1])
+        poisoned = poison_the_store(store, cluster._store_key)
         assert poisoned.returncode == 0, poisoned.stdout
         with pytest.raises(Exception, match="basic_string") as info:
             notebook_launcher(where, (2,), num_processes=4, cluster=cluster, dashboard=False)
         summary = info.value.launch_failure.summary()  # type: ignore[attr-defined]
         assert "does not decode" in summary and "possible tampering" in summary, summary
-        host, port = cluster.store_address  # the ranks' store: on the hub's interface only
-        assert host == "127.0.0.1" and _reachable(host, port)
-        assert not _reachable("127.0.0.2", port) and not _reachable("::1", port)
         with start(num_processes=2, cluster=cluster, dashboard=False) as session:
             assert session.run_cell("rank") == ["0", "1"]
         job = cluster.job_key
@@ -629,6 +656,41 @@ def test_a_tampered_frame_from_the_kernel_ends_the_agent_and_its_ranks(tmp_path:
     assert agent_processes(job) == []
 
 
+def test_a_store_proxy_that_cannot_prove_the_secret_is_named_as_tampering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What answers at the ranks' store's address lets the node in without proving it holds
+    the secret (an impostor, or a network that changes what passes): the node's agent stops
+    its ranks and leaves, and the launch names the node and the tampering."""
+    from notebook_launcher import AgentCluster, WorkerDied, notebook_launcher
+    from notebook_launcher._wire import store as store_wire
+
+    cluster = AgentCluster(nodes=1, host="127.0.0.1", secret_file=str(tmp_path / "job.secret"))
+
+    def report(event: Any) -> None:
+        if not _started:
+            start_agent(shlex.split(cluster.agent_command(0)))
+
+    try:
+        cluster.start(report=report)
+        job = cluster.job_key
+        monkeypatch.setattr(
+            store_wire, "check_answer", lambda *args: store_wire._frame(b"OK" + bytes(32))
+        )
+        with pytest.raises(WorkerDied) as info:
+            notebook_launcher(where, (1,), num_processes=2, cluster=cluster, dashboard=False)
+        text = str(info.value)
+        assert "Node 0 (" in text, text
+        assert "the connection to the ranks' store failed its authentication" in text, text
+        assert "did not prove it holds the cluster's secret" in text and "tampering" in text
+    finally:
+        cluster.close()
+    (agent,) = _started
+    out, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 3, out
+    assert agent_processes(job) == []
+
+
 def big_on_rank_3() -> bytes:
     import torch.distributed as dist
 
@@ -646,7 +708,7 @@ def test_a_result_larger_than_a_frame_is_the_ranks_failure(hub: AgentHub, tmp_pa
     )
     for i in range(2):
         start_agent([sys.executable, "-c", small_frames, *agent_argv(hub, secret_file, i)[3:]])
-    record = run_group(hub.wait_for(2, 60), big_on_rank_3)
+    record = run_group(hub, hub.wait_for(2, 60), big_on_rank_3)
     assert record.results == {0: b"ok", 1: b"ok", 2: b"ok"}
     verdict = record.verdict()
     assert verdict.kind == "raised" and verdict.cause is not None
@@ -746,11 +808,19 @@ def test_a_node_that_cannot_hold_the_ranks_says_so_and_starts_none() -> None:
         with pytest.raises(LaunchError) as caught:
             notebook_launcher(where, (1,), num_processes=2, cluster=cluster, dashboard=False)
         said = str(caught.value)
-        assert "Node 0 (" in said, said
+        # issue 25: the refused ranks read "killed by SIGKILL (pid 0)": no process of them
+        # ever was; they never started, and that says why
+        assert said.startswith("rank 0 of 2 never started: node 0 ("), said
+        assert "refused to start it" in said and "SIGKILL" not in said and "pid" not in said
+        failures = caught.value.launch_failure.failures  # type: ignore[attr-defined]
+        assert {(f.rank, f.pid, f.started) for f in failures} == {
+            (0, None, False),
+            (1, None, False),
+        }
         job_dir = Path.home() / ".notebook_launcher" / "jobs" / cluster.job_key
         assert (job_dir / "kernel").exists()  # the secret's directory, swept if we die
         assert (
-            "its ranks could not start: 2 ranks are more than this node can hold: at most 1 "
+            "2 ranks are more than this node can hold: at most 1 "
             "(NOTEBOOK_LAUNCHER_MAX_PROCESSES=1)" in said
         ), said
         job = cluster.job_key
@@ -760,6 +830,61 @@ def test_a_node_that_cannot_hold_the_ranks_says_so_and_starts_none() -> None:
     for proc in _started:
         proc.communicate(timeout=30)
     assert agent_processes(job) == []
+
+
+def test_a_rank_that_never_started_says_whether_its_node_refused_it_or_was_gone() -> None:
+    from notebook_launcher._launch.remote import RemoteNode, _refused_or_gone
+
+    hello = wire.NodeHello("gpu-3", 1, 0, "3.11", "2", "0", "/")
+    node = RemoteNode(1, None, hello, gone="its connection ended")  # type: ignore[arg-type]
+    assert (
+        _refused_or_gone(node) == "node 1 (gpu-3) was gone before it started: its connection ended"
+    )
+    node.ending = "its ranks could not start: OSError: no memory"
+    assert _refused_or_gone(node) == "node 1 (gpu-3) refused to start it: OSError: no memory"
+
+
+def test_a_forked_rank_holds_none_of_the_store_forwarders_sockets() -> None:
+    """The agent forks its ranks while its forwarder splices their store connections: a
+    rank must hold none of those sockets (a connection would outlive its end in the agent,
+    and one rank could read another's bytes)."""
+    import warnings
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from notebook_launcher._wire.store import StoreForwarder, StoreProxy
+    from notebook_launcher.cluster import _store_server
+
+    secret = os.urandom(32)
+    server = _store_server()
+    proxy = StoreProxy("127.0.0.1", server.port, secret)
+    forwarder = StoreForwarder(("127.0.0.1", proxy.port), secret)
+    try:
+        client = dist.TCPStore(*forwarder.address, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")  # a spliced connection through both
+        fds = set(forwarder._fds) | set(proxy._fds)
+        assert len(forwarder._socks) >= 3 and len(proxy._socks) >= 3, (forwarder, proxy)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
+            pid = os.fork()
+        if pid == 0:
+            still = 0
+            for fd in fds:
+                try:
+                    os.fstat(fd)
+                    still += 1
+                except OSError:
+                    pass
+            os._exit(min(still, 100))
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "descriptors left open in the child"
+        assert client.get("k") == b"v"  # and the parent's go on
+        del client
+    finally:
+        forwarder.close()
+        proxy.close()
+        del server
 
 
 def sleeps(seconds: float) -> None:

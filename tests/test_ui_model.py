@@ -213,6 +213,16 @@ def test_returning_early_and_dying_are_named() -> None:
     assert m.ranks[0].status == STOPPED  # never ended on its own
 
 
+def test_a_rank_that_never_started_says_why_with_no_pid_or_signal() -> None:
+    """A cluster's node refused to start its ranks: no process, so no "killed by SIGKILL"."""
+    m = fold([started(2)])
+    why = "never started: node 1 (gpu-3) refused to start it: at most 1 rank"
+    m.apply(WorkerExited(rank=1, pid=0, exitcode=None, signal_name=None, time=T0 + 1, note=why))
+    assert m.ranks[1].status == DIED and m.ranks[1].outcome() == why
+    m.apply(LaunchFinished(ok=False, summary="", root_cause_rank=1, wall_time=1.0, time=T0 + 2))
+    assert "SIGKILL" not in m.summary_line() and why in m.summary_line()
+
+
 def test_first_real_ending_wins_and_collateral_is_not_the_root_cause() -> None:
     m = fold([started(2)])
     m.apply(

@@ -30,6 +30,7 @@ from .._launch.plan import FORK_PRELOAD, threads_per_rank
 from .._posix import close_quietly
 from .._wire import agent as wire
 from .._wire.control import Raised, Returned
+from .._wire.store import StoreForwarder
 from ..errors import RankFailure
 
 #: Seconds a turn of the loop waits when nothing happens (a pending SIGTERM is seen then).
@@ -52,8 +53,11 @@ EXIT_TAMPERED = 3
 class Agent:
     """One node's agent, after it joined the kernel's hub."""
 
-    def __init__(self, link: wire.Link) -> None:
+    def __init__(self, link: wire.Link, secret: bytes = b"") -> None:
         self.link = link
+        self._secret = secret
+        #: this node's ranks reach the kernel's store through it (made at the first Start)
+        self.forwarder: StoreForwarder | None = None
         self.group: WorkerGroup | None = None
         self.batch: list[Any] = []
         #: when the batch's oldest chatty item came (None: nothing waits)
@@ -84,6 +88,8 @@ class Agent:
                 pending = []
                 if self.link.failed is not None:
                     return self._tampered(self.link.failed)
+                if self.forwarder is not None and self.forwarder.tampered is not None:
+                    return self._store_tampered(self.forwarder.tampered)
                 if self.ending is not None:
                     return self._end()
                 if self.group is not None and not self.group._closed:
@@ -104,6 +110,8 @@ class Agent:
         finally:
             selector.close()
             self._close_ranks()
+            if self.forwarder is not None:
+                self.forwarder.close()
             self.link.close()
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -125,6 +133,23 @@ class Agent:
         print(
             f"notebook_launcher agent on {socket.gethostname()}: the kernel's connection was "
             f"tampered with ({why}): stopping this node's ranks and leaving",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._flush()
+        self._close_ranks()
+        return EXIT_TAMPERED
+
+    def _store_tampered(self, why: str) -> int:
+        """The kernel's end of the store's connection failed its proof: this node's ranks
+        cannot meet the others safely. They stop and the agent leaves, saying why."""
+        self.ending = (
+            f"its agent left: the connection to the ranks' store failed its authentication "
+            f"({why}): something on the network between this node and the kernel changes "
+            "what they send, or another program answers at the store's address (tampering)"
+        )
+        print(
+            f"notebook_launcher agent on {socket.gethostname()}: {self.ending}",
             file=sys.stderr,
             flush=True,
         )
@@ -172,7 +197,17 @@ class Agent:
         if too_many is not None:
             self.link.send(wire.AgentEnding(f"its ranks could not start: {too_many}"))
             return False
-        specs = [_on_this_node(s, len(setup.specs)) for s in setup.specs]
+        try:
+            via = self._store_via(setup.specs)
+        except OSError as exc:
+            self.link.send(
+                wire.AgentEnding(
+                    f"its ranks could not start: cannot listen for their store clients "
+                    f"on 127.0.0.1 ({exc})"
+                )
+            )
+            return False
+        specs = [_on_this_node(s, len(setup.specs), via) for s in setup.specs]
         group = WorkerGroup(
             specs,
             "fork",
@@ -192,6 +227,18 @@ class Agent:
             self._add(wire.RankStarted(proc.rank, proc.pid))
         self._flush()
         return True
+
+    def _store_via(self, specs: tuple[Any, ...]) -> tuple[str, int] | None:
+        """This node's forwarder to the kernel's store proxy (``master_addr:master_port``
+        of the specs), made once: the address the ranks' store clients connect to."""
+        if not specs or specs[0].store_prefix is None:
+            return None
+        proxy = (specs[0].master_addr, specs[0].master_port)
+        if self.forwarder is None or self.forwarder.proxy != proxy:
+            if self.forwarder is not None:
+                self.forwarder.close()
+            self.forwarder = StoreForwarder(proxy, self._secret)
+        return self.forwarder.address
 
     def _stacks(self, message: wire.TakeStacks) -> None:
         """Where this node's ranks are, read here (their fault handlers write to files only
@@ -293,14 +340,17 @@ def _too_large(proc: WorkerProcess, message: Returned) -> Raised:
     return Raised(failure, None, message.task)
 
 
-def _on_this_node(spec: Any, local_count: int) -> Any:
-    """The kernel's spec, completed with what only this node knows."""
+def _on_this_node(spec: Any, local_count: int, via: tuple[str, int] | None = None) -> Any:
+    """The kernel's spec, completed with what only this node knows (``via``: where its
+    store client connects: this agent's forwarder)."""
     cwd = spec.cwd if spec.cwd and os.path.isdir(spec.cwd) else os.getcwd()
     threads = threads_per_rank(local_count)  # None: this node's OMP_NUM_THREADS decides
     env = dict(spec.env)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    return dataclasses.replace(spec, cwd=cwd, env=env, num_threads=threads, replace_environ=False)
+    return dataclasses.replace(
+        spec, cwd=cwd, env=env, num_threads=threads, replace_environ=False, store_via=via
+    )
 
 
 def _readable(selector: selectors.BaseSelector) -> bool:
@@ -435,7 +485,7 @@ def run(
         )
         return EXIT_CANNOT_JOIN
     link.send(hello(claimed))
-    return Agent(link).serve(first)
+    return Agent(link, secret).serve(first)
 
 
 __all__ = ["Agent", "claim", "hello", "read_secret", "run", "without_secret_in_environ"]

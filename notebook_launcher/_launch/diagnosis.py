@@ -188,6 +188,12 @@ def exception_for(
 
 
 def _died_error(failure: RankFailure, world_size: int, report: LaunchFailure) -> WorkerDied:
+    if not failure.started:
+        return WorkerDied(
+            f"rank {failure.rank} of {world_size} never started: {failure.context}.\n"
+            + report.summary(),
+            report,
+        )
     tail = failure.message.strip()
     told = failure.exitcode is None and not failure.signal_name  # describe() says it
     hint = f" {failure.context[0].upper()}{failure.context[1:]}." if failure.context else ""

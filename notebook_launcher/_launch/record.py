@@ -136,7 +136,8 @@ class RunRecord:
         code = proc.returncode
         if self.stopping and code == 0:  # a SIGTERM handler of its own that exits: stopped
             return self.stopped(proc.rank, proc.pid)
-        if self.stopping and code is not None and code < 0 and getattr(proc, "signalled", True):
+        stopped = (code is not None and code < 0) or bool(getattr(proc, "never_started", ""))
+        if self.stopping and stopped and getattr(proc, "signalled", True):
             return self.stopped(proc.rank, proc.pid, getattr(proc, "unconfirmed", ""))
         if code == 0 and not proc.note:
             # sys.exit(0) or os._exit(0) in the function: no value came back, so not a success
@@ -184,8 +185,17 @@ class RunRecord:
         return [WorkerStopped(rank, reason, now)]
 
     def died(self, proc: WorkerProcess, context: str = "") -> list[Event]:
-        """The rank's process ended (an exit code or a signal) without a word."""
+        """The rank's process ended (an exit code or a signal) without a word -- or it
+        never started (``proc.never_started`` says why: a cluster's node refused it)."""
         now = time.time()
+        never = getattr(proc, "never_started", "")
+        if never:
+            host = getattr(proc, "host", "")
+            self._fail(
+                RankFailure(proc.rank, "died", time=now, context=never, host=host, started=False),
+                None,
+            )
+            return [WorkerExited(proc.rank, 0, None, None, now, f"never started: {never}")]
         code = proc.returncode
         sig = signal_name(code)
         context = (

@@ -18,8 +18,9 @@ callbacks, so whatever drives a local group (a launch, a session) drives a remot
         close() ----------- CloseRanks ------------> kill, reap --> RanksClosed
       AgentHub.close() ---- Leave ------------------> exits (the Slurm step ends)
 
-The ranks join one process group on a TCPStore the kernel holds (``master_addr`` is the
-address the nodes reach the kernel on). An agent whose connection ends takes its ranks
+The ranks join one process group on a TCPStore the kernel holds on 127.0.0.1, behind an
+authenticating proxy on the hub's interface (``master_addr:master_port``); each agent
+forwards its ranks' store clients there (:mod:`notebook_launcher._wire.store`). An agent whose connection ends takes its ranks
 with it (they die with their parent): they are reported as died, naming the node and why.
 """
 
@@ -48,6 +49,7 @@ from .._posix import deferred_interrupts
 from .._spec import WorkerSpec
 from .._wire import agent as wire
 from .._wire.control import Raised, Returned
+from .._wire.store import StoreProxy
 from ..errors import ClusterError, PreflightError, RankFailure
 from . import preflight
 from .plan import LaunchPlan, rank_specs
@@ -203,6 +205,12 @@ class AgentHub:
         finally:
             os.close(fd)
         return path
+
+    def store_proxy(self, store_port: int) -> StoreProxy:
+        """The proxy in front of the ranks' store (on 127.0.0.1:``store_port``), on the
+        hub's interface: it lets through only the connections that prove the job's secret
+        (each node's agent forwards its ranks' store clients there)."""
+        return StoreProxy(self.host, store_port, self._secret)
 
     def secret_env(self) -> dict[str, str]:
         """The secret for the environment of a child that starts agents (an srun step)."""
@@ -460,10 +468,13 @@ class RemoteRank:
     signalled: bool = False
     #: why its end was not reported (its node's agent did not answer)
     unconfirmed: str = ""
+    #: why it never started (its node refused it, or was gone before it started): then it
+    #: has no pid and no exit status
+    never_started: str = ""
 
     @property
     def exited(self) -> bool:
-        return self.returncode is not None
+        return self.returncode is not None or bool(self.never_started)
 
     @property
     def host(self) -> str:
@@ -693,8 +704,9 @@ class RemoteGroup:
         return (
             f"{message} -- while joining its process group it read a value from the job's "
             f"store ({address}) that does not decode: something other than this job's ranks "
-            "may have written there (possible tampering: the store authenticates no one; "
-            "see the README's Security section)"
+            "may have written there (possible tampering: the nodes reach the store only "
+            "through forwarders that prove the job's secret, but a program of this machine's "
+            "users can reach it on 127.0.0.1; see the README's Security section)"
         )
 
     def _node_gone(self, node: RemoteNode, why: str, stopped: bool = False) -> None:
@@ -712,8 +724,11 @@ class RemoteGroup:
             pass
         for proc in self.procs:
             if proc.node is node and not proc.exited:
-                proc.returncode = -int(signal.SIGKILL)
-                proc.note = f"{node.label}'s agent is gone: {node.gone}"
+                if proc.pid == 0:  # the agent never said it started: no process to tell of
+                    proc.never_started = _refused_or_gone(node)
+                else:
+                    proc.returncode = -int(signal.SIGKILL)
+                    proc.note = f"{node.label}'s agent is gone: {node.gone}"
                 proc.signalled = self._closed or stopped  # (we were stopping them)
                 self._on_exit(proc)
 
@@ -816,6 +831,18 @@ class RemoteGroup:
 
     def _live_nodes(self) -> list[RemoteNode]:
         return [n for n in self.nodes if n.gone is None]
+
+
+#: How an agent that refuses to start its node's ranks says so (see ``_agent.serve``).
+_COULD_NOT_START = "its ranks could not start: "
+
+
+def _refused_or_gone(node: RemoteNode) -> str:
+    """Why a rank of ``node`` never started: the node refused it (its agent said why), or
+    was gone before it started."""
+    if node.ending.startswith(_COULD_NOT_START):
+        return f"{node.label} refused to start it: {node.ending[len(_COULD_NOT_START) :]}"
+    return f"{node.label} was gone before it started: {node.gone}"
 
 
 @dataclass
@@ -948,9 +975,11 @@ def plan_cluster(
     devices: Any = "auto",
 ) -> ClusterPlan:
     """Check a launch on a cluster's ``nodes`` and plan every rank of it. Its groups' keys
-    in the ``store`` begin with ``store_key``: a secret of the cluster (it travels only in
-    the sealed Start frames), so that whoever reaches the store -- torch's TCPStore
-    authenticates nobody -- cannot name the keys the ranks will read, to poison them."""
+    in the ``store`` (the kernel's proxy in front of it: each node's agent forwards its
+    ranks there, proving the job's secret) begin with ``store_key``: a secret of the cluster
+    (it travels only in the sealed Start frames), so that whatever else reaches the store --
+    torch's TCPStore authenticates nobody, and it listens on this machine's 127.0.0.1 --
+    cannot name the keys the ranks will read, to poison them."""
     grace = preflight.check_grace_period(grace_period)
     count = len(nodes)
     total, per_node = cluster_ranks(num_processes, count, gpus_per_node, devices=devices)

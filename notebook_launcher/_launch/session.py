@@ -656,10 +656,12 @@ class SessionCore:
                 task is not None and task.record.stopping and self.broken
             )
             if died and self.broken is None:
-                how = f"exit code {proc.returncode}"
+                how = f"died (exit code {proc.returncode})"
                 if proc.returncode is not None and proc.returncode < 0:
-                    how = f"killed by {signal.Signals(-proc.returncode).name}"
-                self._break(f"rank {proc.rank} died ({how})")
+                    how = f"died (killed by {signal.Signals(-proc.returncode).name})"
+                if getattr(proc, "never_started", ""):
+                    how = f"never started ({proc.never_started})"  # type: ignore[attr-defined]
+                self._break(f"rank {proc.rank} {how}")
             if task is not None and proc.rank in task.pending:
                 task.pending.discard(proc.rank)
                 events = (

@@ -81,6 +81,8 @@ def _set_environment(spec: WorkerSpec) -> None:
     if spec.replace_environ:
         os.environ.clear()
     os.environ.update(spec.env)
+    # where this rank reaches the store (on a cluster: its agent's forwarder)
+    store_host, store_port = spec.store_via or (spec.master_addr, spec.master_port)
     os.environ.update(
         {
             "RANK": str(spec.rank),
@@ -94,8 +96,8 @@ def _set_environment(spec: WorkerSpec) -> None:
             # on a restart reads it
             "TORCHELASTIC_RESTART_COUNT": str(spec.restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
-            "MASTER_ADDR": spec.master_addr,
-            "MASTER_PORT": str(spec.master_port),
+            "MASTER_ADDR": store_host,
+            "MASTER_PORT": str(store_port),
             runtime.LAUNCHER_ENV: "1",
         }
     )
@@ -125,7 +127,8 @@ def _init_process_group(spec: WorkerSpec, listen_fd: int | None) -> tuple[str, A
     timeout = timedelta(seconds=spec.pg_timeout_s)
     store: Any
     if spec.store_prefix is not None:  # a node's kernel holds the store: join as a client
-        client = dist.TCPStore(spec.master_addr, spec.master_port, is_master=False, timeout=timeout)
+        host, port = spec.store_via or (spec.master_addr, spec.master_port)
+        client = dist.TCPStore(host, port, is_master=False, timeout=timeout)
         store = dist.PrefixStore(spec.store_prefix, client)
     else:
         is_master = spec.rank == 0

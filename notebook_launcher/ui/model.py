@@ -449,6 +449,8 @@ class RankState:
             message = self.failure_message()
             return f"raised {self.exc_type}: {message}" if message else f"raised {self.exc_type}"
         if self.status == DIED:
+            if self.exitcode is None and not self.signal_name and self.end_reason:
+                return self.end_reason  # no process to tell of: "never started: ..."
             how = (
                 f"killed by {self.signal_name}"
                 + (f"({self.exitcode})" if self.exitcode is not None else "")
@@ -970,6 +972,8 @@ class LaunchModel:
         s = self.rank(e.rank)
         s.pid = e.pid or s.pid
         s.exitcode, s.signal_name = e.exitcode, e.signal_name
+        if e.exitcode is None and e.signal_name is None and e.note:
+            return self._end_rank(e.rank, DIED, e.time, e.note)  # no process to tell of
         how = e.signal_name or f"exit code {e.exitcode}"
         return self._end_rank(e.rank, DIED, e.time, f"died ({how})")
 
