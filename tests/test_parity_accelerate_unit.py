@@ -83,9 +83,11 @@ def their_env(mode: str, out_file: str, sources: Path) -> dict[str, str]:
     return env
 
 
-def run_their_tests(mode: str, out_file: str, files: tuple[str, ...] = FILES) -> None:
-    """Their ``tests/<file>.py`` in a child pytest (``mode``: "ours" through the shim, or
-    "real" Accelerate), one JSON line per test in ``out_file``."""
+def run_their_tests(
+    mode: str, out_file: str, files: tuple[str, ...] = FILES, cases: tuple[str, ...] = ()
+) -> None:
+    """Their ``tests/<file>.py`` (or only ``cases``, test ids) in a child pytest (``mode``:
+    "ours" through the shim, or "real" Accelerate), one JSON line per test in ``out_file``."""
     sources = shim.accelerate_sources()
     env = their_env(mode, out_file, sources)
     with tempfile.TemporaryDirectory() as workdir:
@@ -107,14 +109,23 @@ def run_their_tests(mode: str, out_file: str, files: tuple[str, ...] = FILES) ->
                 "-q",
                 "--timeout=120",
                 "--continue-on-collection-errors",
-                *(str(sources / "tests" / f"{f}.py") for f in files),
+                *(
+                    (str(sources / "tests" / c) for c in cases)
+                    if cases
+                    else (str(sources / "tests" / f"{f}.py") for f in files)
+                ),
             ],
             env=env,
             cwd=workdir,
-            timeout=600,
+            timeout=RUN_TIMEOUT,
             capture_output=True,
         )
 
+
+#: Seconds the child pytest may take (their tests take 2-5 min here, more on a loaded machine).
+RUN_TIMEOUT = 840
+#: At most this many failures are run again (more is not noise).
+MAX_RERUNS = 5
 
 BASELINE_FILE = Path(__file__).with_name("parity_accelerate_unit.json")
 BASELINE: dict[str, str] = json.loads(BASELINE_FILE.read_text())
@@ -152,22 +163,44 @@ DIFFERS: dict[str, tuple[str, str]] = {
 OPEN: dict[str, tuple[str, str]] = {}
 
 
-@functools.cache
-def outcomes() -> dict[str, dict[str, Any]]:
-    """Their test id -> its record with ours (one child pytest for every file, run once)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "ours.jsonl")
-        run_their_tests("ours", out)
-        found: dict[str, dict[str, Any]] = {}
-        if os.path.exists(out):
-            with open(out) as f:
-                for line in f:
-                    record = json.loads(line)
-                    found[record["case"].removeprefix("tests/")] = record
+def _records(out: str) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    if os.path.exists(out):
+        with open(out) as f:
+            for line in f:
+                record = json.loads(line)
+                found[record["case"].removeprefix("tests/")] = record
     return found
 
 
-@pytest.mark.timeout(600)
+def should_pass(case: str) -> bool:
+    return BASELINE.get(case) == "passed" and case not in DIFFERS and case not in OPEN
+
+
+@functools.cache
+def outcomes() -> dict[str, dict[str, Any]]:
+    """Their test id -> its record with ours (one child pytest for every file, run once).
+
+    A case that should pass and failed runs once more, alone: some of their tests measure
+    the whole machine (``test_free_memory_dereferences_prepared_components`` compares the
+    machine's free RAM before and after, which any other process moves), and fail with the
+    real Accelerate too on a busy machine. A case that fails twice fails; one that passed
+    the second time says so in its record (``reran``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ours.jsonl")
+        run_their_tests("ours", out)
+        found = _records(out)
+        again = tuple(c for c, r in found.items() if r["status"] == "failed" and should_pass(c))
+        if again and len(again) <= MAX_RERUNS:
+            out = os.path.join(tmp, "again.jsonl")
+            run_their_tests("ours", out, cases=again)
+            for case, record in _records(out).items():
+                if record["status"] == "passed":
+                    found[case] = {**record, "reran": found[case]["detail"]}
+    return found
+
+
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("case", sorted(BASELINE))
 def test_accelerate_unit(case: str) -> None:
     real = BASELINE[case]
@@ -216,7 +249,7 @@ def test_a_fresh_interpreter_of_their_run_imports_ours_as_accelerate() -> None:
     assert helpers.startswith(str(shim.accelerate_sources()))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_every_test_of_theirs_is_in_the_baseline() -> None:
     """A test id we never measured (a new Accelerate, a renamed test) is not silently ignored."""
     ran = {c for c, r in outcomes().items() if r["status"] != "error"}
