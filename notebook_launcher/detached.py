@@ -193,10 +193,9 @@ class RunHandle(TaskHandle):
 
     def _take_stacks(self) -> Any:
         from ._launch import stall
-        from ._posix import start_time
         from .ui.stall import Stacks
 
-        alive = {r: (pid, None) for r, pid in self.pids.items() if start_time(pid) is not None}
+        alive = {r: (pid, None) for r, pid in self.pids.items() if record.running(pid)}
         return Stacks(stall.report(alive, "request"))
 
     def result(self, timeout: float | None = None) -> Any:
@@ -315,9 +314,9 @@ class _Follower:
             handle = self.handle
             if isinstance(outcome, BaseException):
                 stopping = handle._cancelling and isinstance(outcome, KeyboardInterrupt)
-                handle.set_exception(outcome)
                 if stopping and not handle.keep:  # stopped by us: nobody wants its record
                     record.remove(self.run_dir)
+                handle.set_exception(outcome)
             else:
                 handle.set_result(outcome)
 

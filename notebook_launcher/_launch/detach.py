@@ -182,7 +182,16 @@ def supervisor_alive(meta: Meta) -> bool:
     """The run's supervisor is still the process it was (not a pid reused since)."""
     if meta.pid is None:
         return meta.state == STARTING and time.time() - meta.started < 30
-    return start_time(meta.pid) == meta.pid_start
+    return running(meta.pid) and start_time(meta.pid) == meta.pid_start
+
+
+def running(pid: int) -> bool:
+    """Process ``pid`` exists and has not ended (a zombie that nobody reaped yet has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def state_of(meta: Meta) -> str:
@@ -363,6 +372,7 @@ __all__ = [
     "records",
     "remove",
     "retention",
+    "running",
     "root",
     "state_of",
     "supervisor_alive",
