@@ -24,7 +24,9 @@ import pytest
 from notebook_launcher import attach, notebook_launcher, runs
 from notebook_launcher._events import LaunchFinished, Output, WorkerStarted
 from notebook_launcher._launch import detach as record
+from notebook_launcher.detached import RunHandle
 from notebook_launcher.errors import LaunchError
+from notebook_launcher.ipython_extension import DistMagics
 
 from .helpers import ROOT, Recorder, kernel_env, run_cell, wait_until
 
@@ -109,6 +111,10 @@ def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(runs_dir: Pat
         assert reply["status"] == "ok", out
         run_id = out.split("ID ")[1].split()[0]
         assert f"run {run_id} detached" in out and f"attach({run_id!r})" in out
+        out, reply, _ = run_cell(
+            kc, "%load_ext notebook_launcher\nprint(get_ipython().run_line_magic('dist', 'runs'))"
+        )
+        assert f"{run_id}  " in out and "running" in out and "train" in out, out
         _ranks_running(run_id)
         os.kill(km.provisioner.process.pid, signal.SIGKILL)  # mid-run
         km.provisioner.process.wait()
@@ -139,6 +145,7 @@ def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
         assert stat.S_IMODE((Path(handle.path) / name).stat().st_mode) == 0o600, name
     assert not (Path(handle.path) / record.TASK).exists()  # read, then removed
     assert [(r.id, r.state, r.ranks) for r in runs()] == [(handle.id, "running", 2)]
+    wait_until(lambda: len(handle.pids) == 2, 5, "the handle to see both ranks start")
     assert "in `time.sleep(pause)`" in str(handle.stacks())
     # Ctrl-C while waiting for the result: this process stops following, the run goes on.
     main = threading.get_ident()
@@ -146,7 +153,8 @@ def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
     with pytest.raises(KeyboardInterrupt, match=f"detached from run {handle.id}: it goes on"):
         handle.result(timeout=30)
     assert meta.pid is not None and record.supervisor_alive(meta)
-    again = attach(handle.id, dashboard=False)
+    again = DistMagics(None).dist(f"attach {handle.id} --dashboard off")  # %dist attach
+    assert isinstance(again, RunHandle) and again.id == handle.id
     assert again.stop() and again.cancelled()
     for pid in (*pids.values(), meta.pid):
         _gone(pid, 10, f"process {pid} of the stopped run to end")
