@@ -82,9 +82,9 @@ def launch(
         record.write_private(os.path.join(run_dir, record.TASK), payload)
         del task, body, payload
         _spawn(run_dir, listen.fileno() if listen is not None else -1)
-    except BaseException:
+    except BaseException:  # Ctrl-C while it starts too: no run left behind, half begun
         if run_dir is not None:
-            record.remove(run_dir)
+            _abandon(run_dir)
         raise
     finally:
         if listen is not None:
@@ -96,6 +96,18 @@ def launch(
         flush=True,
     )
     return attach(run_id, dashboard=dashboard)
+
+
+def _abandon(run_dir: str) -> None:
+    """A run that could not be handed over: its supervisor (if it got that far) killed,
+    which ends its ranks with it, and its record removed."""
+    try:
+        meta = record.read_meta(run_dir)
+        if meta.pid is not None and record.supervisor_alive(meta):
+            os.kill(meta.pid, signal.SIGKILL)
+    except (OSError, ValueError, TypeError):
+        pass
+    record.remove(run_dir)
 
 
 def _spawn(run_dir: str, listen_fd: int) -> int:
