@@ -25,7 +25,7 @@ from notebook_launcher import attach, notebook_launcher, runs
 from notebook_launcher._events import LaunchFinished, Output, WorkerStarted
 from notebook_launcher._launch import detach as record
 from notebook_launcher.detached import RunHandle
-from notebook_launcher.errors import LaunchError
+from notebook_launcher.errors import LaunchError, PreflightError
 from notebook_launcher.ipython_extension import DistMagics
 
 from .helpers import ROOT, Recorder, kernel_env, run_cell, wait_until
@@ -179,6 +179,22 @@ def test_a_killed_supervisor_takes_its_ranks_and_attach_says_so(runs_dir: Path) 
         attach(handle.id, dashboard=view).result(timeout=10)
     assert view.lines(0)  # its history up to the end
     assert not view.of(LaunchFinished)[-1].ok
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"detach": "yes"}, "detach must be True or False"),
+        ({"detach": True, "num_nodes": 2, "node_rank": 0}, "num_nodes=2: not yet"),
+        ({"detach": True, "cluster": object()}, "cluster=...: not yet"),
+    ],
+)
+def test_what_cannot_be_detached_yet_is_refused_before_anything_starts(
+    runs_dir: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PreflightError, match=message):
+        notebook_launcher(print, num_processes=2, **options)
+    assert not runs_dir.exists()
 
 
 def test_an_unknown_run_or_a_record_others_can_read_is_refused(runs_dir: Path) -> None:
