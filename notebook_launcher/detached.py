@@ -291,14 +291,15 @@ class _Follower:
         """Show what the log holds now; settle the handle when the run has ended."""
         try:
             meta = record.read_meta(self.run_dir)
+            state = record.state_of(meta)  # before the log: a final state means a full log
+            self._show(self.reader.read())
+            self.view.tick()
+            outcome = record.read_result(self.run_dir) if state in record.ENDED else None
         except OSError:
-            self._end(LaunchError(f"the record of run {self.handle.id} was removed"))
+            self._end(self._gone())
             return
-        state = record.state_of(meta)  # before the log: a final state means a full log
-        self._show(self.reader.read())
-        self.view.tick()
         if state in record.ENDED:
-            self._end(record.read_result(self.run_dir))
+            self._end(outcome)
         elif state == record.DIED:
             why = (
                 f"the supervisor (pid {meta.pid}) of run {meta.id} died before the run "
@@ -308,6 +309,14 @@ class _Follower:
             wall = time.time() - meta.started
             self.view.handle(LaunchFinished(False, why, None, wall, time.time()))
             self._end(LaunchError(why))
+
+    def _gone(self) -> LaunchError:
+        run_id = self.handle.id
+        return LaunchError(
+            f"the record of run {run_id} is gone: another handle took its result (result() "
+            f"removes the record; attach({run_id!r}, keep=True) keeps it), or it was removed "
+            f"from {os.path.dirname(self.run_dir)} by hand"
+        )
 
     def _show(self, events: list[Any]) -> None:
         for event in events:

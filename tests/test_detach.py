@@ -144,6 +144,9 @@ def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
     for name in (record.META, record.EVENTS, record.LOG):
         assert stat.S_IMODE((Path(handle.path) / name).stat().st_mode) == 0o600, name
     assert not (Path(handle.path) / record.TASK).exists()  # read, then removed
+    with open(f"/proc/{meta.pid}/stat") as f:  # not our child, in a session of its own
+        ppid, _, session = (int(x) for x in f.read().rsplit(") ", 1)[1].split()[1:4])
+    assert ppid != os.getpid() and session != os.getsid(0)
     assert [(r.id, r.state, r.ranks) for r in runs()] == [(handle.id, "running", 2)]
     wait_until(lambda: len(handle.pids) == 2, 5, "the handle to see both ranks start")
     assert "in `time.sleep(pause)`" in str(handle.stacks())
