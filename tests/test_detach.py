@@ -124,13 +124,18 @@ def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(runs_dir: Pat
     supervisor = _meta(run_id).pid
     assert supervisor is not None and record.running(supervisor)  # the run goes on
     view = Recorder()
-    handle = attach(run_id, dashboard=view)
+    handle = attach(run_id, dashboard=view, keep=True)
     assert handle.result(timeout=60) == [100, 101]
     for rank in (0, 1):  # nothing lost while no kernel was attached
         assert view.lines(rank) == [f"step {i} of rank {rank}\n" for i in range(20)]
     assert view.of(LaunchFinished)[-1].ok and view.closed == 1
-    assert not os.path.exists(handle.path)  # its result was taken: its record went
     _gone(supervisor, 10, "the supervisor to exit")
+    assert [(r.id, r.state) for r in runs()] == [(run_id, record.OK)]  # kept, as asked
+    again = Recorder()
+    handle = attach(run_id, dashboard=again)  # an ended run: its whole story at once
+    assert handle.done() and again.events == view.events and again.closed == 1
+    assert handle.result() == [100, 101]
+    assert not os.path.exists(handle.path)  # its result was taken: its record went
 
 
 @pytest.mark.timeout(90)
