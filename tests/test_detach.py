@@ -11,8 +11,10 @@ each test waits for it to be gone (the autouse fixtures see only our children).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ import pytest
 from notebook_launcher import attach, notebook_launcher, runs
 from notebook_launcher._events import LaunchFinished, Output, WorkerStarted
 from notebook_launcher._launch import detach as record
+from notebook_launcher._posix import quiet_fork
 from notebook_launcher.detached import RunHandle
 from notebook_launcher.errors import LaunchError, PreflightError
 from notebook_launcher.ipython_extension import DistMagics
@@ -34,15 +37,22 @@ pytestmark = pytest.mark.kernel
 
 
 @pytest.fixture
-def runs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Run records under a directory of this test's (the kernels it starts get it too)."""
-    root = tmp_path / "runs"
+def runs_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Run records under a directory of this test's (the kernels it starts get it too),
+    in one that any user may pass through: the records' own modes are what keeps others
+    out (``_as_nobody``)."""
+    base = Path(tempfile.mkdtemp(prefix="nl-runs-"))
+    base.chmod(0o711)
+    root = base / "runs"
     monkeypatch.setenv(record.ROOT_ENV, str(root))
-    yield root
-    for path in record.records():  # a failed test: its supervisors must not outlive it
-        meta = record.read_meta(path)
-        if meta.pid is not None and record.supervisor_alive(meta):
-            os.kill(meta.pid, signal.SIGKILL)
+    try:
+        yield root
+    finally:
+        for path in record.records():  # a failed test: its supervisors must not outlive it
+            meta = record.read_meta(path)
+            if meta.pid is not None and record.supervisor_alive(meta):
+                os.kill(meta.pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _gone(pid: int, timeout: float, what: str) -> None:
@@ -54,19 +64,51 @@ def _meta(run_id: str) -> record.Meta:
 
 
 def _ranks_running(run_id: str, timeout: float = 60) -> dict[int, int]:
-    """rank -> pid, once both ranks of the run have started (read from its log)."""
+    """rank -> pid, once both ranks of the run have started and printed (read from its
+    log)."""
     reader = record.EventReader(record.find(run_id))
     pids: dict[int, int] = {}
+    printed: set[int] = set()
 
     def started() -> bool:
-        pids.update({e.rank: e.pid for e in reader.read() if isinstance(e, WorkerStarted)})
-        return len(pids) == 2
+        for e in reader.read():
+            if isinstance(e, WorkerStarted):
+                pids[e.rank] = e.pid
+            elif isinstance(e, Output):
+                printed.add(e.rank)
+        return len(pids) == len(printed) == 2
 
     try:
-        wait_until(started, timeout, "both ranks of the detached run to start")
+        wait_until(started, timeout, "both ranks of the detached run to start and print")
     finally:
         reader.close()
     return pids
+
+
+def _as_nobody(run_dir: Path, supervisor: int) -> int:
+    """What a process of another user (``nobody``) could do to a run: bit 0, read its
+    output; bit 1, read its meta file; bit 2, signal its supervisor."""
+    pid = quiet_fork()
+    if pid == 0:
+        could = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            for bit, name in ((0b001, record.EVENTS), (0b010, record.META)):
+                try:
+                    with open(run_dir / name, "rb") as f:
+                        f.read(1)
+                    could |= bit
+                except PermissionError:
+                    pass
+            try:
+                os.kill(supervisor, 0)
+                could |= 0b100
+            except PermissionError:
+                pass
+        finally:
+            os._exit(could)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def _steps(n: int, pause: float) -> Any:
@@ -149,6 +191,8 @@ def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
     for name in (record.META, record.EVENTS, record.LOG):
         assert stat.S_IMODE((Path(handle.path) / name).stat().st_mode) == 0o600, name
     assert not (Path(handle.path) / record.TASK).exists()  # read, then removed
+    if os.getuid() == 0:  # another user, where the test may become one: locked out
+        assert _as_nobody(Path(handle.path), meta.pid) == 0b000
     with open(f"/proc/{meta.pid}/stat") as f:  # not our child, in a session of its own
         ppid, _, session = (int(x) for x in f.read().rsplit(") ", 1)[1].split()[1:4])
     assert ppid != os.getpid() and session != os.getsid(0)
@@ -220,6 +264,11 @@ def test_an_unknown_run_or_a_record_others_can_read_is_refused(runs_dir: Path) -
     os.chmod(os.path.join(path, record.META), 0o644)
     with pytest.raises(record.RecordNotPrivate, match="mode 0644"):
         attach(run_id)
+    if os.getuid() == 0:  # a record another user made, where the test may make one
+        os.chmod(os.path.join(path, record.META), 0o600)
+        os.chown(path, 65534, 65534)
+        with pytest.raises(record.RecordNotPrivate, match="owner uid 65534"):
+            attach(run_id)
 
 
 def test_the_event_log_is_read_whole_frames_at_a_time(tmp_path: Path) -> None:
