@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .checkpointing import load_checkpoint_in_model
     from .cluster import AgentCluster, SlurmCluster
     from .data_loader import skip_first_batches
+    from .detached import attach, runs
     from .errors import SessionBroken
     from .launcher import notebook_launcher
     from .launchers import debug_launcher
@@ -67,6 +68,8 @@ _LAZY = {
     "AgentCluster": "notebook_launcher.cluster",
     "SlurmCluster": "notebook_launcher.cluster",
     "AcceleratorState": "notebook_launcher.state",
+    "attach": "notebook_launcher.detached",
+    "runs": "notebook_launcher.detached",
     "DistributedType": "notebook_launcher.state",
     "GradientState": "notebook_launcher.state",
     "PartialState": "notebook_launcher.state",
@@ -155,11 +158,13 @@ __all__ = [
     "TorchDynamoPlugin",
     "WorkerDied",
     "__version__",
+    "attach",
     "debug_launcher",
     "find_executable_batch_size",
     "load_checkpoint_in_model",
     "log",
     "notebook_launcher",
+    "runs",
     "skip_first_batches",
     "start",
     "synchronize_rng_states",

@@ -59,7 +59,10 @@ def become_subreaper() -> None:
         pass
 
 
-def _start_time(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from ``/proc``), None when no
+    such process: a pid and its start time name one process, never a later one that
+    reuses the pid."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(") ", 1)[1].split()[19]
@@ -86,7 +89,7 @@ def descendants(pid: int) -> list[tuple[int, str]]:
             except (OSError, ValueError):
                 continue
             for kid in kids:
-                started = _start_time(kid)
+                started = start_time(kid)
                 if kid not in seen and started is not None:
                     seen.add(kid)
                     found.append((kid, started))
@@ -98,7 +101,7 @@ def kill_descendants(pid: int, known: list[tuple[int, str]] | None = None) -> No
     """SIGKILL ``pid``'s descendants (``known``: a list taken earlier, from
     :func:`descendants`; each is killed only if its pid still names that process)."""
     for kid, started in descendants(pid) if known is None else known:
-        if known is not None and _start_time(kid) != started:
+        if known is not None and start_time(kid) != started:
             continue  # gone, and its pid taken by another process
         try:
             os.kill(kid, signal.SIGKILL)
@@ -232,4 +235,5 @@ __all__ = [
     "lead_own_process_group",
     "quiet_fork",
     "socket_inodes",
+    "start_time",
 ]

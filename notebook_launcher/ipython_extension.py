@@ -118,6 +118,8 @@ DIST_USAGE = """\
 %dist auto on|off        every following cell runs on the ranks (until off)
 %dist push NAME [NAME...] [--ranks R]    notebook variables into every rank
 %dist pull NAME [--ranks R]              binds NAME to the per-rank list here
+%dist runs               the detached runs (notebook_launcher(..., detach=True)) and their state
+%dist attach ID [--dashboard D]          follow a detached run here: its history, then live
 %%distributed [--ranks 0,1] [--post-mortem]   a cell on the ranks (%%rank 1: on rank 1)
 %rankdiff NAME [NAME...] [--ranks R]     compare values across ranks ("rng": random state)"""
 
@@ -255,6 +257,16 @@ class DistMagics:
             return self.session.status() if self.session is not None else "no session"
         if command == "stacks":
             return self._need_session().stacks()
+        if command == "runs":
+            from .detached import runs
+
+            return runs()
+        if command == "attach":
+            from .detached import attach
+
+            if len(args.names) != 1:
+                raise UsageError("%dist attach ID (%dist runs lists the ids)")
+            return attach(args.names[0], dashboard=args.dashboard)
         if command == "restart":
             self._need_session().restart()  # says that the variables are lost
             return None

@@ -102,6 +102,7 @@ def notebook_launcher(
     cluster: Cluster | None = None,
     stall_after: float | None = stall.DEFAULT_STALL_AFTER,
     devices: str | list[int] | tuple[int, ...] = "auto",
+    detach: bool = False,
 ) -> Any:
     """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
 
@@ -168,6 +169,13 @@ def notebook_launcher(
     this cell and keeps updating while other cells run), ``join_timeout`` and
     ``restart_on_exception`` (above).
 
+    ``detach=True``: the ranks run under a supervisor process of their own, not this
+    kernel's child: killing, restarting or shutting down the kernel leaves the run going.
+    Returns at once a handle as ``block=False`` does, plus ``.id`` (printed) and
+    ``.stop()``; ``notebook_launcher.attach(id)`` follows the run again from any kernel of
+    yours on this machine (its dashboard with the whole history, then live), and
+    ``notebook_launcher.runs()`` lists the runs (``notebook_launcher.detached``).
+
     Example::
 
         def train(lr):
@@ -183,6 +191,7 @@ def notebook_launcher(
     """
     __tracebackhide__ = True  # IPython and pytest show the caller's frames, then the rank's
     watch_after = stall.check_stall_after(stall_after)
+    preflight.check_detach(detach, cluster, num_nodes)
     if cluster is not None:
         launch = _on_cluster(
             cluster, function, args, kwargs, num_processes, mixed_precision, max_restarts,
@@ -239,13 +248,21 @@ def notebook_launcher(
         max_restarts=policy.max_restarts,
         devices=devices,
     )
+    elastic_name = getattr(function, "__name__", "function") if child_failed else None
+    if detach:  # the same plan, run by a supervisor of its own (notebook_launcher.detached)
+        from .detached import launch as launch_detached
+
+        extra = dict(
+            policy=policy, line_prefix=line_prefix, child_failed_name=elastic_name,
+            stall_after=watch_after,
+        )  # fmt: skip
+        return launch_detached(plan, function, tuple(args), dict(kwargs or {}), extra, dashboard)
     try:
         task = prepare_task(function, tuple(args), dict(kwargs or {}), plan.start_method)
         view = _view(dashboard, block)
     except BaseException:
         plan.close()
         raise
-    elastic_name = getattr(function, "__name__", "function") if child_failed else None
     launch = _Launch(plan, task, view, policy, line_prefix, elastic_name)
     launch.watch.stall_after = watch_after
     if not block:

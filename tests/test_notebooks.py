@@ -37,7 +37,7 @@ NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])
 
 
-def test_notebooks_are_the_seven_of_the_course() -> None:
+def test_notebooks_are_the_eight_of_the_course() -> None:
     assert NOTEBOOKS == [
         "01_quickstart.ipynb",
         "02_execution_process.ipynb",
@@ -46,6 +46,7 @@ def test_notebooks_are_the_seven_of_the_course() -> None:
         "05_interactive_debugging.ipynb",
         "06_transformers_trainer.ipynb",
         "07_from_laptop_to_cluster.ipynb",
+        "08_runs_that_outlive_the_kernel.ipynb",
     ]
 
 

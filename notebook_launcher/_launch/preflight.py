@@ -528,6 +528,23 @@ def check_dashboard(dashboard: Any) -> None:
         )
 
 
+def check_detach(detach: Any, cluster: Any, num_nodes: Any) -> None:
+    """A detached run is one machine's ranks under a supervisor there (not yet a cluster's
+    job, nor one node of a launch across machines)."""
+    if not isinstance(detach, bool):
+        raise PreflightError(f"detach must be True or False, got {detach!r}.")
+    if detach and cluster is not None:
+        raise PreflightError(
+            "detach=True with cluster=...: not yet; a cluster's run lives as long as the "
+            "kernel that drives it. Leave detach out, or run on this machine's ranks."
+        )
+    if detach and num_nodes != 1:
+        raise PreflightError(
+            f"detach=True with num_nodes={num_nodes}: not yet; a detached run has this "
+            "machine's ranks only. Leave detach out for a launch across machines."
+        )
+
+
 def check_master_addr(master_addr: Any) -> None:
     if not isinstance(master_addr, str) or not master_addr:
         raise PreflightError(

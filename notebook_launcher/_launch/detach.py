@@ -1,0 +1,383 @@
+"""The record of a detached run: what its supervisor writes and any kernel of its user reads.
+
+A detached launch (``notebook_launcher(..., detach=True)``) runs its ranks under a small
+supervisor process that is not the kernel's child, so that the run outlives the kernel. The
+supervisor and every kernel that attaches share nothing but a directory, one per run::
+
+    ~/.notebook_launcher/runs/<id>/        (NOTEBOOK_LAUNCHER_RUNS_DIR: another root)  0700
+      meta.json     id, function, start, ranks, state, the supervisor's pid and     0600
+                    start time (a reused pid is not taken for it)
+      task.pkl      the plan and the pickled task, from the kernel; the supervisor  0600
+                    reads it and removes it
+      events.log    every event the launch's view got, in order: 4-byte length,     0600
+                    then the pickled event (``_events``: plain dataclasses)
+      result.pkl    at the end: the per-rank values, or the exception to raise       0600
+      supervisor.log  the supervisor's own stderr (why it could not start, if so)   0600
+
+    kernel                                    supervisor (its own session, parent: init)
+    ------                                    ------------------------------------------
+    new_run() + write_private(task.pkl)
+    Popen(... _supervise run_dir) ---------> double fork; meta: running, pid
+                         <------- pid ------  load task.pkl, _Launch.run_to_end() with a
+    attach: replay events.log, then tail it   view that appends to events.log
+            meta.json says how it ended  <--  result.pkl, then meta.json: ok|failed|stopped
+    stop(): SIGINT to the supervisor  ------> every rank stopped, as Ctrl-C does
+
+What protects a run is the file system: the directories are 0700 and the files 0600, so
+only their user (and root) can read the outputs, the task or the result, and only that user
+can signal the supervisor. A record that is not private (another owner, group or other
+permissions) is refused, not read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import secrets
+import shutil
+import stat
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .._posix import start_time
+from ..errors import LaunchError
+
+#: The root of the run records (default ``~/.notebook_launcher/runs``).
+ROOT_ENV = "NOTEBOOK_LAUNCHER_RUNS_DIR"
+#: Seconds a record of an ended run is kept when nobody took its result (default 7 days).
+RETENTION_ENV = "NOTEBOOK_LAUNCHER_RUN_RETENTION"
+DEFAULT_RETENTION = 7 * 24 * 3600.0
+
+META, TASK, EVENTS, RESULT, LOG = (
+    "meta.json",
+    "task.pkl",
+    "events.log",
+    "result.pkl",
+    "supervisor.log",
+)
+
+#: The states a run's meta file says; "supervisor died" is never written, it is found.
+RUNNING, OK, FAILED, STOPPED, DIED = "running", "ok", "failed", "stopped", "supervisor died"
+STARTING = "starting"
+ENDED = (OK, FAILED, STOPPED)
+
+_FRAME = struct.Struct("<I")
+
+
+class RunNotFound(LaunchError, LookupError):
+    """No run of this id on this machine (or it was removed once its result was taken)."""
+
+
+class RecordNotPrivate(LaunchError, PermissionError):
+    """A run record that others could read or write: refused."""
+
+
+@dataclass
+class Meta:
+    """What ``meta.json`` says of a run."""
+
+    id: str
+    function: str
+    started: float
+    ranks: int
+    state: str = STARTING
+    #: the supervisor: its pid, and its start time (``/proc``), None until it runs
+    pid: int | None = None
+    pid_start: str | None = None
+    ended: float | None = None
+    #: one line: how it ended ("2 ranks returned", the root cause)
+    summary: str = ""
+    host: str = field(default_factory=lambda: os.uname().nodename)
+
+
+def root() -> str:
+    return os.environ.get(ROOT_ENV) or os.path.join(
+        os.path.expanduser("~"), ".notebook_launcher", "runs"
+    )
+
+
+def retention() -> float:
+    """Seconds an ended run's record is kept when its result is not taken."""
+    raw = os.environ.get(RETENTION_ENV, "")
+    try:
+        return float(raw) if raw else DEFAULT_RETENTION
+    except ValueError:
+        raise LaunchError(
+            f"{RETENTION_ENV}={raw!r} is not a number of seconds: set it to, say, 86400 "
+            "(a day), or unset it for the default of 7 days"
+        ) from None
+
+
+def _private_dir(path: str) -> None:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)  # whatever the umask, or an older directory's mode
+
+
+def new_run(function: str) -> tuple[str, str]:
+    """A new run's id and its (empty, private) directory."""
+    base = root()
+    _private_dir(base)
+    for _ in range(100):
+        run_id = secrets.token_hex(3)
+        path = os.path.join(base, run_id)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o700)
+        return run_id, path
+    raise LaunchError(f"no free run id under {base}: remove old records there")
+
+
+def check_private(path: str) -> None:
+    """Refuse a record (a directory or a file) that is a symlink, belongs to another user
+    or that others may read or write."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or mode & 0o077:
+        raise RecordNotPrivate(
+            f"the run record {path} is not private (owner uid {st.st_uid}, mode "
+            f"{mode:04o}{', a symlink' if stat.S_ISLNK(st.st_mode) else ''}): refused. "
+            "Records are yours alone (directories 0700, files 0600); one that is not was "
+            "not made by notebook_launcher for you. Remove it, or chmod it back if you "
+            "loosened it yourself."
+        )
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` as a whole (a reader sees the old file or the new one),
+    mode 0600."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def write_meta(run_dir: str, meta: Meta) -> None:
+    write_private(os.path.join(run_dir, META), json.dumps(asdict(meta)).encode())
+
+
+def read_meta(run_dir: str) -> Meta:
+    with open(os.path.join(run_dir, META), "rb") as f:
+        fields = json.loads(f.read())
+    known = set(Meta.__dataclass_fields__)
+    return Meta(**{k: v for k, v in fields.items() if k in known})
+
+
+def supervisor_alive(meta: Meta) -> bool:
+    """The run's supervisor is still the process it was (not a pid reused since)."""
+    if meta.pid is None:
+        return meta.state == STARTING and time.time() - meta.started < 30
+    return running(meta.pid) and start_time(meta.pid) == meta.pid_start
+
+
+def running(pid: int) -> bool:
+    """Process ``pid`` exists and has not ended (a zombie that nobody reaped yet has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def state_of(meta: Meta) -> str:
+    """Its state as written, or "supervisor died" when it says running but the supervisor
+    is gone."""
+    if meta.state in ENDED or supervisor_alive(meta):
+        return meta.state
+    return DIED
+
+
+def find(run_id: str) -> str:
+    """The directory of run ``run_id``, checked to be private."""
+    base = root()
+    path = os.path.join(base, run_id)
+    if (
+        not run_id
+        or os.sep in run_id
+        or run_id.startswith(".")
+        or not os.path.exists(os.path.join(path, META))
+    ):
+        raise RunNotFound(
+            f"no run {run_id!r} under {base}: notebook_launcher.runs() lists the runs "
+            "there (a run whose result was taken is removed; runs started with another "
+            f"{ROOT_ENV} live elsewhere)"
+        )
+    check_private(base)
+    check_private(path)
+    check_private(os.path.join(path, META))
+    return path
+
+
+def records() -> Iterator[str]:
+    """Every run directory under the root."""
+    base = root()
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(base, name)
+        if os.path.exists(os.path.join(path, META)):
+            yield path
+
+
+def remove(run_dir: str) -> None:
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def sweep(now: float | None = None) -> None:
+    """Remove records of runs that ended (or whose supervisor died) longer ago than the
+    retention time."""
+    now = time.time() if now is None else now
+    keep = retention()
+    for path in records():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            meta = read_meta(path)
+            if state_of(meta) not in (*ENDED, DIED):
+                continue
+            ended = meta.ended or os.stat(os.path.join(path, META)).st_mtime
+            if meta.ended is None:  # died: its last word is its log's last write
+                with contextlib.suppress(OSError):
+                    ended = max(ended, os.stat(os.path.join(path, EVENTS)).st_mtime)
+            if now - ended > keep:
+                remove(path)
+
+
+# --- the event log -----------------------------------------------------------------------
+
+
+class EventWriter:
+    """Appends events to ``events.log``, one write per event (nothing is buffered: a
+    supervisor killed at any moment leaves every event it had)."""
+
+    def __init__(self, run_dir: str) -> None:
+        path = os.path.join(run_dir, EVENTS)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.fd = os.open(path, flags, 0o600)
+        os.fchmod(self.fd, 0o600)
+
+    def write(self, event: Any) -> None:
+        data = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
+        view = memoryview(_FRAME.pack(len(data)) + data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class EventReader:
+    """Reads ``events.log`` from the start, then what was appended since the last read."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.path = os.path.join(run_dir, EVENTS)
+        self.fd = -1
+        self.buffer = b""
+
+    def read(self) -> list[Any]:
+        """The events written since the last call (a frame half written waits)."""
+        if self.fd < 0:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                return []
+        chunks = [self.buffer]
+        while chunk := os.read(self.fd, 1 << 20):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        events, at, size = [], 0, len(data)
+        while at + 4 <= size:
+            (n,) = _FRAME.unpack_from(data, at)
+            if at + 4 + n > size:
+                break
+            events.append(pickle.loads(data[at + 4 : at + 4 + n]))
+            at += 4 + n
+        self.buffer = data[at:]
+        return events
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# --- the result --------------------------------------------------------------------------
+
+
+def write_result(run_dir: str, outcome: Any) -> None:
+    """The launch's outcome: its per-rank values, or the exception it would raise."""
+    from .._serialization import dump_exception, dumps
+
+    if isinstance(outcome, BaseException):
+        record: tuple[str, Any] = ("raised", dump_exception(outcome))
+    else:
+        try:
+            record = ("returned", dumps(outcome))
+        except Exception as exc:  # noqa: BLE001 - said to whoever takes the result
+            error = LaunchError(
+                f"every rank returned, but the supervisor could not pickle their values "
+                f"for the kernel ({type(exc).__name__}: {exc}): return plain data, or save "
+                "what the ranks made to a file and return its path"
+            )
+            record = ("raised", dump_exception(error))
+    write_private(os.path.join(run_dir, RESULT), pickle.dumps(record))
+
+
+def read_result(run_dir: str) -> Any:
+    """The per-rank values, or the exception to raise (rebuilt, the rank's frames as its
+    traceback)."""
+    from .._serialization import loads, rebuild_exception
+
+    check_private(os.path.join(run_dir, RESULT))
+    with open(os.path.join(run_dir, RESULT), "rb") as f:
+        kind, data = pickle.loads(f.read())
+    if kind == "returned":
+        return loads(data)
+    rebuilt = rebuild_exception(data)
+    if rebuilt.exc is not None:
+        return rebuilt.exc
+    return LaunchError(f"the run failed, and its exception could not be rebuilt ({rebuilt.reason})")
+
+
+__all__ = [
+    "DIED",
+    "ENDED",
+    "EventReader",
+    "EventWriter",
+    "Meta",
+    "RecordNotPrivate",
+    "RunNotFound",
+    "check_private",
+    "find",
+    "new_run",
+    "read_meta",
+    "read_result",
+    "records",
+    "remove",
+    "retention",
+    "running",
+    "root",
+    "state_of",
+    "supervisor_alive",
+    "sweep",
+    "write_meta",
+    "write_private",
+    "write_result",
+]

@@ -1,0 +1,129 @@
+"""The supervisor of a detached run: ``python -c ... _supervise.main([run_dir, listen_fd])``.
+
+Started by the kernel (``detached.launch``) in a session of its own, it forks once more and
+the first process exits at once: the supervisor's parent is then init (or the nearest
+subreaper), never the kernel, so a kernel that dies, restarts or is shut down leaves the
+run going. It runs the launch exactly as a blocking ``notebook_launcher()`` does (the same
+``launcher._Launch``: preflight was done by the kernel, which passes the plan, its bound
+rendezvous socket and the task), with a view that appends every event to the run's
+``events.log``; then it writes the result and the final state (``_launch.detach``).
+
+Its ranks die with it (their parent-death signal): a supervisor that is killed takes them
+along, and the next attach says so. SIGINT or SIGTERM stop the run as Ctrl-C stops a
+launch: every rank stopped, the outcome an interrupt.
+
+Imports stay light until the fork: the kernel waits for the supervisor's pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+
+def main(argv: list[str]) -> None:
+    run_dir, listen_fd = argv[0], int(argv[1])
+    if os.fork():
+        os._exit(0)  # the kernel reaps this one; init adopts the supervisor
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the kernel ignored it
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    from ._launch import detach
+    from ._posix import start_time
+
+    meta = detach.read_meta(run_dir)
+    meta.pid, meta.pid_start, meta.state = os.getpid(), start_time(os.getpid()), detach.RUNNING
+    detach.write_meta(run_dir, meta)
+    os.write(1, f"{os.getpid()}\n".encode())
+    os.dup2(2, 1)  # the handshake is over: stdout joins stderr, in supervisor.log
+    outcome = _run(run_dir, listen_fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    detach.write_result(run_dir, outcome)
+    meta.ended = time.time()
+    if isinstance(outcome, KeyboardInterrupt):
+        meta.state = detach.STOPPED
+    elif isinstance(outcome, BaseException):
+        meta.state = detach.FAILED
+    else:
+        meta.state = detach.OK
+    meta.summary = _summary(outcome)
+    detach.write_meta(run_dir, meta)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _summary(outcome: Any) -> str:
+    if isinstance(outcome, BaseException):
+        first = str(outcome).strip().splitlines()
+        return f"{type(outcome).__name__}: {first[0] if first else ''}"[:200]
+    return f"{len(outcome)} rank(s) returned"
+
+
+def _run(run_dir: str, listen_fd: int) -> Any:
+    """The launch, to its end: the per-rank values or the exception to raise."""
+    import pickle
+    import socket
+
+    from ._launch import detach
+
+    listen = socket.socket(fileno=listen_fd) if listen_fd >= 0 else None
+    try:
+        from . import _serialization
+        from ._launch.plan import prepare_task
+        from .launcher import _Launch
+        from .ui import view_for
+
+        path = os.path.join(run_dir, detach.TASK)
+        with open(path, "rb") as f:
+            payload = pickle.loads(f.read())
+        os.unlink(path)  # the task (and what its arguments hold) stays no longer than needed
+        sys.path[:] = payload["sys_path"]  # the kernel's: the function's modules import
+        job = _serialization.loads(payload.pop("job"))
+        plan = job["plan"]
+        plan.listen, listen = listen, None
+        task = job["task"]
+        if plan.start_method == "fork":  # the ranks inherit the objects themselves
+            function, args, kwargs = _serialization.loads(task)
+            task = prepare_task(function, args, kwargs, "fork")
+        writer = detach.EventWriter(run_dir)
+        view = view_for(_Recording(writer))
+        launch = _Launch(
+            plan, task, view, job["policy"], job["line_prefix"], job["child_failed_name"]
+        )
+        launch.watch.stall_after = job["stall_after"]
+        del task, job, payload
+        outcome = launch.run_to_end()
+        launch._release()
+        writer.close()
+        return outcome
+    except BaseException as exc:  # noqa: BLE001 - the task could not load, Ctrl-C...: said
+        return exc
+    finally:
+        if listen is not None:
+            listen.close()
+
+
+class _Recording:
+    """A view that appends every event to the run's log (``_launch.detach.EventWriter``)."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def handle(self, event: Any) -> None:
+        self.writer.write(event)
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

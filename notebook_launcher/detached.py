@@ -1,0 +1,406 @@
+"""Runs that outlive the kernel: ``notebook_launcher(..., detach=True)``, ``attach(id)``,
+``runs()``.
+
+A detached launch is planned here as any launch is (every preflight check, the rendezvous
+port bound), then handed to a supervisor process that is not this kernel's child
+(``_supervise``); the kernel only follows the run's record (``_launch.detach``)::
+
+    kernel (any, of the same user)                 supervisor (parent: init)
+    ------------------------------                 -------------------------
+    notebook_launcher(detach=True)
+      plan_launch()  (preflight, port)
+      task.pkl  ---------------------------------> _Launch.run_to_end(): the ranks, as a
+      Popen(_supervise), its pid back  <---------    blocking launch runs them; every event
+      attach(id)                                     appended to events.log
+        replay events.log into a fresh view
+        tail it (every 0.1 s) in a thread   <----- result.pkl, meta.json: ok|failed|stopped
+        the handle settles with the result
+      handle.stop()  -- SIGINT --------------------> every rank stopped (as Ctrl-C)
+      Ctrl-C in handle.result(): this kernel stops following; the run goes on
+
+Example::
+
+    handle = notebook_launcher(train, num_processes=2, detach=True)   # prints its id
+    # ... the kernel restarts ...
+    from notebook_launcher import attach, runs
+    runs()                      # every run of yours on this machine, and its state
+    attach("3fa9c1").result()   # the dashboard with its history, then the values
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ._events import LaunchFinished, LaunchRestarting, WorkerStarted
+from ._launch import detach as record
+from ._launch.detach import Meta
+from ._launch.plan import LaunchPlan
+from ._launch.session import TaskHandle
+from ._serialization import dumps, dumps_checked
+from .errors import LaunchError
+from .ui import View
+
+#: Seconds between two looks at a followed run's log (the live dashboard's latency).
+POLL = 0.1
+#: Seconds a kernel waits for a new supervisor to say its pid.
+START_TIMEOUT = 30.0
+
+
+def launch(
+    plan: LaunchPlan,
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    job: dict[str, Any],
+    dashboard: bool | str | View,
+) -> RunHandle:
+    """Start ``plan`` under a supervisor of its own and follow it (``notebook_launcher``'s
+    ``detach=True``). ``job``: what the supervisor's ``_Launch`` takes besides the plan."""
+    name = getattr(function, "__name__", "function")
+    listen, plan.listen = plan.listen, None  # the supervisor gets a copy; ours closes here
+    run_dir = None
+    try:
+        task = dumps_checked((function, args, kwargs), "the launched function and its args")
+        record.sweep()
+        run_id, run_dir = record.new_run(name)
+        record.write_meta(run_dir, Meta(run_id, name, time.time(), len(plan.specs)))
+        body = dumps({**job, "plan": plan, "task": task})
+        payload = pickle.dumps({"sys_path": list(sys.path), "job": body})
+        record.write_private(os.path.join(run_dir, record.TASK), payload)
+        del task, body, payload
+        _spawn(run_dir, listen.fileno() if listen is not None else -1)
+    except BaseException:  # Ctrl-C while it starts too: no run left behind, half begun
+        if run_dir is not None:
+            _abandon(run_dir)
+        raise
+    finally:
+        if listen is not None:
+            listen.close()
+    print(
+        f"notebook_launcher: run {run_id} detached ({name}, {len(plan.specs)} ranks): it "
+        f"goes on without this kernel. notebook_launcher.attach({run_id!r}) follows it "
+        "from any kernel of yours on this machine; .stop() stops it.",
+        flush=True,
+    )
+    return attach(run_id, dashboard=dashboard)
+
+
+def _abandon(run_dir: str) -> None:
+    """A run that could not be handed over: its supervisor (if it got that far) killed,
+    which ends its ranks with it, and its record removed."""
+    try:
+        meta = record.read_meta(run_dir)
+        if meta.pid is not None and record.supervisor_alive(meta):
+            os.kill(meta.pid, signal.SIGKILL)
+    except (OSError, ValueError, TypeError):
+        pass
+    record.remove(run_dir)
+
+
+def _spawn(run_dir: str, listen_fd: int) -> int:
+    """Start the supervisor (see ``_supervise``); its pid, once it runs."""
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        f"import sys; sys.path.insert(0, {parent!r}); "
+        "from notebook_launcher._supervise import main; main(sys.argv[1:])"
+    )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    log = os.open(os.path.join(run_dir, record.LOG), flags, 0o600)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, run_dir, str(listen_fd)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            pass_fds=(listen_fd,) if listen_fd >= 0 else (),
+            start_new_session=True,  # Jupyter's interrupt and the terminal's hang-up: not its
+        )
+    finally:
+        os.close(log)
+    assert proc.stdout is not None
+    said = b""
+    deadline = time.monotonic() + START_TIMEOUT
+    try:
+        while time.monotonic() < deadline:  # until the supervisor closed its stdout
+            ready, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+            chunk = os.read(proc.stdout.fileno(), 64) if ready else b""
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        proc.stdout.close()
+        proc.wait()  # the first process exits at once: no zombie of ours
+    try:
+        return int(said.decode().strip())
+    except ValueError:
+        with open(os.path.join(run_dir, record.LOG), errors="replace") as f:
+            why = f.read()[-2000:].strip()
+        record.remove(run_dir)
+        raise LaunchError(
+            "the supervisor of the detached run could not start"
+            + (f":\n{why}" if why else f" within {START_TIMEOUT:.0f} s (a loaded machine?)")
+        ) from None
+
+
+# --- following a run -------------------------------------------------------------------
+
+
+class RunHandle(TaskHandle):
+    """A detached run, followed by this kernel: a ``concurrent.futures.Future`` as a
+    ``block=False`` launch's handle is (``result(timeout)``, ``done()``, ``stacks()``,
+    ``add_done_callback``), plus ``id`` and ``stop()``.
+
+    ``result()`` returns every rank's value, or raises the root cause as a launch does; the
+    run's record is then removed (``attach(id, keep=True)`` keeps it). Ctrl-C while waiting
+    in ``result()`` stops following (the run goes on; ``attach(id)`` again); ``stop()`` (or
+    ``cancel()``) stops the run: every rank stopped, the handle *cancelled*."""
+
+    def __init__(self, run_id: str, run_dir: str, label: str, keep: bool) -> None:
+        super().__init__(self._signal_stop, label, stacks=self._take_stacks)
+        #: the run's id (``attach(id)``, ``runs()``)
+        self.id = run_id
+        #: where its record lives
+        self.path = run_dir
+        self.keep = keep
+        self.detached = False
+        #: rank -> pid of the ranks of its latest attempt (from its log)
+        self.pids: dict[int, int] = {}
+
+    def stop(self) -> bool:
+        """Stop the run (every rank, as Ctrl-C stops a launch) and wait for its end: True
+        when it ended stopped, False when it had ended otherwise first (a handle that
+        stopped following asks the supervisor and returns at once: True)."""
+        if self.detached:
+            self._signal_stop()
+            return True
+        return self.cancel()
+
+    def detach(self) -> None:
+        """Stop following the run here (it goes on; ``attach(id)`` follows it again)."""
+        self.detached = True
+
+    def _signal_stop(self) -> None:
+        try:
+            meta = record.read_meta(self.path)
+        except OSError:
+            return  # the record is gone: the run ended, and a kernel took its result
+        if meta.pid is not None and record.supervisor_alive(meta):
+            try:
+                os.kill(meta.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+    def _take_stacks(self) -> Any:
+        from ._launch import stall
+        from .ui.stall import Stacks
+
+        alive = {r: (pid, None) for r, pid in self.pids.items() if record.running(pid)}
+        return Stacks(stall.report(alive, "request"))
+
+    def result(self, timeout: float | None = None) -> Any:
+        __tracebackhide__ = True  # the caller's frames, then the rank's
+        if self.detached:
+            raise RuntimeError(
+                f"this kernel stopped following run {self.id}: "
+                f"notebook_launcher.attach({self.id!r}) follows it again"
+            )
+        try:
+            exc = Future.exception(self, timeout)
+        except KeyboardInterrupt:
+            self.detach()
+            raise KeyboardInterrupt(
+                f"detached from run {self.id}: it goes on without this kernel. "
+                f"notebook_launcher.attach({self.id!r}) follows it again; .stop() stops it"
+            ) from None
+        self._taken()
+        if exc is not None:
+            raise exc
+        return Future.result(self, 0)
+
+    def _taken(self) -> None:
+        """The result was taken: the record has done its work."""
+        if not self.keep:
+            record.remove(self.path)
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("<TaskHandle", f"<RunHandle {self.id}", 1)
+
+
+def attach(run_id: str, dashboard: bool | str | View = "auto", keep: bool = False) -> RunHandle:
+    """Follow run ``run_id`` (``notebook_launcher.runs()`` lists them) from this kernel: its
+    dashboard with the whole history at once, then live. Returns its :class:`RunHandle`.
+
+    ``keep=True``: the record stays after ``result()`` (else it is removed then).
+
+    Example::
+
+        handle = attach("3fa9c1")
+        handle.result()      # every rank's return value, or the root cause raised
+    """
+    from .launcher import _view
+
+    run_dir = record.find(run_id)
+    meta = record.read_meta(run_dir)
+    handle = RunHandle(run_id, run_dir, meta.function, keep)
+    follower = _Follower(run_dir, _view(dashboard, False), handle)
+    follower.step()  # the history, shown here and now
+    if not follower.ended:
+        cell = contextvars.copy_context()  # what the thread shows belongs to this cell
+        threading.Thread(
+            target=cell.run, args=(follower.follow,), name=f"notebook-launcher-{run_id}",
+            daemon=True,
+        ).start()  # fmt: skip
+    return handle
+
+
+class _Follower:
+    """Replays a run's log into a view, then follows it until the run ends (or the handle
+    stops following); settles the handle."""
+
+    def __init__(self, run_dir: str, view: View, handle: RunHandle) -> None:
+        self.run_dir, self.view, self.handle = run_dir, view, handle
+        self.reader = record.EventReader(run_dir)
+        self.ended = False
+
+    def follow(self) -> None:
+        try:
+            while not self.ended:
+                if self.handle.detached:
+                    self.reader.close()
+                    self.view.close()
+                    return
+                time.sleep(POLL)
+                self.step()
+        except BaseException as exc:  # noqa: BLE001 - the handle says what went wrong
+            self._end(exc)
+
+    def step(self) -> None:
+        """Show what the log holds now; settle the handle when the run has ended."""
+        try:
+            meta = record.read_meta(self.run_dir)
+            state = record.state_of(meta)  # before the log: a final state means a full log
+            self._show(self.reader.read())
+            self.view.tick()
+            outcome = record.read_result(self.run_dir) if state in record.ENDED else None
+        except OSError:
+            self._end(self._gone())
+            return
+        if state in record.ENDED:
+            self._end(outcome)
+        elif state == record.DIED:
+            why = (
+                f"the supervisor (pid {meta.pid}) of run {meta.id} died before the run "
+                "ended: its ranks were ended with it. Its own log may say why: "
+                f"{os.path.join(self.run_dir, record.LOG)}"
+            )
+            wall = time.time() - meta.started
+            self.view.handle(LaunchFinished(False, why, None, wall, time.time()))
+            self._end(LaunchError(why))
+
+    def _gone(self) -> LaunchError:
+        run_id = self.handle.id
+        return LaunchError(
+            f"the record of run {run_id} is gone: another handle took its result (result() "
+            f"removes the record; attach({run_id!r}, keep=True) keeps it), or it was removed "
+            f"from {os.path.dirname(self.run_dir)} by hand"
+        )
+
+    def _show(self, events: list[Any]) -> None:
+        for event in events:
+            if isinstance(event, LaunchRestarting):
+                self.handle.pids.clear()
+            elif isinstance(event, WorkerStarted):
+                self.handle.pids[event.rank] = event.pid
+            self.view.handle(event)
+
+    def _end(self, outcome: Any) -> None:
+        self.ended = True
+        self.reader.close()
+        try:
+            self.view.close()
+        finally:
+            handle = self.handle
+            if isinstance(outcome, BaseException):
+                stopping = handle._cancelling and isinstance(outcome, KeyboardInterrupt)
+                if stopping and not handle.keep:  # stopped by us: nobody wants its record
+                    record.remove(self.run_dir)
+                handle.set_exception(outcome)
+            else:
+                handle.set_result(outcome)
+
+
+# --- the runs of this user -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run in :func:`runs`."""
+
+    id: str
+    function: str
+    started: float
+    state: str
+    ranks: int
+    #: where its record lives
+    path: str
+    summary: str = ""
+
+    def __str__(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        tail = f"  {self.summary}" if self.summary else ""
+        return f"{self.id}  {when}  {self.state:<15} {self.ranks} ranks  {self.function}{tail}"
+
+
+class Runs(list[RunInfo]):
+    """The runs, one line each."""
+
+    def __repr__(self) -> str:
+        if not self:
+            return f"no detached runs (records under {record.root()})"
+        return "\n".join(str(run) for run in self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
+
+def runs() -> Runs:
+    """The detached runs of this user on this machine, oldest first: id, function, start,
+    state (running, ok, failed, stopped, or "supervisor died": its supervisor ended
+    without a word, killed or crashed, and its ranks with it), ranks, where its record
+    lives. Records of ended runs whose result nobody took go after
+    ``NOTEBOOK_LAUNCHER_RUN_RETENTION`` seconds (7 days).
+
+    Example::
+
+        runs()
+        # 3fa9c1  2026-11-27 12:30:05  running         2 ranks  train
+    """
+    record.sweep()
+    found = Runs()
+    for path in record.records():
+        try:
+            record.check_private(path)
+            meta = record.read_meta(path)
+        except (OSError, ValueError, TypeError, LaunchError):
+            continue
+        state = record.state_of(meta)
+        info = RunInfo(meta.id, meta.function, meta.started, state, meta.ranks, path)
+        found.append(dataclasses.replace(info, summary=meta.summary))
+    found.sort(key=lambda run: run.started)
+    return found
+
+
+__all__ = ["RunHandle", "RunInfo", "Runs", "attach", "launch", "runs"]

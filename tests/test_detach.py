@@ -1,0 +1,303 @@
+"""Detached runs (issue 27): a run that outlives the kernel that started it.
+
+Real processes: a detached 2-rank CPU run started in an ipykernel that is then SIGKILLed,
+attached from this process (every output line and the result); a run stopped from its
+handle (nothing left); a supervisor SIGKILLed (its ranks gone within 2 s, the cause said on
+attach); the refusals (an unknown id, a record others could read). The record's own codec
+is tested without processes. Each detached run's supervisor is not this process's child:
+each test waits for it to be gone (the autouse fixtures see only our children).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from notebook_launcher import attach, notebook_launcher, runs
+from notebook_launcher._events import LaunchFinished, Output, WorkerStarted
+from notebook_launcher._launch import detach as record
+from notebook_launcher._posix import quiet_fork
+from notebook_launcher.detached import RunHandle
+from notebook_launcher.errors import LaunchError, PreflightError
+from notebook_launcher.ipython_extension import DistMagics
+
+from .helpers import ROOT, Recorder, kernel_env, run_cell, wait_until
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture
+def runs_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Run records under a directory of this test's (the kernels it starts get it too),
+    in one that any user may pass through: the records' own modes are what keeps others
+    out (``_as_nobody``)."""
+    base = Path(tempfile.mkdtemp(prefix="nl-runs-"))
+    base.chmod(0o711)
+    root = base / "runs"
+    monkeypatch.setenv(record.ROOT_ENV, str(root))
+    try:
+        yield root
+    finally:
+        for path in record.records():  # a failed test: its supervisors must not outlive it
+            meta = record.read_meta(path)
+            if meta.pid is not None and record.supervisor_alive(meta):
+                os.kill(meta.pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _gone(pid: int, timeout: float, what: str) -> None:
+    wait_until(lambda: not record.running(pid), timeout, what)
+
+
+def _meta(run_id: str) -> record.Meta:
+    return record.read_meta(record.find(run_id))
+
+
+def _ranks_running(run_id: str, timeout: float = 60) -> dict[int, int]:
+    """rank -> pid, once both ranks of the run have started and printed (read from its
+    log)."""
+    reader = record.EventReader(record.find(run_id))
+    pids: dict[int, int] = {}
+    printed: set[int] = set()
+
+    def started() -> bool:
+        for e in reader.read():
+            if isinstance(e, WorkerStarted):
+                pids[e.rank] = e.pid
+            elif isinstance(e, Output):
+                printed.add(e.rank)
+        return len(pids) == len(printed) == 2
+
+    try:
+        wait_until(started, timeout, "both ranks of the detached run to start and print")
+    finally:
+        reader.close()
+    return pids
+
+
+def _as_nobody(run_dir: Path, supervisor: int) -> int:
+    """What a process of another user (``nobody``) could do to a run: bit 0, read its
+    output; bit 1, read its meta file; bit 2, signal its supervisor."""
+    pid = quiet_fork()
+    if pid == 0:
+        could = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            for bit, name in ((0b001, record.EVENTS), (0b010, record.META)):
+                try:
+                    with open(run_dir / name, "rb") as f:
+                        f.read(1)
+                    could |= bit
+                except PermissionError:
+                    pass
+            try:
+                os.kill(supervisor, 0)
+                could |= 0b100
+            except PermissionError:
+                pass
+        finally:
+            os._exit(could)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _steps(n: int, pause: float) -> Any:
+    def steps() -> int:
+        import time
+
+        import torch.distributed as dist
+
+        for i in range(n):
+            print(f"step {i}", flush=True)
+            time.sleep(pause)
+        return dist.get_rank() * 10
+
+    return steps
+
+
+@pytest.mark.timeout(120)
+def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(runs_dir: Path) -> None:
+    import jupyter_client
+
+    env = {**kernel_env(), "PYTHONPATH": str(ROOT), record.ROOT_ENV: str(runs_dir)}
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env, cwd=str(ROOT))
+    try:
+        out, reply, _ = run_cell(
+            kc,
+            """
+            from notebook_launcher import notebook_launcher
+
+            def train(n):
+                import time
+                import torch.distributed as dist
+                for i in range(n):
+                    print(f"step {i} of rank {dist.get_rank()}", flush=True)
+                    time.sleep(0.1)
+                return dist.get_rank() + 100
+
+            handle = notebook_launcher(train, args=(20,), num_processes=2, detach=True,
+                                       dashboard=False)
+            print("ID", handle.id)
+            """,
+        )
+        assert reply["status"] == "ok", out
+        run_id = out.split("ID ")[1].split()[0]
+        assert f"run {run_id} detached" in out and f"attach({run_id!r})" in out
+        out, reply, _ = run_cell(
+            kc, "%load_ext notebook_launcher\nprint(get_ipython().run_line_magic('dist', 'runs'))"
+        )
+        assert f"{run_id}  " in out and "running" in out and "train" in out, out
+        _ranks_running(run_id)
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)  # mid-run
+        km.provisioner.process.wait()
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    supervisor = _meta(run_id).pid
+    assert supervisor is not None and record.running(supervisor)  # the run goes on
+    view = Recorder()
+    handle = attach(run_id, dashboard=view, keep=True)
+    assert handle.result(timeout=60) == [100, 101]
+    for rank in (0, 1):  # nothing lost while no kernel was attached
+        assert view.lines(rank) == [f"step {i} of rank {rank}\n" for i in range(20)]
+    assert view.of(LaunchFinished)[-1].ok and view.closed == 1
+    _gone(supervisor, 10, "the supervisor to exit")
+    assert [(r.id, r.state) for r in runs()] == [(run_id, record.OK)]  # kept, as asked
+    again = Recorder()
+    handle = attach(run_id, dashboard=again)  # an ended run: its whole story at once
+    assert handle.done() and again.events == view.events and again.closed == 1
+    assert handle.result() == [100, 101]
+    assert not os.path.exists(handle.path)  # its result was taken: its record went
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
+    handle = notebook_launcher(_steps(600, 0.05), num_processes=2, detach=True, dashboard=False)
+    pids = _ranks_running(handle.id)
+    meta = _meta(handle.id)
+    # Only its user: the record's directories 0700, its files 0600 (README, Security).
+    for path in (runs_dir, Path(handle.path)):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    for name in (record.META, record.EVENTS, record.LOG):
+        assert stat.S_IMODE((Path(handle.path) / name).stat().st_mode) == 0o600, name
+    assert not (Path(handle.path) / record.TASK).exists()  # read, then removed
+    if os.getuid() == 0:  # another user, where the test may become one: locked out
+        assert _as_nobody(Path(handle.path), meta.pid) == 0b000
+    with open(f"/proc/{meta.pid}/stat") as f:  # not our child, in a session of its own
+        ppid, _, session = (int(x) for x in f.read().rsplit(") ", 1)[1].split()[1:4])
+    assert ppid != os.getpid() and session != os.getsid(0)
+    assert [(r.id, r.state, r.ranks) for r in runs()] == [(handle.id, "running", 2)]
+    wait_until(lambda: len(handle.pids) == 2, 5, "the handle to see both ranks start")
+    assert "in `time.sleep(pause)`" in str(handle.stacks())
+    # Ctrl-C while waiting for the result: this process stops following, the run goes on.
+    main = threading.get_ident()
+    threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt, match=f"detached from run {handle.id}: it goes on"):
+        handle.result(timeout=30)
+    assert meta.pid is not None and record.supervisor_alive(meta)
+    again = DistMagics(None).dist(f"attach {handle.id} --dashboard off")  # %dist attach
+    assert isinstance(again, RunHandle) and again.id == handle.id
+    assert again.stop() and again.cancelled()
+    for pid in (*pids.values(), meta.pid):
+        _gone(pid, 10, f"process {pid} of the stopped run to end")
+    assert not os.path.exists(handle.path) and runs() == []
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_supervisor_takes_its_ranks_and_attach_says_so(runs_dir: Path) -> None:
+    handle = notebook_launcher(_steps(600, 0.05), num_processes=2, detach=True, dashboard=False)
+    pids = _ranks_running(handle.id)
+    handle.detach()
+    meta = _meta(handle.id)
+    assert meta.pid is not None
+    os.kill(meta.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    for pid in pids.values():
+        _gone(pid, 2, f"rank pid {pid} to die with its supervisor")
+    assert time.monotonic() - killed <= 2
+    assert [r.state for r in runs()] == [record.DIED]
+    view = Recorder()
+    with pytest.raises(LaunchError, match=rf"the supervisor \(pid {meta.pid}\) .* died"):
+        attach(handle.id, dashboard=view).result(timeout=10)
+    assert view.lines(0)  # its history up to the end
+    assert not view.of(LaunchFinished)[-1].ok
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"detach": "yes"}, "detach must be True or False"),
+        ({"detach": True, "num_nodes": 2, "node_rank": 0}, "num_nodes=2: not yet"),
+        ({"detach": True, "cluster": object()}, "cluster=...: not yet"),
+    ],
+)
+def test_what_cannot_be_detached_yet_is_refused_before_anything_starts(
+    runs_dir: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PreflightError, match=message):
+        notebook_launcher(print, num_processes=2, **options)
+    assert not runs_dir.exists()
+
+
+def test_an_unknown_run_or_a_record_others_can_read_is_refused(runs_dir: Path) -> None:
+    with pytest.raises(record.RunNotFound, match=r"no run 'nope' .*runs\(\) lists the runs"):
+        attach("nope")
+    with pytest.raises(record.RunNotFound):
+        attach("../elsewhere")
+    run_id, path = record.new_run("train")
+    record.write_meta(path, record.Meta(run_id, "train", time.time(), 2, pid=None))
+    os.chmod(path, 0o755)
+    with pytest.raises(record.RecordNotPrivate, match=r"not private .*mode 0755.*chmod"):
+        attach(run_id)
+    assert runs() == []  # not listed either
+    os.chmod(path, 0o700)
+    os.chmod(os.path.join(path, record.META), 0o644)
+    with pytest.raises(record.RecordNotPrivate, match="mode 0644"):
+        attach(run_id)
+    if os.getuid() == 0:  # a record another user made, where the test may make one
+        os.chmod(os.path.join(path, record.META), 0o600)
+        os.chown(path, 65534, 65534)
+        with pytest.raises(record.RecordNotPrivate, match="owner uid 65534"):
+            attach(run_id)
+
+
+def test_the_event_log_is_read_whole_frames_at_a_time(tmp_path: Path) -> None:
+    writer = record.EventWriter(str(tmp_path))
+    reader = record.EventReader(str(tmp_path))
+    assert reader.read() == []
+    first = Output(0, "stdout", "hello\n", 1.0)
+    writer.write(first)
+    with open(tmp_path / record.EVENTS, "ab") as f:  # a frame half written
+        f.write(b"\xff\x00")
+    assert reader.read() == [first]
+    assert reader.read() == []
+    writer.close()
+    reader.close()
+
+
+def test_records_of_ended_runs_go_after_the_retention_time(
+    runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(record.RETENTION_ENV, "60")
+    ended = {}
+    for age in (10, 100):
+        run_id, path = record.new_run("train")
+        meta = record.Meta(run_id, "train", 0.0, 2, state=record.OK, ended=time.time() - age)
+        record.write_meta(path, meta)
+        ended[age] = run_id
+    dead = record.Meta("x", "train", 0.0, 2, state=record.RUNNING, pid=os.getpid(), pid_start="0")
+    assert record.state_of(dead) == record.DIED  # its pid now names another process
+    assert [r.id for r in runs()] == [ended[10]]
+    monkeypatch.setenv(record.RETENTION_ENV, "a week")
+    with pytest.raises(LaunchError, match="not a number of seconds"):
+        record.retention()
