@@ -524,6 +524,32 @@ def test_a_killed_rank_breaks_the_session_and_restart_brings_fresh_ranks(
         group_works(session)
 
 
+@pytest.mark.timeout(60)
+def test_a_collateral_error_read_after_the_break_still_ends_the_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1 dies; rank 0's gloo error about it is read only after the session broke (on a
+    loaded machine the death is seen first, and the error was on its way as the session
+    killed rank 0). It set a re-forming deadline on a broken session, which never re-forms:
+    the cell hung. Here rank 0 outlives the break (the kill is held back) to send it late."""
+    from notebook_launcher._launch.group import WorkerProcess
+
+    with start() as session:
+        with monkeypatch.context() as held:
+            held.setattr(WorkerProcess, "send_signal", lambda self, sig: None)
+            with pytest.raises(WorkerDied, match="rank 1 of 2 died"):
+                session.run_cell(
+                    "import os, signal, time\n"
+                    "if rank == 1:\n"
+                    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+                    "time.sleep(1.0)\n"
+                    "raise RuntimeError('[gloo/pair.cc:553] Connection closed by peer')"
+                )
+        assert session.status().state == "broken"
+        session.restart()
+        group_works(session)
+
+
 def test_a_rank_that_dies_between_tasks_breaks_the_session() -> None:
     with start() as session:
         os.kill(session.status().pids[1], signal.SIGKILL)

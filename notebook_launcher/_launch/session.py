@@ -721,6 +721,11 @@ class SessionCore:
         task = self.task
         if task is None:
             return
+        if self.broken is not None:
+            # A broken session re-forms nothing: only its ranks' exits are waited for. (A
+            # collateral error read after the break -- sent just before the rank was killed
+            # -- set a re-forming deadline here once, and the task never ended.)
+            task.reform_at = task.give_up_at = task.spare_until = None
         now = time.monotonic()
         if task.spare_until is not None and (
             now >= task.spare_until or not task.spared & task.pending
