@@ -506,11 +506,11 @@ class DetachedSession(Session):
 
     def _run_pickled(self, data: bytes, label: str, ranks: list[int] | int | None) -> list[Any]:
         __tracebackhide__ = True
-        return self._call("run", data, label, ranks, view=self._view())  # type: ignore[no-any-return]
+        return self._call("run", data, label, ranks, view=self._view())
 
     @property
     def ranks(self) -> list[int]:
-        return self._call("ranks")  # type: ignore[no-any-return]
+        return self._call("ranks")
 
     @property
     def world_size(self) -> int:
@@ -526,7 +526,7 @@ class DetachedSession(Session):
         self._call("interrupt")
 
     def stacks(self) -> Stacks:
-        return self._call("stacks")  # type: ignore[no-any-return]
+        return self._call("stacks")
 
     def status(self) -> SessionStatus:
         if self._closed:
@@ -636,4 +636,3 @@ def attach_session(run_id: str, run_dir: str, dashboard: bool | str | View) -> D
 
 
 __all__ = ["DetachedSession", "SessionRefused", "attach_session", "serve", "start_detached"]
-
