@@ -178,8 +178,8 @@ class _Server:
     # events: to the log, and to the kernel whose call runs
 
     def handle(self, event: Any) -> None:
-        self.writer.write(event)
-        with self.lock:
+        with self.lock:  # (the main thread starts the ranks; the pump runs the tasks)
+            self.writer.write(event)
             if self.sink is None:
                 return
             try:
@@ -424,7 +424,7 @@ class DetachedSession(Session):
         try:
             _send(sock, self._secret)
             _send(sock, (method, args))
-            reply = self._wait(sock, view)
+            reply = self._wait(sock, view, interrupts=method == "run")
         except (ConnectionError, BrokenPipeError):
             raise self._gone() from None
         finally:
@@ -459,16 +459,17 @@ class DetachedSession(Session):
             raise self._gone() from None
         return sock
 
-    def _wait(self, sock: socket.socket, view: Any) -> Any:
-        """The reply, showing the call's events in ``view`` meanwhile; Ctrl-C interrupts
-        the task (as many times as pressed, as a local session's)."""
+    def _wait(self, sock: socket.socket, view: Any, interrupts: bool) -> Any:
+        """The reply, showing the call's events in ``view`` meanwhile. ``interrupts``: Ctrl-C
+        interrupts the task (as many times as pressed, as a local session's); else it
+        stops the wait (a start: the supervisor is then ended by the caller)."""
         __tracebackhide__ = True
         frames = _Frames(sock)
         while True:
             try:
                 frame = frames.next(TICK)
             except KeyboardInterrupt:
-                if view is None:  # not a task: nothing runs to interrupt
+                if not interrupts:
                     raise
                 with contextlib.suppress(LaunchError):
                     self._call("interrupt")
