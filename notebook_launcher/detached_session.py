@@ -23,9 +23,11 @@ record (``_launch.detach``). The socket's protocol, client and server, is this m
       stop(): "close"   ----------------------->   the ranks leave; the record is removed
 
 Every event is appended to the record's ``events.log`` as well, and sent to the connection
-whose call runs: a kernel that dies mid-cell loses the cell's view, never the session or
-the cell's output (the log keeps it). The ranks die with the supervisor (their parent-death
-signal); a supervisor that died is said on the next call or attach.
+whose call runs: a kernel that dies mid-cell loses neither the session nor the cell's
+output. The supervisor keeps the events of a task whose kernel went away; the next
+``attach`` (its "follow" call) shows them, then follows that task live to its end, and
+says how it ended. The ranks die with the supervisor (their parent-death signal); a
+supervisor that died is said on the next call or attach.
 
 Example::
 
@@ -53,6 +55,7 @@ import struct
 import sys
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from ._launch import detach as record
@@ -74,6 +77,11 @@ TICK = 0.5
 SEND_TIMEOUT = 10.0
 #: Calls that run beside a task (never queued behind it): they only look, or interrupt.
 BESIDE = ("interrupt", "stacks", "status")
+#: Events of one task the supervisor keeps for a kernel that attaches after the task's own
+#: kernel went away (its newest; ``events.log`` keeps them all).
+KEPT_EVENTS = 100_000
+#: Tasks whose kernel went away that the supervisor keeps for the next attach to show.
+KEPT_TASKS = 10
 
 _FRAME = struct.Struct("<Q")
 
@@ -134,6 +142,15 @@ class _Frames:
                 self.eof = not chunk
 
 
+def _peer_gone(sock: socket.socket) -> bool:
+    """The other end of ``sock`` closed it (a kernel that waits sends nothing more)."""
+    try:
+        ready, _, _ = select.select([sock], [], [], 0)
+        return bool(ready) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except OSError:
+        return True
+
+
 @contextlib.contextmanager
 def _bindable(path: str) -> Any:
     """An address for the socket at ``path`` that fits a ``sockaddr_un``: the path itself,
@@ -156,9 +173,24 @@ class _Job:
 
     def __init__(self, method: str, args: tuple[Any, ...], conn: socket.socket) -> None:
         self.method, self.args, self.conn = method, args, conn
+        self.label = str(args[1]) if method == "run" else method
         self.reply: tuple[Any, ...] = ()
         self.done = threading.Event()
         self.replied = threading.Event()
+        #: its events, for a kernel that attaches after its own went away
+        self.events: deque[Any] = deque(maxlen=KEPT_EVENTS)
+
+    def summary(self) -> str:
+        """How it ended, in a few lines."""
+        if self.reply and self.reply[0] == "return":
+            try:
+                value = repr(loads(self.reply[1]))
+            except Exception as exc:  # noqa: BLE001 - a summary only
+                value = f"(values that cannot be loaded here: {exc!r})"
+            return f"returned {value if len(value) <= 300 else value[:300] + '...'}"
+        text = str(self.reply[2]) if len(self.reply) > 2 else "failed"
+        lines = text.splitlines()
+        return "raised " + "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else "")
 
 
 class _Server:
@@ -173,6 +205,9 @@ class _Server:
         self.finished = False
         self.lock = threading.Lock()
         self.sink: socket.socket | None = None  # the connection whose call runs
+        self.current: _Job | None = None  # the call that runs
+        #: calls that ended while their kernel was gone (the next attach shows them)
+        self.missed: list[_Job] = []
         self.writer = record.EventWriter(run_dir)
 
     # events: to the log, and to the kernel whose call runs
@@ -180,6 +215,8 @@ class _Server:
     def handle(self, event: Any) -> None:
         with self.lock:  # (the main thread starts the ranks; the pump runs the tasks)
             self.writer.write(event)
+            if self.current is not None:
+                self.current.events.append(event)
             if self.sink is None:
                 return
             try:
@@ -230,20 +267,61 @@ class _Server:
                 _send(conn, ("refused", why))
                 return
             method, args = _recv(conn)
-            if method in BESIDE:
-                reply = self.call(method, args)
+            if method == "follow":
+                self.follow(conn)
+            elif method in BESIDE:
+                _send(conn, self.call(method, args))
             else:
                 job = _Job(method, args, conn)
                 self.jobs.put(job)
                 job.done.wait()
-                reply = job.reply
-            _send(conn, reply)
+                self.reply(job, conn, job.reply)
         except (OSError, EOFError, ValueError, pickle.UnpicklingError):
             pass  # that kernel went away (or spoke nonsense): the session is unharmed
         finally:
             if job is not None:
                 job.replied.set()
             conn.close()
+
+    def reply(self, job: _Job, conn: socket.socket, reply: tuple[Any, ...]) -> None:
+        """Send ``job``'s end on ``conn`` if that is still the kernel that waits for it;
+        keep it for the next attach if that kernel is gone."""
+        with self.lock:
+            if job.conn is not conn:  # another kernel took it over (``follow``)
+                return
+        try:
+            _send(conn, reply)
+        except OSError:
+            if job.method == "run":
+                with self.lock:
+                    self.missed = [*self.missed, job][-KEPT_TASKS:]
+            raise
+
+    def follow(self, conn: socket.socket) -> None:
+        """A kernel that attaches: the tasks that ended while no kernel was there (their
+        events, how they ended), then the task that runs now if its kernel went away: its
+        events so far, then live, then its end."""
+        with self.lock:
+            missed, self.missed = self.missed, []
+            job = self.current
+            if self.sink is not None and _peer_gone(self.sink):
+                self.sink = None  # its kernel died while the task printed nothing
+            adopt = job is not None and job.method == "run" and self.sink is None
+            try:
+                for old in missed:
+                    _send(conn, ("missed", old.label, list(old.events), old.summary()))
+                if job is not None and adopt:
+                    for event in job.events:
+                        _send(conn, ("event", event))
+                    self.sink = job.conn = conn
+            except OSError:
+                self.missed = missed + self.missed
+                raise
+        if job is None or not adopt:
+            _send(conn, ("followed", None, None))
+            return
+        job.done.wait()
+        self.reply(job, conn, ("followed", job.label, job.summary()))
 
     # calls
 
@@ -329,12 +407,12 @@ class _Server:
 
     def run_job(self, job: _Job) -> None:
         with self.lock:
-            self.sink = job.conn
+            self.sink, self.current = job.conn, job
         try:
             job.reply = self.call(job.method, job.args)
         finally:
             with self.lock:
-                self.sink = None
+                self.sink = self.current = None
             if not job.reply:
                 job.reply = ("raise", None, "interrupted", "", "")
             job.done.set()
@@ -482,6 +560,60 @@ class DetachedSession(Session):
                     view.handle(frame[1])
             else:
                 return frame
+
+    def _follow(self) -> None:
+        """Show what ran while no kernel was attached: each task that ended meanwhile (its
+        output, its dashboard, how it ended), then the task that runs now if its kernel
+        went away, live, to its end. Ctrl-C stops following (the task goes on)."""
+        sock = self._connect()
+        view: Any = None
+        try:
+            _send(sock, self._secret)
+            _send(sock, ("follow", ()))
+            frames = _Frames(sock)
+            while True:
+                try:
+                    frame = frames.next(TICK)
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt(
+                        f"stopped following the task that runs in session {self.id} (it goes "
+                        f"on): notebook_launcher.attach({self.id!r}) follows it again"
+                    ) from None
+                if frame is None:
+                    if view is not None:
+                        view.tick()
+                elif frame[0] == "event":
+                    if view is None:
+                        view = self._view()
+                    view.handle(frame[1])
+                elif frame[0] == "missed":
+                    _, label, events, summary = frame
+                    shown = self._view()
+                    for event in events:
+                        shown.handle(event)
+                    shown.close()
+                    print(self._while_away(label, summary), flush=True)
+                elif frame[0] == "refused":
+                    raise SessionRefused(f"session {self.id} refused this kernel: {frame[1]}")
+                else:
+                    if view is not None:
+                        view.close()
+                        view = None
+                    if frame[1] is not None:
+                        print(self._while_away(frame[1], frame[2]), flush=True)
+                    return
+        except (ConnectionError, BrokenPipeError):
+            raise self._gone() from None
+        finally:
+            sock.close()
+            if view is not None:
+                view.close()
+
+    def _while_away(self, label: str, summary: str) -> str:
+        return (
+            f"notebook_launcher: {label}, whose kernel went away, ran on in session "
+            f"{self.id}: it {summary}"
+        )
 
     def _gone(self) -> LaunchError:
         """Why the supervisor cannot be reached."""
@@ -633,6 +765,7 @@ def attach_session(run_id: str, run_dir: str, dashboard: bool | str | View) -> D
         raise session._gone()
     status = session.status()  # refused, or gone: said now
     print(f"notebook_launcher: attached to session {run_id}: {status}", flush=True)
+    session._follow()
     return session
 
 

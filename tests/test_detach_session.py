@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from notebook_launcher import attach, runs, start
+from notebook_launcher._events import Output
 from notebook_launcher._launch import detach as record
 from notebook_launcher._posix import quiet_fork
 from notebook_launcher.detached_session import (
@@ -35,7 +36,7 @@ from notebook_launcher.detached_session import (
 from notebook_launcher.errors import LaunchError
 from notebook_launcher.ipython_extension import DistMagics
 
-from .helpers import ROOT, kernel_env, run_cell, wait_until
+from .helpers import ROOT, Recorder, kernel_env, run_cell, wait_until
 from .test_detach import runs_dir  # noqa: F401 - the fixture: records under a test's dir
 
 pytestmark = pytest.mark.kernel
@@ -48,6 +49,7 @@ def _gone(pid: int, timeout: float, what: str) -> None:
 @pytest.mark.timeout(120)
 def test_a_model_on_a_detached_sessions_ranks_outlives_a_killed_kernel(
     runs_dir: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import jupyter_client
     import torch
@@ -72,6 +74,11 @@ def test_a_model_on_a_detached_sessions_ranks_outlives_a_killed_kernel(
         )
         assert reply["status"] == "ok", out
         assert "[rank0] loaded (1, 2)" in out and "[rank1] loaded (1, 2)" in out  # live
+        kc.execute(  # a cell the kernel dies in
+            "%%distributed\nimport time\nfor i in range(15):\n"
+            "    print(f'step {i}', flush=True)\n    time.sleep(0.1)\nsteps = i + 1\n"
+        )
+        _printed(run_id, "step 2")
         os.kill(km.provisioner.process.pid, signal.SIGKILL)
         km.provisioner.process.wait()
     finally:
@@ -80,6 +87,12 @@ def test_a_model_on_a_detached_sessions_ranks_outlives_a_killed_kernel(
     meta = record.read_meta(record.find(run_id))
     assert meta.pid is not None and record.supervisor_alive(meta)
     assert [(r.id, r.kind, r.state) for r in runs()] == [(run_id, "session", "running")]
+    view = Recorder()
+    attach(run_id, dashboard=view)  # the cell the kernel died in: shown whole, to its end
+    for rank in (0, 1):
+        assert view.lines(rank) == [f"step {i}\n" for i in range(15)]
+    said = capsys.readouterr().out
+    assert f"run_cell, whose kernel went away, ran on in session {run_id}: it returned" in said
     magics = DistMagics(SimpleNamespace(input_transformers_cleanup=[], user_ns={}))
     assert magics.dist(f"attach {run_id} --dashboard off") is None
     assert isinstance(magics.session, DetachedSession) and magics.session.id == run_id
@@ -87,12 +100,28 @@ def test_a_model_on_a_detached_sessions_ranks_outlives_a_killed_kernel(
     expected = repr(torch.nn.Linear(2, 1).weight.detach().sum().item())
     values = magics.distributed("", "model.weight.detach().sum().item()")
     assert list(values) == [expected, expected]  # the model the dead kernel's cell made
+    assert list(magics.distributed("", "steps")) == ["15", "15"]
     pids = magics.dist("status").pids
     assert len(pids) == 2
     magics.dist("stop")
     for pid in (*pids, meta.pid):
         _gone(pid, 10, f"process {pid} of the stopped session to end")
     assert runs() == [] and not (runs_dir / run_id).exists()
+
+
+def _printed(run_id: str, text: str) -> None:
+    """Wait until every rank of the session printed ``text`` (read from its log)."""
+    reader = record.EventReader(record.find(run_id))
+    seen: set[int] = set()
+
+    def both() -> bool:
+        seen.update(e.rank for e in reader.read() if isinstance(e, Output) and text in e.text)
+        return seen == {0, 1}
+
+    try:
+        wait_until(both, 30, f"both ranks to print {text!r}")
+    finally:
+        reader.close()
 
 
 def _as_nobody(run_dir: Path, secret: bytes) -> str:
