@@ -272,7 +272,8 @@ class DistMagics:
                 raise UsageError("%dist attach ID (%dist runs lists the ids)")
             found = attach(args.names[0], dashboard=args.dashboard)
             if hasattr(found, "detach") and hasattr(found, "run_cell"):  # a session's id
-                self._check_no_session()
+                if getattr(self.session, "id", None) != found.id:  # (this one again: fine)
+                    self._check_no_session()
                 self.session = found  # what %%distributed & co. use from now on
                 return None
             return found
