@@ -42,6 +42,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import io
 import os
@@ -83,6 +84,9 @@ KEPT_EVENTS = 100_000
 #: Tasks whose kernel went away that the supervisor keeps for the next attach to show.
 KEPT_TASKS = 10
 
+#: The length of a session's secret.
+SECRET_BYTES = 32
+
 _FRAME = struct.Struct("<Q")
 
 
@@ -112,6 +116,17 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 def _recv(sock: socket.socket) -> Any:
     (n,) = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
     return pickle.loads(_recv_exact(sock, n))
+
+
+def _send_secret(sock: socket.socket, secret: bytes) -> None:
+    """The first frame of a connection: the secret's bytes as they are (nothing of a
+    connection is unpickled before it proved the secret)."""
+    sock.sendall(_FRAME.pack(len(secret)) + secret)
+
+
+def _recv_secret(sock: socket.socket) -> bytes:
+    (n,) = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
+    return _recv_exact(sock, n) if n <= SECRET_BYTES else b""
 
 
 class _Frames:
@@ -250,8 +265,8 @@ class _Server:
                 f"process {pid} of uid {uid} may not use session {self.meta.id} of uid "
                 f"{os.getuid()}: a session is its user's alone"
             )
-        offered = _recv(conn)
-        if not isinstance(offered, bytes) or not hmac.compare_digest(offered, self.secret):
+        offered = _recv_secret(conn)
+        if not hmac.compare_digest(offered, self.secret):
             return (
                 f"the secret offered is not session {self.meta.id}'s (attach reads it from "
                 f"{os.path.join(self.run_dir, SECRET)})"
@@ -267,6 +282,8 @@ class _Server:
                 _send(conn, ("refused", why))
                 return
             method, args = _recv(conn)
+            if method == "close":  # a task that runs (another kernel's, say) ends first
+                self.call("interrupt", ())
             if method == "follow":
                 self.follow(conn)
             elif method in BESIDE:
@@ -500,7 +517,7 @@ class DetachedSession(Session):
             )
         sock = self._connect()
         try:
-            _send(sock, self._secret)
+            _send_secret(sock, self._secret)
             _send(sock, (method, args))
             reply = self._wait(sock, view, interrupts=method == "run")
         except (ConnectionError, BrokenPipeError):
@@ -568,7 +585,7 @@ class DetachedSession(Session):
         sock = self._connect()
         view: Any = None
         try:
-            _send(sock, self._secret)
+            _send_secret(sock, self._secret)
             _send(sock, ("follow", ()))
             frames = _Frames(sock)
             while True:
@@ -665,7 +682,9 @@ class DetachedSession(Session):
         if self._closed:
             return SessionStatus("closed", 0, "-", "-", 0, 0, ())
         status: SessionStatus = self._call("status")
-        return status
+        meta = record.read_meta(self.path)
+        where = f"detached session {self.id} (supervisor pid {meta.pid}; attach({self.id!r}))"
+        return dataclasses.replace(status, note=f"{status.note}\n{where}" if status.note else where)
 
     def restart(self) -> None:
         __tracebackhide__ = True
@@ -722,7 +741,7 @@ def start_detached(
     record.sweep()
     run_id, run_dir = record.new_run("session")
     try:
-        record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(32))
+        record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(SECRET_BYTES))
         meta = Meta(run_id, "session", time.time(), num_processes or 0, kind="session")
         record.write_meta(run_dir, meta)
         payload_file = pickle.dumps({"sys_path": list(sys.path)})

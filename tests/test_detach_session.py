@@ -32,6 +32,7 @@ from notebook_launcher.detached_session import (
     SessionRefused,
     _recv,
     _send,
+    _send_secret,
 )
 from notebook_launcher.errors import LaunchError
 from notebook_launcher.ipython_extension import DistMagics
@@ -137,7 +138,7 @@ def _as_nobody(run_dir: Path, secret: bytes) -> str:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(str(run_dir / SOCKET))
-                _send(sock, secret)
+                _send_secret(sock, secret)
                 _send(sock, ("status", ()))
                 said = repr(_recv(sock))
             except OSError as exc:
