@@ -182,8 +182,11 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
                 loosened.chmod(0o700)
             (path / SOCKET).chmod(0o600)
     assert session.pull("x") == [41, 41]  # the refusals left it intact
+    with pytest.raises(ZeroDivisionError, match="division by zero") as raised:
+        session.run_cell("def f(x):\n    return 1 / x\nf(0)")  # the rank's own error
+    assert raised.value.launch_failure.root_cause.rank in (0, 1)  # type: ignore[attr-defined]
     main = threading.get_ident()
-    threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    threading.Timer(0.5, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
     with pytest.raises(KeyboardInterrupt, match="interrupted"):
         session.run_cell("import time\nwhile True:\n    time.sleep(0.05)")
     assert session.pull("x") == [41, 41]  # the session lives on, its variables too
