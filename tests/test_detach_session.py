@@ -11,6 +11,7 @@ lives on; a supervisor killed, its ranks gone with it and the next attach saying
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import signal
 import socket
@@ -200,3 +201,28 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
     assert [r.state for r in runs()] == [record.DIED]
     with pytest.raises(LaunchError, match=rf"the supervisor \(pid {meta.pid}\) .* died"):
         attach(session.id)
+
+
+def test_frames_are_read_whole_whatever_the_chunks() -> None:
+    """The client's reader (``_Frames``): a frame cut anywhere waits for its rest; a wait
+    without a frame says None; the end of the stream is an error, never a half frame; a
+    secret longer than a secret is read as none (nothing of it unpickled)."""
+    from notebook_launcher.detached_session import _Frames, _recv_secret
+
+    a, b = socket.socketpair()
+    with a, b:
+        frames = _Frames(b)
+        assert frames.next(0.01) is None
+        data = pickle.dumps(("event", "x" * 1000))
+        framed = len(data).to_bytes(8, "little") + data
+        a.sendall(framed[:5])
+        assert frames.next(0.01) is None
+        a.sendall(framed[5:500])
+        assert frames.next(0.01) is None
+        a.sendall(framed[500:] + framed)
+        assert frames.next(0.01) == frames.next(0.01) == ("event", "x" * 1000)
+        _send_secret(a, b"s" * 100)
+        assert _recv_secret(b) == b""
+        a.close()
+        with pytest.raises(ConnectionResetError):
+            frames.next(0.01)
