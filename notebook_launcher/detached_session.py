@@ -57,10 +57,12 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ._launch import detach as record
 from ._launch.detach import Meta
+from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dump_exception, dumps, dumps_checked, loads, rebuild_exception
 from .errors import LaunchError, interrupted
@@ -190,6 +192,8 @@ class _Job:
         self.method, self.args, self.conn = method, args, conn
         self.label = str(args[1]) if method == "run" else method
         self.reply: tuple[Any, ...] = ()
+        #: its kernel asked to interrupt it
+        self.interrupted = False
         self.done = threading.Event()
         self.replied = threading.Event()
         #: its events, for a kernel that attaches after its own went away
@@ -291,7 +295,7 @@ class _Server:
             else:
                 job = _Job(method, args, conn)
                 self.jobs.put(job)
-                job.done.wait()
+                self.watch(job, conn)
                 self.reply(job, conn, job.reply)
         except (OSError, EOFError, ValueError, pickle.UnpicklingError):
             pass  # that kernel went away (or spoke nonsense): the session is unharmed
@@ -299,6 +303,21 @@ class _Server:
             if job is not None:
                 job.replied.set()
             conn.close()
+
+    def watch(self, job: _Job, conn: socket.socket) -> None:
+        """Wait for ``job``'s end, taking its kernel's interrupts (frames on the call's own
+        connection: one cannot overtake the call it interrupts)."""
+        while not job.done.wait(0.05):
+            ready, _, _ = select.select([conn], [], [], 0)
+            if not ready:
+                continue
+            try:
+                frame = _recv(conn)
+            except (OSError, EOFError, ValueError, pickle.UnpicklingError):
+                job.done.wait()  # that kernel is gone: the call goes on without it
+                return
+            if frame == ("interrupt",):
+                self.interrupt(job)
 
     def reply(self, job: _Job, conn: socket.socket, reply: tuple[Any, ...]) -> None:
         """Send ``job``'s end on ``conn`` if that is still the kernel that waits for it;
@@ -388,8 +407,10 @@ class _Server:
         if method == "restart":
             session.restart()
             return None
-        if method == "interrupt":
-            session.interrupt()
+        if method == "interrupt":  # (session.interrupt(): whatever runs now)
+            job = self.current
+            if job is not None:
+                self.interrupt(job)
             return None
         if method == "stacks":
             return session.stacks()
@@ -398,6 +419,22 @@ class _Server:
         if method == "ranks":
             return session.ranks
         raise LaunchError(f"a detached session has no call {method!r}")
+
+    def interrupt(self, job: _Job) -> None:
+        """Interrupt ``job``'s task: at once if it runs on the ranks; a job still queued
+        here never runs; one on its way to the ranks is interrupted there (an interrupt
+        is never lost, nor given to another call's task)."""
+        job.interrupted = True
+        while not job.done.is_set():
+            with self.lock:
+                running = self.current is job
+            core = self.session._core if self.session is not None else None
+            if running and job.method == "run" and core is not None and core.task is not None:
+                core.interrupt()  # (the session's own: any number, from any thread)
+                return
+            if not running and not job.done.is_set() and job.method != "run":
+                return  # not a task: nothing to interrupt
+            time.sleep(0.01)
 
     def main_loop(self) -> None:
         """Run the calls in this (the main) thread, until the session is closed (or none
@@ -423,6 +460,11 @@ class _Server:
                 job.replied.wait(SEND_TIMEOUT)
 
     def run_job(self, job: _Job) -> None:
+        if job.interrupted and job.method == "run":  # Ctrl-C before it was sent: not run
+            exc = interrupted("interrupted before any rank began it")
+            job.reply = ("raise", dump_exception(exc), "KeyboardInterrupt", "", "")
+            job.done.set()
+            return
         with self.lock:
             self.sink, self.current = job.conn, job
         try:
@@ -485,6 +527,30 @@ def serve(run_dir: str, meta: Meta) -> None:
 # --- the kernel's side -------------------------------------------------------------------
 
 
+class _Line:
+    """The connection of a submitted task, for its handle's interrupts: sent on it (after
+    the call, never before), as many as were asked, also before it was connected."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None
+        self.asked = 0
+
+    def connected(self, sock: socket.socket) -> None:
+        with self.lock:
+            self.sock = sock
+            for _ in range(self.asked):
+                _send(sock, ("interrupt",))
+
+    def interrupt(self) -> None:
+        with self.lock:
+            if self.sock is None:
+                self.asked += 1
+                return
+            with contextlib.suppress(OSError):  # (the call has ended)
+                _send(self.sock, ("interrupt",))
+
+
 class DetachedSession(Session):
     """A session whose ranks live under a supervisor of their own (``start(...,
     detach=True)``, ``attach(id)``): the methods of :class:`Session`, each a call to it;
@@ -506,7 +572,7 @@ class DetachedSession(Session):
 
     # -- calls ---------------------------------------------------------------------------
 
-    def _call(self, method: str, *args: Any, view: Any = None) -> Any:
+    def _call(self, method: str, *args: Any, view: Any = None, line: _Line | None = None) -> Any:
         __tracebackhide__ = True
         if self._closed:
             raise LaunchError(f"session {self.id} is stopped; start a new one")
@@ -519,6 +585,8 @@ class DetachedSession(Session):
         try:
             _send_secret(sock, self._secret)
             _send(sock, (method, args))
+            if line is not None:
+                line.connected(sock)
             reply = self._wait(sock, view, interrupts=method == "run")
         except (ConnectionError, BrokenPipeError):
             raise self._gone() from None
@@ -566,8 +634,8 @@ class DetachedSession(Session):
             except KeyboardInterrupt:
                 if not interrupts:
                     raise
-                with contextlib.suppress(LaunchError):
-                    self._call("interrupt")
+                with contextlib.suppress(OSError):
+                    _send(sock, ("interrupt",))
                 continue
             if frame is None:
                 if view is not None:
@@ -666,11 +734,26 @@ class DetachedSession(Session):
     def world_size(self) -> int:
         return len(self.ranks)
 
-    def submit(self, fn: Any, *args: Any, ranks: list[int] | None = None, **kwargs: Any) -> Any:
-        raise LaunchError(
-            f"submit() on detached session {self.id}: not yet; run() it (Ctrl-C interrupts "
-            "it), or start a session without detach=True"
-        )
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, ranks: list[int] | None = None, **kwargs: Any
+    ) -> TaskHandle:
+        """:meth:`Session.submit`: the call waits on a thread of its own; ``cancel()``
+        interrupts the task. Calls made meanwhile (from this kernel or another) wait for
+        it on the supervisor, but ``stacks()``, ``status()`` and ``interrupt()``."""
+        __tracebackhide__ = True
+        data, label = self._pickled(fn, args, kwargs)
+        line = _Line()
+        handle = TaskHandle(line.interrupt, label, stacks=self.stacks)
+        view = self._view()  # (what the thread shows belongs to this cell)
+
+        def wait() -> None:
+            try:
+                handle.set_result(self._call("run", data, label, ranks, view=view, line=line))
+            except BaseException as exc:  # noqa: BLE001 - the handle raises it
+                handle.set_exception(exc)
+
+        threading.Thread(target=wait, name=f"notebook-launcher-{self.id}", daemon=True).start()
+        return handle
 
     def interrupt(self) -> None:
         self._call("interrupt")

@@ -17,6 +17,7 @@ import signal
 import socket
 import stat
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -191,6 +192,9 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
     with pytest.raises(KeyboardInterrupt, match="interrupted"):
         session.run_cell("import time\nwhile True:\n    time.sleep(0.05)")
     assert session.pull("x") == [41, 41]  # the session lives on, its variables too
+    handle = session.submit(time.sleep, 60)
+    assert handle.cancel() and handle.cancelled()  # at once: even before it reached the ranks
+    assert session.run(int, 7) == [7, 7]
     pids = session.status().pids
     meta = record.read_meta(session.path)
     assert meta.pid is not None
