@@ -19,7 +19,7 @@ record (``_launch.detach``). The socket's protocol, client and server, is this m
       the cell's view  <--- ("event", e) ...       "status" run at once, beside a task
                        <--- ("return", value) or ("raise", the exception as data), with
                             what the call printed
-      Ctrl-C: a second connection: "interrupt"     the task is interrupted as Ctrl-C does
+      Ctrl-C: ("interrupt",) on it  ----------->   that task is interrupted as Ctrl-C does
       stop(): "close"   ----------------------->   the ranks leave; the record is removed
 
 Every event is appended to the record's ``events.log`` as well, and sent to the connection
