@@ -104,6 +104,9 @@ def test_a_model_on_a_detached_sessions_ranks_outlives_a_killed_kernel(
     values = magics.distributed("", "model.weight.detach().sum().item()")
     assert list(values) == [expected, expected]  # the model the dead kernel's cell made
     assert list(magics.distributed("", "steps")) == ["15", "15"]
+    magics.dist("detach")  # let go here: it goes on
+    assert magics.session is None and record.supervisor_alive(meta)
+    magics.dist(f"attach {run_id} --dashboard off")
     pids = magics.dist("status").pids
     assert len(pids) == 2
     magics.dist("stop")
