@@ -425,15 +425,15 @@ class _Server:
         here never runs; one on its way to the ranks is interrupted there (an interrupt
         is never lost, nor given to another call's task)."""
         job.interrupted = True
+        if job.method != "run":
+            return  # not a task (a start, a restart): it ends as it does
         while not job.done.is_set():
             with self.lock:
                 running = self.current is job
             core = self.session._core if self.session is not None else None
-            if running and job.method == "run" and core is not None and core.task is not None:
+            if running and core is not None and core.task is not None:
                 core.interrupt()  # (the session's own: any number, from any thread)
                 return
-            if not running and not job.done.is_set() and job.method != "run":
-                return  # not a task: nothing to interrupt
             time.sleep(0.01)
 
     def main_loop(self) -> None:
