@@ -39,6 +39,11 @@ def main(argv: list[str]) -> None:
     detach.write_meta(run_dir, meta)
     os.write(1, f"{os.getpid()}\n".encode())
     os.dup2(2, 1)  # the handshake is over: stdout joins stderr, in supervisor.log
+    if meta.kind == "session":  # a session's calls, served until it is stopped
+        from .detached_session import serve
+
+        serve(run_dir, meta)
+        return
     outcome = _run(run_dir, listen_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

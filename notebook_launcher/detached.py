@@ -239,9 +239,11 @@ class RunHandle(TaskHandle):
         return super().__repr__().replace("<TaskHandle", f"<RunHandle {self.id}", 1)
 
 
-def attach(run_id: str, dashboard: bool | str | View = "auto", keep: bool = False) -> RunHandle:
+def attach(run_id: str, dashboard: bool | str | View = "auto", keep: bool = False) -> Any:
     """Follow run ``run_id`` (``notebook_launcher.runs()`` lists them) from this kernel: its
-    dashboard with the whole history at once, then live. Returns its :class:`RunHandle`.
+    dashboard with the whole history at once, then live. Returns its :class:`RunHandle`;
+    for a detached session's id (``start(..., detach=True)``), the session
+    (:class:`~notebook_launcher.detached_session.DetachedSession`).
 
     ``keep=True``: the record stays after ``result()`` (else it is removed then).
 
@@ -254,6 +256,10 @@ def attach(run_id: str, dashboard: bool | str | View = "auto", keep: bool = Fals
 
     run_dir = record.find(run_id)
     meta = record.read_meta(run_dir)
+    if meta.kind == "session":
+        from .detached_session import attach_session
+
+        return attach_session(run_id, run_dir, dashboard)
     handle = RunHandle(run_id, run_dir, meta.function, keep)
     follower = _Follower(run_dir, _view(dashboard, False), handle)
     follower.step()  # the history, shown here and now
@@ -357,6 +363,8 @@ class RunInfo:
     #: where its record lives
     path: str
     summary: str = ""
+    #: "launch" or "session"
+    kind: str = "launch"
 
     def __str__(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
@@ -377,7 +385,8 @@ class Runs(list[RunInfo]):
 
 
 def runs() -> Runs:
-    """The detached runs of this user on this machine, oldest first: id, function, start,
+    """The detached runs (and sessions: function "session", kind "session") of this user
+    on this machine, oldest first: id, function, start,
     state (running, ok, failed, stopped, or "supervisor died": its supervisor ended
     without a word, killed or crashed, and its ranks with it), ranks, where its record
     lives. Records of ended runs whose result nobody took go after
@@ -398,7 +407,7 @@ def runs() -> Runs:
             continue
         state = record.state_of(meta)
         info = RunInfo(meta.id, meta.function, meta.started, state, meta.ranks, path)
-        found.append(dataclasses.replace(info, summary=meta.summary))
+        found.append(dataclasses.replace(info, summary=meta.summary, kind=meta.kind))
     found.sort(key=lambda run: run.started)
     return found
 

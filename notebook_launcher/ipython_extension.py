@@ -27,7 +27,7 @@ import sys
 from typing import Any
 
 from ._launch import preflight
-from .errors import PreflightError
+from .errors import LaunchError, PreflightError
 
 #: The magic's name (``%nl_info``).
 MAGIC_NAME = "nl_info"
@@ -113,13 +113,16 @@ DIST_USAGE = """\
             [--slurm "SBATCH OPTIONS"]    (N ranks in all on a Slurm job's nodes, e.g.
                                            --slurm "--nodes 2 --partition debug --time 10")
             [--cluster NAME]              (on the nodes of a SlurmCluster/AgentCluster here)
+            [--detach]                    (the ranks outlive this kernel; prints the id)
 %dist status | restart | stop            (stop: a job --slurm started ends too)
 %dist stacks             where every rank is now (each thread's stack; the odd rank named)
 %dist auto on|off        every following cell runs on the ranks (until off)
 %dist push NAME [NAME...] [--ranks R]    notebook variables into every rank
 %dist pull NAME [--ranks R]              binds NAME to the per-rank list here
 %dist runs               the detached runs (notebook_launcher(..., detach=True)) and their state
-%dist attach ID [--dashboard D]          follow a detached run here: its history, then live
+%dist attach ID [--dashboard D]          follow a detached run here: its history, then live;
+                                         a detached session's id: the session of the magics
+%dist detach             leave a detached session running; use it no more here
 %%distributed [--ranks 0,1] [--post-mortem]   a cell on the ranks (%%rank 1: on rank 1)
 %rankdiff NAME [NAME...] [--ranks R]     compare values across ranks ("rng": random state)"""
 
@@ -193,6 +196,7 @@ def _dist_parser() -> Any:
         "--stall-after", "--stall_after", default=argparse.SUPPRESS, type=_seconds_or_none
     )
     parser.add_argument("--cluster", default=None)
+    parser.add_argument("--detach", action="store_true")
     return parser
 
 
@@ -266,7 +270,24 @@ class DistMagics:
 
             if len(args.names) != 1:
                 raise UsageError("%dist attach ID (%dist runs lists the ids)")
-            return attach(args.names[0], dashboard=args.dashboard)
+            found = attach(args.names[0], dashboard=args.dashboard)
+            if hasattr(found, "detach") and hasattr(found, "run_cell"):  # a session's id
+                if getattr(self.session, "id", None) != found.id:  # (this one again: fine)
+                    self._check_no_session()
+                self.session = found  # what %%distributed & co. use from now on
+                return None
+            return found
+        if command == "detach":
+            detach = getattr(self.session, "detach", None)
+            if detach is None:
+                raise UsageError(
+                    "%dist detach: no detached session here (start one with "
+                    "%dist start -n 2 --detach, or %dist attach ID)"
+                )
+            detach()
+            self.session = None
+            self.auto_mode(False)
+            return None
         if command == "restart":
             self._need_session().restart()  # says that the variables are lost
             return None
@@ -305,8 +326,7 @@ class DistMagics:
     def _start(self, args: Any) -> Any:
         from .session import start
 
-        if self.session is not None and self.session.status().state != "closed":
-            raise UsageError("a session runs already: %dist restart, or %dist stop first")
+        self._check_no_session()
         cluster = self._cluster(args)
         if cluster is not None:
             self._check_ranks(args, cluster)
@@ -319,6 +339,7 @@ class DistMagics:
                 use_port=args.use_port,
                 cluster=cluster,
                 devices=args.devices,
+                detach=args.detach,
                 **({"stall_after": args.stall_after} if hasattr(args, "stall_after") else {}),
             )
         except BaseException:
@@ -327,6 +348,17 @@ class DistMagics:
                 self.cluster = None
             raise
         return self.session.status()
+
+    def _check_no_session(self) -> None:
+        try:
+            state = self.session.status().state if self.session is not None else "closed"
+        except LaunchError:  # a detached one whose supervisor is gone
+            state = "closed"
+        if state != "closed":
+            raise UsageError(
+                "a session runs already: %dist restart, %dist stop (or %dist detach, for a "
+                "detached one) first"
+            )
 
     def _check_ranks(self, args: Any, cluster: Any) -> None:
         """The rank count against the cluster's nodes and GPUs, before a job is submitted
@@ -515,8 +547,8 @@ def unload_ipython_extension(ip: Any) -> None:
     ip.magics_manager.magics["line"].pop("rankdiff", None)
     if _magics is not None:
         _magics.auto_mode(False)
-        if _magics.session is not None:
-            _magics.session.close()
+        if _magics.session is not None:  # a detached one goes on
+            getattr(_magics.session, "detach", _magics.session.close)()
 
 
 __all__ = [

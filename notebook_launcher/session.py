@@ -65,6 +65,7 @@ def start(
     stall_after: float | None = stall.DEFAULT_STALL_AFTER,
     cluster: Cluster | None = None,
     devices: str | list[int] | tuple[int, ...] = "auto",
+    detach: bool = False,
 ) -> Session:
     """Start ``num_processes`` ranks that stay until :meth:`Session.close`.
 
@@ -80,8 +81,33 @@ def start(
 
         cluster = SlurmCluster(nodes=2)
         session = notebook_launcher.start(num_processes=4, cluster=cluster)  # 2 x 2 ranks
+
+    ``detach=True``: the ranks and their variables live under a supervisor process of
+    their own, not this kernel's children; the session (a :class:`~notebook_launcher.
+    detached_session.DetachedSession`, the same methods) has an ``id``, printed, and
+    outlives the kernel: ``notebook_launcher.attach(id)`` (``%dist attach ID``) gives it
+    back in any kernel of yours on this machine, ``stop()`` ends it::
+
+        session = notebook_launcher.start(num_processes=2, detach=True)
+        session.run_cell("model = load_model()")     # still there after a kernel restart
     """
     __tracebackhide__ = True  # a preflight error reads as raised by the caller's line
+    preflight.check_detach(detach, cluster, 1)
+    if detach:
+        from .detached_session import start_detached
+
+        preflight.check_dashboard(dashboard)
+        return start_detached(
+            num_processes,
+            dashboard,
+            mixed_precision=mixed_precision,
+            use_port=use_port,
+            master_addr=master_addr,
+            start_method=start_method,
+            grace_period=grace_period,
+            stall_after=stall_after,
+            devices=devices,
+        )
     return Session(
         num_processes,
         mixed_precision=mixed_precision,
@@ -325,14 +351,19 @@ class Session:
         task is sent included) interrupts the task: ``KeyboardInterrupt`` once its ranks
         stopped, and the session goes on."""
         __tracebackhide__ = True
-        task = self._pickled(fn, args, kwargs)
+        return self._run_pickled(*self._pickled(fn, args, kwargs), ranks)
+
+    def _run_pickled(self, data: bytes, label: str, ranks: list[int] | int | None) -> list[Any]:
+        """:meth:`run` of a task pickled already (a detached session's supervisor gets it
+        so from the kernel)."""
+        __tracebackhide__ = True
         handle: TaskHandle | None = None
         try:
             with deferred_interrupts():  # Ctrl-C inside submit: delivered once we hold it
                 handle = self.core.submit(
-                    task[0], self._ranks(ranks), self._view(), task[1], stacks=self.stacks
+                    data, self._ranks(ranks), self._view(), label, stacks=self.stacks
                 )
-            del task  # (a traceback keeps this frame: not the pickled values)
+            del data  # (a traceback keeps this frame: not the pickled values)
             return handle.result()
         except KeyboardInterrupt:
             if handle is None or handle.done():

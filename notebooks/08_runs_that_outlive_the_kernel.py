@@ -9,7 +9,9 @@
 # 2. let go of it (here you may restart the kernel: *Kernel → Restart*),
 # 3. find it again with `runs()` (or `%dist runs`) and **attach** to it: the dashboard
 #    comes back with the whole history, then follows the run live,
-# 4. take its result and load the checkpoint it wrote.
+# 4. take its result and load the checkpoint it wrote;
+# 5. do the same with a **session** (lesson 5): a model loaded on its ranks is still
+#    there after the kernel restarts.
 
 # %% [markdown]
 # ## 1. A training function that saves a checkpoint
@@ -106,3 +108,47 @@ model = torch.nn.Linear(4, 1)
 model.load_state_dict(torch.load(results[0]["checkpoint"]))
 print("learned weights:", [round(w, 2) for w in model.weight.flatten().tolist()])
 assert torch.allclose(model.weight, torch.ones(1, 4), atol=0.05)  # all ones, as taught
+
+# %% [markdown]
+# ## 6. A session that outlives the kernel
+#
+# A session (lesson 5) keeps its ranks and their variables from one cell to the next, but
+# its ranks are the kernel's children too. `%dist start --detach` (in code:
+# `start(num_processes=2, detach=True)`) puts them under a supervisor of their own: a model
+# that took ten minutes to load stays loaded through a kernel restart. The session's id is
+# printed; `%%distributed`, `%dist pull` and the rest work on it as on any session.
+
+# %% tags=["nbval-ignore-output"]
+# %dist start -n 2 --detach
+
+# %%
+# %%distributed
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)  # stands for a model that takes minutes to load
+tuple(model.weight.shape)
+
+# %% [markdown]
+# Restart the kernel here if you like: the ranks, and `model` on them, stay. In the new
+# kernel, `runs()` lists the session (its `kind` is "session") and `%dist attach ID` makes
+# it this notebook's session again; a cell that was running when the kernel went away is
+# shown from its first line to its end.
+
+# %%
+from notebook_launcher import runs  # again: after a kernel restart, the first import is gone
+
+session_id = [run.id for run in runs() if run.kind == "session"][-1]
+
+# %% tags=["nbval-ignore-output"]
+# %dist attach {session_id}
+
+# %%
+# %%distributed
+round(model.weight.sum().item(), 4)  # the same model, on both ranks
+
+# %% [markdown]
+# `%dist stop` (or `session.stop()`) ends the ranks and the supervisor, and removes the
+# session's record; `%dist detach` would only let go of it here.
+
+# %%
+# %dist stop
+assert session_id not in [run.id for run in runs()]

@@ -227,6 +227,7 @@ def test_every_module_has_a_layer_or_is_an_orchestrator() -> None:
         "launchers",  # Accelerate's module: notebook_launcher and debug_launcher
         "detached",  # attach() and runs(): the kernel's side of a detached run
         "_supervise",  # a detached run's supervisor: a launch, recorded
+        "detached_session",  # a detached session: the kernel's client, the supervisor's server
     }
     extra = {m for m, _ in modules() if layer_of(m) is None} - orchestrators
     assert not extra, f"modules without a layer (add them to tests/test_layers.py): {extra}"

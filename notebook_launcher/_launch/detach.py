@@ -93,6 +93,8 @@ class Meta:
     #: one line: how it ended ("2 ranks returned", the root cause)
     summary: str = ""
     host: str = field(default_factory=lambda: os.uname().nodename)
+    #: "launch" (``notebook_launcher(detach=True)``) or "session" (``start(detach=True)``)
+    kind: str = "launch"
 
 
 def root() -> str:

@@ -1,0 +1,874 @@
+"""Sessions that outlive the kernel: ``start(..., detach=True)``, ``attach(id)``.
+
+The ranks and their namespaces live in a real :class:`~notebook_launcher.session.Session`
+(the ordinary ``start()``) inside a supervisor process that is not the kernel's child
+(``_supervise``, as a detached launch's); the kernel holds a :class:`DetachedSession`, a
+``Session`` whose calls go to the supervisor over a Unix socket in the run's private
+record (``_launch.detach``). The socket's protocol, client and server, is this module::
+
+    kernel (any of the same user)                  supervisor (parent: init)
+    -----------------------------                  -------------------------
+    start(detach=True)
+      record: meta (kind "session"), secret
+      _spawn() -> its pid  -------------------->   binds session.sock (0600, in the 0700 dir)
+    each call: connect, then two frames:           admits a peer of its own uid (SO_PEERCRED)
+      the run's secret, (method, args) ------->    that sent the secret (hmac.compare_digest)
+                                                   the main thread runs the call on the
+                                                   Session (it forked the ranks: they die
+                                                   with it); "interrupt", "stacks" and
+      the cell's view  <--- ("event", e) ...       "status" run at once, beside a task
+                       <--- ("return", value) or ("raise", the exception as data), with
+                            what the call printed
+      Ctrl-C: ("interrupt",) on it  ----------->   that task is interrupted as Ctrl-C does
+      stop(): "close"   ----------------------->   the ranks leave; the record is removed
+
+Every event is appended to the record's ``events.log`` as well, and sent to the connection
+whose call runs: a kernel that dies mid-cell loses neither the session nor the cell's
+output. The supervisor keeps the events of a task whose kernel went away; the next
+``attach`` (its "follow" call) shows them, then follows that task live to its end, and
+says how it ended. The ranks die with the supervisor (their parent-death signal); a
+supervisor that died is said on the next call or attach.
+
+Example::
+
+    session = notebook_launcher.start(num_processes=2, detach=True)   # prints its id
+    session.run_cell("model = load()")
+    # ... the kernel restarts ...
+    session = notebook_launcher.attach("3fa9c1")
+    session.run_cell("model.config")
+    session.stop()            # the ranks leave; the record goes
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hmac
+import io
+import os
+import pickle
+import queue
+import secrets
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ._launch import detach as record
+from ._launch.detach import Meta
+from ._launch.session import TaskHandle
+from ._posix import deferred_interrupts
+from ._serialization import dump_exception, dumps, dumps_checked, loads, rebuild_exception
+from .errors import LaunchError, interrupted
+from .session import Session, SessionStatus
+from .ui import View
+from .ui.stall import Stacks
+
+#: The socket and the secret in the run's record.
+SOCKET, SECRET = "session.sock", "secret"
+#: Seconds a new supervisor may take to listen, and to be asked to start its ranks.
+START_TIMEOUT = 60.0
+#: How often a waiting call ticks the cell's view (its clock, the quick-task delay).
+TICK = 0.5
+#: Seconds the supervisor waits for a slow kernel to take an event before giving up on it.
+SEND_TIMEOUT = 10.0
+#: Calls that run beside a task (never queued behind it): they only look, or interrupt.
+BESIDE = ("interrupt", "stacks", "status")
+#: Events of one task the supervisor keeps for a kernel that attaches after the task's own
+#: kernel went away (its newest; ``events.log`` keeps them all).
+KEPT_EVENTS = 100_000
+#: Tasks whose kernel went away that the supervisor keeps for the next attach to show.
+KEPT_TASKS = 10
+
+#: The length of a session's secret.
+SECRET_BYTES = 32
+
+_FRAME = struct.Struct("<Q")
+
+
+class SessionRefused(LaunchError, PermissionError):
+    """The supervisor refused a connection: not its user, or not the run's secret."""
+
+
+# --- the wire: 8-byte length, then a pickle ----------------------------------------------
+
+
+def _send(sock: socket.socket, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_FRAME.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionResetError("the other end closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _recv(sock: socket.socket) -> Any:
+    (n,) = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
+    return pickle.loads(_recv_exact(sock, n))
+
+
+def _send_secret(sock: socket.socket, secret: bytes) -> None:
+    """The first frame of a connection: the secret's bytes as they are (nothing of a
+    connection is unpickled before it proved the secret)."""
+    sock.sendall(_FRAME.pack(len(secret)) + secret)
+
+
+def _recv_secret(sock: socket.socket) -> bytes:
+    (n,) = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
+    return _recv_exact(sock, n) if n <= SECRET_BYTES else b""
+
+
+class _Frames:
+    """The frames one connection receives, read a chunk at a time (a Ctrl-C between two
+    reads loses nothing)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buffer, self.eof = sock, b"", False
+
+    def next(self, timeout: float) -> Any:
+        """The next whole frame, or None after ``timeout`` seconds without one; raises
+        ``ConnectionResetError`` at the end of the stream."""
+        while True:
+            if len(self.buffer) >= _FRAME.size:
+                (n,) = _FRAME.unpack_from(self.buffer)
+                if len(self.buffer) >= _FRAME.size + n:
+                    data = self.buffer[_FRAME.size : _FRAME.size + n]
+                    self.buffer = self.buffer[_FRAME.size + n :]
+                    return pickle.loads(data)
+            if self.eof:
+                raise ConnectionResetError("the supervisor closed the connection")
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            if not ready:
+                return None
+            with deferred_interrupts():  # what was read is kept, whatever comes
+                chunk = self.sock.recv(1 << 20)
+                self.buffer += chunk
+                self.eof = not chunk
+
+
+def _peer_gone(sock: socket.socket) -> bool:
+    """The other end of ``sock`` closed it (a kernel that waits sends nothing more)."""
+    try:
+        ready, _, _ = select.select([sock], [], [], 0)
+        return bool(ready) and sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except OSError:
+        return True
+
+
+@contextlib.contextmanager
+def _bindable(path: str) -> Any:
+    """An address for the socket at ``path`` that fits a ``sockaddr_un``: the path itself,
+    or, when it is too long, the same file through an fd of its directory."""
+    if len(os.fsencode(path)) < 100:
+        yield path
+        return
+    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{os.path.basename(path)}"
+    finally:
+        os.close(fd)
+
+
+# --- the supervisor's side ---------------------------------------------------------------
+
+
+class _Job:
+    """One call the supervisor's main thread runs, and its reply."""
+
+    def __init__(self, method: str, args: tuple[Any, ...], conn: socket.socket) -> None:
+        self.method, self.args, self.conn = method, args, conn
+        self.label = str(args[1]) if method == "run" else method
+        self.reply: tuple[Any, ...] = ()
+        #: its kernel asked to interrupt it
+        self.interrupted = False
+        self.done = threading.Event()
+        self.replied = threading.Event()
+        #: its events, for a kernel that attaches after its own went away
+        self.events: deque[Any] = deque(maxlen=KEPT_EVENTS)
+
+    def summary(self) -> str:
+        """How it ended, in a few lines."""
+        if self.reply and self.reply[0] == "return":
+            try:
+                value = repr(loads(self.reply[1]))
+            except Exception as exc:  # noqa: BLE001 - a summary only
+                value = f"(values that cannot be loaded here: {exc!r})"
+            return f"returned {value if len(value) <= 300 else value[:300] + '...'}"
+        text = str(self.reply[2]) if len(self.reply) > 2 else "failed"
+        lines = text.splitlines()
+        return "raised " + "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else "")
+
+
+class _Server:
+    """Serves one session from the supervisor (``serve``)."""
+
+    def __init__(self, run_dir: str, meta: Meta) -> None:
+        self.run_dir, self.meta = run_dir, meta
+        with open(os.path.join(run_dir, SECRET), "rb") as f:
+            self.secret = f.read()
+        self.session: Session | None = None
+        self.jobs: queue.Queue[_Job] = queue.Queue()
+        self.finished = False
+        self.lock = threading.Lock()
+        self.sink: socket.socket | None = None  # the connection whose call runs
+        self.current: _Job | None = None  # the call that runs
+        #: calls that ended while their kernel was gone (the next attach shows them)
+        self.missed: list[_Job] = []
+        self.writer = record.EventWriter(run_dir)
+
+    # events: to the log, and to the kernel whose call runs
+
+    def handle(self, event: Any) -> None:
+        with self.lock:  # (the main thread starts the ranks; the pump runs the tasks)
+            self.writer.write(event)
+            if self.current is not None:
+                self.current.events.append(event)
+            if self.sink is None:
+                return
+            try:
+                _send(self.sink, ("event", event))
+            except OSError:  # that kernel is gone (or stuck): the call goes on without it
+                self.sink = None
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    # connections
+
+    def accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve_connection, args=(conn,), daemon=True).start()
+
+    def admit(self, conn: socket.socket) -> str | None:
+        """Why ``conn`` is refused (None: admitted): its peer must be of this uid and send
+        the run's secret first."""
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _ = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            return (
+                f"process {pid} of uid {uid} may not use session {self.meta.id} of uid "
+                f"{os.getuid()}: a session is its user's alone"
+            )
+        offered = _recv_secret(conn)
+        if not hmac.compare_digest(offered, self.secret):
+            return (
+                f"the secret offered is not session {self.meta.id}'s (attach reads it from "
+                f"{os.path.join(self.run_dir, SECRET)})"
+            )
+        return None
+
+    def serve_connection(self, conn: socket.socket) -> None:
+        job: _Job | None = None
+        try:
+            conn.settimeout(SEND_TIMEOUT)
+            why = self.admit(conn)
+            if why is not None:
+                _send(conn, ("refused", why))
+                return
+            method, args = _recv(conn)
+            if method == "close":  # a task that runs (another kernel's, say) ends first
+                self.call("interrupt", ())
+            if method == "follow":
+                self.follow(conn)
+            elif method in BESIDE:
+                _send(conn, self.call(method, args))
+            else:
+                job = _Job(method, args, conn)
+                self.jobs.put(job)
+                self.watch(job, conn)
+                self.reply(job, conn, job.reply)
+        except (OSError, EOFError, ValueError, pickle.UnpicklingError):
+            pass  # that kernel went away (or spoke nonsense): the session is unharmed
+        finally:
+            if job is not None:
+                job.replied.set()
+            conn.close()
+
+    def watch(self, job: _Job, conn: socket.socket) -> None:
+        """Wait for ``job``'s end, taking its kernel's interrupts (frames on the call's own
+        connection: one cannot overtake the call it interrupts)."""
+        while not job.done.wait(0.05):
+            ready, _, _ = select.select([conn], [], [], 0)
+            if not ready:
+                continue
+            try:
+                frame = _recv(conn)
+            except (OSError, EOFError, ValueError, pickle.UnpicklingError):
+                job.done.wait()  # that kernel is gone: the call goes on without it
+                return
+            if frame == ("interrupt",):
+                self.interrupt(job)
+
+    def reply(self, job: _Job, conn: socket.socket, reply: tuple[Any, ...]) -> None:
+        """Send ``job``'s end on ``conn`` if that is still the kernel that waits for it;
+        keep it for the next attach if that kernel is gone."""
+        with self.lock:
+            if job.conn is not conn:  # another kernel took it over (``follow``)
+                return
+        try:
+            _send(conn, reply)
+        except OSError:
+            if job.method == "run":
+                with self.lock:
+                    self.missed = [*self.missed, job][-KEPT_TASKS:]
+            raise
+
+    def follow(self, conn: socket.socket) -> None:
+        """A kernel that attaches: the tasks that ended while no kernel was there (their
+        events, how they ended), then the task that runs now if its kernel went away: its
+        events so far, then live, then its end."""
+        with self.lock:
+            missed, self.missed = self.missed, []
+            job = self.current
+            if self.sink is not None and _peer_gone(self.sink):
+                self.sink = None  # its kernel died while the task printed nothing
+            adopt = job is not None and job.method == "run" and self.sink is None
+            try:
+                for old in missed:
+                    _send(conn, ("missed", old.label, list(old.events), old.summary()))
+                if job is not None and adopt:
+                    for event in job.events:
+                        _send(conn, ("event", event))
+                    self.sink = job.conn = conn
+            except OSError:
+                self.missed = missed + self.missed
+                raise
+        if job is None or not adopt:
+            _send(conn, ("followed", None, None))
+            return
+        job.done.wait()
+        self.reply(job, conn, ("followed", job.label, job.summary()))
+
+    # calls
+
+    def call(self, method: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Run one call; its reply: ("return", value, out, err) or ("raise", data, out,
+        err), ``out``/``err`` what it printed (a restart says what was lost)."""
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            if threading.current_thread() is threading.main_thread():
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    value = self.dispatch(method, args)
+            else:
+                value = self.dispatch(method, args)
+            try:
+                reply: tuple[Any, ...] = ("return", dumps(value))
+            except Exception as exc:  # noqa: BLE001 - said to the kernel
+                raise LaunchError(
+                    f"the ranks' values could not be pickled for the kernel "
+                    f"({type(exc).__name__}: {exc}): return plain data"
+                ) from None
+        except BaseException as exc:  # noqa: BLE001 - the kernel raises it
+            tb = exc.__traceback__
+            exc.__traceback__ = tb.tb_next if tb is not None else None  # not this frame
+            reply = ("raise", dump_exception(exc), f"{type(exc).__name__}: {exc}")
+        return (*reply, out.getvalue(), err.getvalue())
+
+    def dispatch(self, method: str, args: tuple[Any, ...]) -> Any:
+        __tracebackhide__ = True  # the kernel shows the rank's frames, not the server's
+        if method == "start":
+            from .session import start
+
+            options = loads(args[0])
+            self.session = start(dashboard=self, **options)
+            self.meta.ranks = self.session.world_size
+            record.write_meta(self.run_dir, self.meta)
+            return self.session.status()
+        session = self.session
+        if session is None:
+            raise LaunchError(f"session {self.meta.id} has not started its ranks")
+        if method == "run":
+            data, label, ranks = args
+            return session._run_pickled(data, label, ranks)
+        if method == "close":
+            self.finished = True
+            session.close()
+            return None
+        if method == "restart":
+            session.restart()
+            return None
+        if method == "interrupt":  # (session.interrupt(): whatever runs now)
+            job = self.current
+            if job is not None:
+                self.interrupt(job)
+            return None
+        if method == "stacks":
+            return session.stacks()
+        if method == "status":
+            return session.status()
+        if method == "ranks":
+            return session.ranks
+        raise LaunchError(f"a detached session has no call {method!r}")
+
+    def interrupt(self, job: _Job) -> None:
+        """Interrupt ``job``'s task: at once if it runs on the ranks; a job still queued
+        here never runs; one on its way to the ranks is interrupted there (an interrupt
+        is never lost, nor given to another call's task)."""
+        job.interrupted = True
+        if job.method != "run":
+            return  # not a task (a start, a restart): it ends as it does
+        while not job.done.is_set():
+            with self.lock:
+                running = self.current is job
+            core = self.session._core if self.session is not None else None
+            if running and core is not None and core.task is not None:
+                core.interrupt()  # (the session's own: any number, from any thread)
+                return
+            time.sleep(0.01)
+
+    def main_loop(self) -> None:
+        """Run the calls in this (the main) thread, until the session is closed (or none
+        asked it to start in time)."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.finished:
+            try:
+                job = self.jobs.get(timeout=1.0)
+            except queue.Empty:
+                if self.session is None and time.monotonic() > deadline:
+                    return  # the kernel that made it went away before it started
+                continue
+            except KeyboardInterrupt:  # a SIGINT between calls: nothing to interrupt
+                continue
+            try:
+                self.run_job(job)
+            except KeyboardInterrupt:  # (a SIGINT just after the call: it is done)
+                pass
+            if job.method == "start" and self.session is None:
+                job.replied.wait(SEND_TIMEOUT)
+                return  # it could not start: the kernel has the error
+            if self.finished:
+                job.replied.wait(SEND_TIMEOUT)
+
+    def run_job(self, job: _Job) -> None:
+        if job.interrupted and job.method == "run":  # Ctrl-C before it was sent: not run
+            exc = interrupted("interrupted before any rank began it")
+            job.reply = ("raise", dump_exception(exc), "KeyboardInterrupt", "", "")
+            job.done.set()
+            return
+        with self.lock:
+            self.sink, self.current = job.conn, job
+        try:
+            job.reply = self.call(job.method, job.args)
+        finally:
+            with self.lock:
+                self.sink = self.current = None
+            if not job.reply:
+                job.reply = ("raise", None, "interrupted", "", "")
+            job.done.set()
+
+
+class _Stop(Exception):
+    """SIGTERM: close the session and end."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Stop
+
+
+def serve(run_dir: str, meta: Meta) -> None:
+    """The supervisor of a detached session (``_supervise.main`` after its fork): listen,
+    run the calls, and at the end remove the record."""
+    server: _Server | None = None
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        signal.signal(signal.SIGTERM, _terminate)
+        path = os.path.join(run_dir, SOCKET)
+        with _bindable(path) as address:
+            old = os.umask(0o177)
+            try:
+                listener.bind(address)
+            finally:
+                os.umask(old)
+        os.chmod(path, 0o600)
+        listener.listen(16)
+        try:
+            task = os.path.join(run_dir, record.TASK)
+            with open(task, "rb") as f:
+                sys.path[:] = pickle.loads(f.read())["sys_path"]  # the kernel's
+            os.unlink(task)
+        except OSError:
+            pass
+        server = _Server(run_dir, meta)
+        threading.Thread(target=server.accept, args=(listener,), daemon=True).start()
+        server.main_loop()
+    except _Stop:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        listener.close()
+        if server is not None and server.session is not None:
+            server.session.close()
+        if server is not None:
+            server.writer.close()
+        record.remove(run_dir)
+
+
+# --- the kernel's side -------------------------------------------------------------------
+
+
+class _Line:
+    """The connection of a submitted task, for its handle's interrupts: sent on it (after
+    the call, never before), as many as were asked, also before it was connected."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None
+        self.asked = 0
+
+    def connected(self, sock: socket.socket) -> None:
+        with self.lock:
+            self.sock = sock
+            for _ in range(self.asked):
+                _send(sock, ("interrupt",))
+
+    def interrupt(self) -> None:
+        with self.lock:
+            if self.sock is None:
+                self.asked += 1
+                return
+            with contextlib.suppress(OSError):  # (the call has ended)
+                _send(self.sock, ("interrupt",))
+
+
+class DetachedSession(Session):
+    """A session whose ranks live under a supervisor of their own (``start(...,
+    detach=True)``, ``attach(id)``): the methods of :class:`Session`, each a call to it;
+    what a task prints, its dashboard and its exceptions show in the calling cell as a
+    local session's do. ``id``: its id (``attach(id)``, ``runs()``); ``detach()``: stop
+    using it here (it goes on); ``stop()`` (or ``close()``): its ranks leave, its record
+    goes."""
+
+    def __init__(self, run_id: str, run_dir: str, dashboard: bool | str | View = "auto") -> None:
+        self.id, self.path = run_id, run_dir
+        self._options = {"dashboard": dashboard}
+        self._core = None
+        self._down = None
+        self._closed = False
+        self._detached = False
+        record.check_private(os.path.join(run_dir, SECRET))
+        with open(os.path.join(run_dir, SECRET), "rb") as f:
+            self._secret = f.read()
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def _call(self, method: str, *args: Any, view: Any = None, line: _Line | None = None) -> Any:
+        __tracebackhide__ = True
+        if self._closed:
+            raise LaunchError(f"session {self.id} is stopped; start a new one")
+        if self._detached:
+            raise LaunchError(
+                f"this kernel detached from session {self.id}: "
+                f"notebook_launcher.attach({self.id!r}) uses it again"
+            )
+        sock = self._connect()
+        try:
+            _send_secret(sock, self._secret)
+            _send(sock, (method, args))
+            if line is not None:
+                line.connected(sock)
+            reply = self._wait(sock, view, interrupts=method == "run")
+        except (ConnectionError, BrokenPipeError):
+            raise self._gone() from None
+        finally:
+            sock.close()
+            if view is not None:
+                view.close()
+        kind, data, *rest = reply
+        if kind == "refused":
+            raise SessionRefused(f"session {self.id} refused this kernel: {data}")
+        out, err = rest[-2], rest[-1]
+        if out:
+            sys.stdout.write(out)
+        if err:
+            sys.stderr.write(err)
+        if kind == "return":
+            return loads(data)
+        rebuilt = rebuild_exception(data)
+        exc = rebuilt.exc
+        if exc is None:
+            exc = LaunchError(f"session {self.id}: {rest[0]} ({rebuilt.reason})")
+        if type(exc) is KeyboardInterrupt:
+            exc = interrupted(str(exc) or "interrupted")
+        raise exc
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with _bindable(os.path.join(self.path, SOCKET)) as address:
+                sock.connect(address)
+        except OSError:
+            sock.close()
+            raise self._gone() from None
+        return sock
+
+    def _wait(self, sock: socket.socket, view: Any, interrupts: bool) -> Any:
+        """The reply, showing the call's events in ``view`` meanwhile. ``interrupts``: Ctrl-C
+        interrupts the task (as many times as pressed, as a local session's); else it
+        stops the wait (a start: the supervisor is then ended by the caller)."""
+        __tracebackhide__ = True
+        frames = _Frames(sock)
+        while True:
+            try:
+                frame = frames.next(TICK)
+            except KeyboardInterrupt:
+                if not interrupts:
+                    raise
+                with contextlib.suppress(OSError):
+                    _send(sock, ("interrupt",))
+                continue
+            if frame is None:
+                if view is not None:
+                    view.tick()
+            elif frame[0] == "event":
+                if view is not None:
+                    view.handle(frame[1])
+            else:
+                return frame
+
+    def _follow(self) -> None:
+        """Show what ran while no kernel was attached: each task that ended meanwhile (its
+        output, its dashboard, how it ended), then the task that runs now if its kernel
+        went away, live, to its end. Ctrl-C stops following (the task goes on)."""
+        sock = self._connect()
+        view: Any = None
+        try:
+            _send_secret(sock, self._secret)
+            _send(sock, ("follow", ()))
+            frames = _Frames(sock)
+            while True:
+                try:
+                    frame = frames.next(TICK)
+                except KeyboardInterrupt:
+                    raise KeyboardInterrupt(
+                        f"stopped following the task that runs in session {self.id} (it goes "
+                        f"on): notebook_launcher.attach({self.id!r}) follows it again"
+                    ) from None
+                if frame is None:
+                    if view is not None:
+                        view.tick()
+                elif frame[0] == "event":
+                    if view is None:
+                        view = self._view()
+                    view.handle(frame[1])
+                elif frame[0] == "missed":
+                    _, label, events, summary = frame
+                    shown = self._view()
+                    for event in events:
+                        shown.handle(event)
+                    shown.close()
+                    print(self._while_away(label, summary), flush=True)
+                elif frame[0] == "refused":
+                    raise SessionRefused(f"session {self.id} refused this kernel: {frame[1]}")
+                else:
+                    if view is not None:
+                        view.close()
+                        view = None
+                    if frame[1] is not None:
+                        print(self._while_away(frame[1], frame[2]), flush=True)
+                    return
+        except (ConnectionError, BrokenPipeError):
+            raise self._gone() from None
+        finally:
+            sock.close()
+            if view is not None:
+                view.close()
+
+    def _while_away(self, label: str, summary: str) -> str:
+        return (
+            f"notebook_launcher: {label}, whose kernel went away, ran on in session "
+            f"{self.id}: it {summary}"
+        )
+
+    def _gone(self) -> LaunchError:
+        """Why the supervisor cannot be reached."""
+        try:
+            meta = record.read_meta(self.path)
+        except OSError:
+            return LaunchError(
+                f"session {self.id} is gone: it was stopped (stop(), %dist stop) or its "
+                f"record was removed from {os.path.dirname(self.path)}; start a new one"
+            )
+        if not record.supervisor_alive(meta):
+            return LaunchError(
+                f"the supervisor (pid {meta.pid}) of session {self.id} died: its ranks were "
+                "ended with it and their variables are lost. Its own log may say why: "
+                f"{os.path.join(self.path, record.LOG)}. Start a new session."
+            )
+        return LaunchError(
+            f"session {self.id}'s supervisor (pid {meta.pid}) does not answer at "
+            f"{os.path.join(self.path, SOCKET)}"
+        )
+
+    # -- the Session's methods -------------------------------------------------------------
+
+    def _run_pickled(self, data: bytes, label: str, ranks: list[int] | int | None) -> list[Any]:
+        __tracebackhide__ = True
+        return self._call("run", data, label, ranks, view=self._view())
+
+    @property
+    def ranks(self) -> list[int]:
+        return self._call("ranks")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, ranks: list[int] | None = None, **kwargs: Any
+    ) -> TaskHandle:
+        """:meth:`Session.submit`: the call waits on a thread of its own; ``cancel()``
+        interrupts the task. Calls made meanwhile (from this kernel or another) wait for
+        it on the supervisor, but ``stacks()``, ``status()`` and ``interrupt()``."""
+        __tracebackhide__ = True
+        data, label = self._pickled(fn, args, kwargs)
+        line = _Line()
+        handle = TaskHandle(line.interrupt, label, stacks=self.stacks)
+        view = self._view()  # (what the thread shows belongs to this cell)
+
+        def wait() -> None:
+            try:
+                handle.set_result(self._call("run", data, label, ranks, view=view, line=line))
+            except BaseException as exc:  # noqa: BLE001 - the handle raises it
+                handle.set_exception(exc)
+
+        threading.Thread(target=wait, name=f"notebook-launcher-{self.id}", daemon=True).start()
+        return handle
+
+    def interrupt(self) -> None:
+        self._call("interrupt")
+
+    def stacks(self) -> Stacks:
+        return self._call("stacks")
+
+    def status(self) -> SessionStatus:
+        if self._closed:
+            return SessionStatus("closed", 0, "-", "-", 0, 0, ())
+        status: SessionStatus = self._call("status")
+        meta = record.read_meta(self.path)
+        where = f"detached session {self.id} (supervisor pid {meta.pid}; attach({self.id!r}))"
+        return dataclasses.replace(status, note=f"{status.note}\n{where}" if status.note else where)
+
+    def restart(self) -> None:
+        __tracebackhide__ = True
+        self._call("restart", view=self._view())
+
+    def stop(self) -> None:
+        """End the session: its ranks leave, its supervisor ends, its record goes."""
+        if self._closed:
+            return
+        try:
+            meta = record.read_meta(self.path)
+        except OSError:
+            self._closed = True
+            return
+        try:
+            self._call("close")
+        except LaunchError:
+            if meta.pid is not None and record.supervisor_alive(meta):
+                os.kill(meta.pid, signal.SIGTERM)
+        self._closed = True
+        deadline = time.monotonic() + 10
+        while meta.pid is not None and record.supervisor_alive(meta):
+            if time.monotonic() > deadline:
+                os.kill(meta.pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        record.remove(self.path)
+
+    def close(self) -> None:
+        """:meth:`stop` (a ``with`` block, ``%dist stop``)."""
+        self.stop()
+
+    def detach(self) -> None:
+        """Stop using the session here: it goes on; ``attach(id)`` uses it again."""
+        self._detached = True
+
+    def __del__(self) -> None:
+        pass  # it lives on without this kernel
+
+    def __repr__(self) -> str:
+        try:
+            return f"<notebook_launcher.DetachedSession {self.id} {self.status()}>"
+        except LaunchError as exc:
+            return f"<notebook_launcher.DetachedSession {self.id}: {exc}>"
+
+
+def start_detached(
+    num_processes: int | None, dashboard: bool | str | View, **options: Any
+) -> DetachedSession:
+    """``start(..., detach=True)``: a supervisor of its own, its ranks started there."""
+    from .detached import _abandon, _spawn
+
+    payload = dumps_checked({"num_processes": num_processes, **options}, "the session's options")
+    record.sweep()
+    run_id, run_dir = record.new_run("session")
+    try:
+        record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(SECRET_BYTES))
+        meta = Meta(run_id, "session", time.time(), num_processes or 0, kind="session")
+        record.write_meta(run_dir, meta)
+        payload_file = pickle.dumps({"sys_path": list(sys.path)})
+        record.write_private(os.path.join(run_dir, record.TASK), payload_file)
+        pid = _spawn(run_dir, -1)
+        session = DetachedSession(run_id, run_dir, dashboard)
+        _wait_listening(run_dir, pid)
+        status = session._call("start", payload, view=session._view())
+    except BaseException:  # a failed start, Ctrl-C: no supervisor, no record left
+        _abandon(run_dir)
+        raise
+    print(
+        f"notebook_launcher: session {run_id} detached ({status.world_size} ranks): it goes "
+        f"on without this kernel. notebook_launcher.attach({run_id!r}) (or %dist attach "
+        f"{run_id}) uses it from any kernel of yours on this machine; .stop() ends it.",
+        flush=True,
+    )
+    return session
+
+
+def _wait_listening(run_dir: str, pid: int) -> None:
+    path = os.path.join(run_dir, SOCKET)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not os.path.exists(path):
+        if not record.running(pid) or time.monotonic() > deadline:
+            with open(os.path.join(run_dir, record.LOG), errors="replace") as f:
+                why = f.read()[-2000:].strip()
+            raise LaunchError(
+                "the supervisor of the detached session could not start"
+                + (f":\n{why}" if why else f" within {START_TIMEOUT:.0f} s")
+            )
+        time.sleep(0.01)
+
+
+def attach_session(run_id: str, run_dir: str, dashboard: bool | str | View) -> DetachedSession:
+    """``attach(id)`` of a session: it must still live; said when its supervisor died."""
+    session = DetachedSession(run_id, run_dir, dashboard)
+    meta = record.read_meta(run_dir)
+    if record.state_of(meta) == record.DIED:
+        raise session._gone()
+    status = session.status()  # refused, or gone: said now
+    print(f"notebook_launcher: attached to session {run_id}: {status}", flush=True)
+    session._follow()
+    return session
+
+
+__all__ = ["DetachedSession", "SessionRefused", "attach_session", "serve", "start_detached"]
