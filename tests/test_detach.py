@@ -3,13 +3,16 @@
 Real processes: a detached 2-rank CPU run started in an ipykernel that is then SIGKILLed,
 attached from this process (every output line and the result); a run stopped from its
 handle (nothing left); a supervisor SIGKILLed (its ranks gone within 2 s, the cause said on
-attach); the refusals (an unknown id, a record others could read). The record's own codec
+attach); a supervisor forked warm by the forkserver that holds none of its fds, and one
+started cold where the forkserver cannot be had; the refusals (an unknown id, a record
+others could read). The record's own codec
 is tested without processes. Each detached run's supervisor is not this process's child:
 each test waits for it to be gone (the autouse fixtures see only our children).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -23,9 +26,10 @@ from typing import Any
 
 import pytest
 
-from notebook_launcher import attach, notebook_launcher, runs
+from notebook_launcher import attach, detached, notebook_launcher, runs
 from notebook_launcher._events import LaunchFinished, Output, WorkerStarted
 from notebook_launcher._launch import detach as record
+from notebook_launcher._launch import forkserver
 from notebook_launcher._posix import quiet_fork
 from notebook_launcher.detached import RunHandle
 from notebook_launcher.errors import LaunchError, PreflightError
@@ -196,6 +200,16 @@ def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
     with open(f"/proc/{meta.pid}/stat") as f:  # not our child, in a session of its own
         ppid, _, session = (int(x) for x in f.read().rsplit(") ", 1)[1].split()[1:4])
     assert ppid != os.getpid() and session != os.getsid(0)
+    # forked warm by this process's forkserver, yet neither its child nor holding any of
+    # their pipes or sockets (the forkserver's channel, the kernel's)
+    server = forkserver.pid()
+    assert server is not None and ppid != server
+    assert (
+        "forked by the kernel's forkserver (warm)" in (Path(handle.path) / record.LOG).read_text()
+    )
+    assert not _pipes_and_sockets(meta.pid) & (
+        _pipes_and_sockets(os.getpid()) | _pipes_and_sockets(server)
+    )
     assert [(r.id, r.state, r.ranks) for r in runs()] == [(handle.id, "running", 2)]
     wait_until(lambda: len(handle.pids) == 2, 5, "the handle to see both ranks start")
     assert "in `time.sleep(pause)`" in str(handle.stacks())
@@ -211,6 +225,29 @@ def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
     for pid in (*pids.values(), meta.pid):
         _gone(pid, 10, f"process {pid} of the stopped run to end")
     assert not os.path.exists(handle.path) and runs() == []
+
+
+def _pipes_and_sockets(pid: int) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith(("pipe:", "socket:")):
+                found.add(target)
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_without_the_forkserver_the_supervisor_starts_cold(
+    runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(detached, "_forkserver", lambda: None)  # as where it cannot start
+    handle = notebook_launcher(_steps(2, 0.0), num_processes=2, detach=True, dashboard=False)
+    meta = _meta(handle.id)
+    assert handle.result(timeout=50) == [0, 10]
+    assert meta.pid is not None
+    _gone(meta.pid, 10, "the supervisor to exit")
+    assert not os.path.exists(handle.path)
 
 
 @pytest.mark.timeout(90)

@@ -17,7 +17,8 @@ supervisor and every kernel that attaches share nothing but a directory, one per
     kernel                                    supervisor (its own session, parent: init)
     ------                                    ------------------------------------------
     new_run() + write_private(task.pkl)
-    Popen(... _supervise run_dir) ---------> double fork; meta: running, pid
+    its forkserver forks _supervise -------> setsid, fork; meta: running, pid
+    (or Popen: a cold python, if need be)
                          <------- pid ------  load task.pkl, _Launch.run_to_end() with a
     attach: replay events.log, then tail it   view that appends to events.log
             meta.json says how it ended  <--  result.pkl, then meta.json: ok|failed|stopped
