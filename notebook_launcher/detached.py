@@ -44,7 +44,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ._events import LaunchFinished, LaunchRestarting, WorkerStarted
+from ._events import LaunchFinished, LaunchRestarting, Output, WorkerStarted
 from ._launch import detach as record
 from ._launch.detach import Meta
 from ._launch.plan import LaunchPlan
@@ -52,7 +52,7 @@ from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dumps, dumps_checked
 from .errors import LaunchError
-from .ui import View
+from .ui import View, replay
 
 #: Seconds between two looks at a followed run's log (the live dashboard's latency).
 POLL = 0.1
@@ -320,6 +320,7 @@ class _Follower:
         self.run_dir, self.view, self.handle = run_dir, view, handle
         self.reader = record.EventReader(run_dir)
         self.ended = False
+        self.replayed = False  # the history (the first read) is shown at once
 
     def follow(self) -> None:
         try:
@@ -366,10 +367,17 @@ class _Follower:
 
     def _show(self, events: list[Any]) -> None:
         for event in events:
+            if type(event) is Output:  # (most of them)
+                continue
             if isinstance(event, LaunchRestarting):
                 self.handle.pids.clear()
             elif isinstance(event, WorkerStarted):
                 self.handle.pids[event.rank] = event.pid
+        if not self.replayed:  # the history: folded whole, drawn once
+            self.replayed = True
+            replay(self.view, events)
+            return
+        for event in events:  # live: as a launch shows them
             self.view.handle(event)
 
     def _end(self, outcome: Any) -> None:

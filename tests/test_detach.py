@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -27,13 +28,14 @@ from typing import Any
 import pytest
 
 from notebook_launcher import attach, detached, notebook_launcher, runs
-from notebook_launcher._events import LaunchFinished, Output, WorkerStarted
+from notebook_launcher._events import LaunchFinished, LaunchStarted, Output, WorkerStarted
 from notebook_launcher._launch import detach as record
 from notebook_launcher._launch import forkserver
 from notebook_launcher._posix import quiet_fork
 from notebook_launcher.detached import RunHandle
 from notebook_launcher.errors import LaunchError, PreflightError
 from notebook_launcher.ipython_extension import DistMagics
+from notebook_launcher.ui.text import TextView
 
 from .helpers import ROOT, Recorder, kernel_env, run_cell, wait_until
 
@@ -320,6 +322,96 @@ def test_the_event_log_is_read_whole_frames_at_a_time(tmp_path: Path) -> None:
     assert reader.read() == []
     writer.close()
     reader.close()
+
+
+def test_every_event_reads_back_as_written(tmp_path: Path) -> None:
+    """Output lines have a compact frame of their own, every other event is pickled."""
+    events = [
+        WorkerStarted(0, 0, 4242, "cpu", 1.0),
+        Output(0, "stdout", "", 2.0),
+        Output(70000, "stderr", "héllo \x1b[1mbold\x1b[0m\r50%\r\udcff\n", 3.25),
+        Output(1, "stdout", "no newline yet", -1.0),
+        LaunchFinished(True, "ok", None, 1.0, 4.0),
+    ]
+    writer = record.EventWriter(str(tmp_path))
+    for event in events:
+        writer.write(event)
+    writer.close()
+    reader = record.EventReader(str(tmp_path))
+    assert reader.read() == events
+    reader.close()
+
+
+def test_a_long_history_replays_into_the_text_view_as_event_by_event(
+    runs_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """100,000 lines (two ranks, both streams, a progress line redrawn with \\r, a
+    line in pieces): attach shows them as one block per stream, and what it shows is
+    what handling each event in turn shows, to the last line and the end."""
+    run_id, path = record.new_run("train")
+    meta = record.Meta(run_id, "train", 0.0, 2, state=record.OK, ended=1.0)
+    events: list[Any] = [
+        LaunchStarted(
+            world_size=2,
+            local_world_size=2,
+            node_rank=0,
+            num_nodes=1,
+            start_method="fork",
+            start_reason="test",
+            master_addr="127.0.0.1",
+            master_port=1,
+            backend="gloo",
+            ranks=(0, 1),
+            time=0.0,
+        ),  # fmt: skip
+        *(WorkerStarted(r, r, 100 + r, "cpu", 0.0) for r in (0, 1)),
+    ]
+    for i in range(100_000):
+        stream = "stderr" if i % 1000 == 999 else "stdout"
+        events.append(Output(i % 2, stream, f"step {i}\n", 0.5))
+    events += [
+        Output(0, "stdout", "10%\r50%\r", 0.6),
+        Output(0, "stdout", "100%\n", 0.7),
+        Output(1, "stdout", "a line in ", 0.8),
+        Output(1, "stdout", "pieces\n", 0.8),
+        Output(1, "stderr", "an unterminated tail", 0.9),
+        LaunchFinished(True, "2 ranks returned", None, 1.0, 1.0),
+    ]
+    writer = record.EventWriter(path)
+    for event in events:
+        writer.write(event)
+    writer.close()
+    record.write_result(path, [0, 10])
+    record.write_meta(path, meta)
+    one_by_one = TextView(clock=lambda: 1.0)
+    for event in events:
+        one_by_one.handle(event)
+    one_by_one.close()
+    expected = capsys.readouterr()
+    assert expected.out.count("\n") > 99_000 and "[rank1] an unterminated tail" in expected.err
+    writes = {"stdout": 0, "stderr": 0}
+
+    class Counted:
+        def __init__(self, name: str, inner: Any) -> None:
+            self.name, self.inner = name, inner
+
+        def write(self, text: str) -> int:
+            writes[self.name] += 1
+            return int(self.inner.write(text))
+
+        def flush(self) -> None:
+            self.inner.flush()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdout", Counted("stdout", sys.stdout))
+        patch.setattr(sys, "stderr", Counted("stderr", sys.stderr))
+        handle = attach(run_id, dashboard=TextView(clock=lambda: 1.0))
+        assert handle.result() == [0, 10]
+    shown = capsys.readouterr()
+    assert shown.out == expected.out and shown.err == expected.err
+    # one block per run of lines to one stream (a stderr line every 1000), not a write
+    # per line
+    assert writes["stdout"] + writes["stderr"] < 500
 
 
 def test_records_of_ended_runs_go_after_the_retention_time(

@@ -541,3 +541,25 @@ def test_a_new_section_plugs_in_with_one_entry(log: Log, monkeypatch: pytest.Mon
     assert "nl-logged" in state[view.sections["logged"].model_id]["_dom_classes"]
     assert f"IPY_MODEL_{view.sections['logged'].model_id}" in state[view.root.model_id]["children"]
     assert "<div class='nl-seen'>3 logged</div>" in view.snapshot_html()
+
+
+def test_a_history_replays_at_once_as_event_by_event(log: Log) -> None:
+    """``attach``'s path: the whole history folded in, then one redraw; the dashboard
+    ends as it does when every event came alone."""
+    events = script(2, fail_rank=1)
+    events[3:3] = [Output(r, "stdout", f"line {i}\n", T0 + 0.5) for i in range(300) for r in (0, 1)]
+    shown = []
+    for bulk in (False, True):
+        clock = Clock()
+        view = WidgetView(display=False, clock=clock)
+        if bulk:
+            clock.t = max(e.time for e in events)
+            view.replay(events)
+        else:
+            for e in events:
+                clock.t = max(clock.t, e.time)
+                view.handle(e)
+        view.close()
+        shown.append(view.snapshot_html().replace(view.id, "ID"))
+    assert shown[0] == shown[1]
+    assert "line 299" in shown[1] and "ValueError: boom" in shown[1]

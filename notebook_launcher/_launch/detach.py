@@ -10,7 +10,9 @@ supervisor and every kernel that attaches share nothing but a directory, one per
       task.pkl      the plan and the pickled task, from the kernel; the supervisor  0600
                     reads it and removes it
       events.log    every event the launch's view got, in order: 4-byte length,     0600
-                    then the pickled event (``_events``: plain dataclasses)
+                    then the pickled event (``_events``: plain dataclasses), or for
+                    an output line (most of a long run's log) a compact frame that
+                    reads back several times faster: tag, rank, time, UTF-8 text
       result.pkl    at the end: the per-rank values, or the exception to raise       0600
       supervisor.log  the supervisor's own stderr (why it could not start, if so)   0600
 
@@ -45,6 +47,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._events import Output
 from .._posix import start_time
 from ..errors import LaunchError
 
@@ -68,6 +71,11 @@ STARTING = "starting"
 ENDED = (OK, FAILED, STOPPED)
 
 _FRAME = struct.Struct("<I")
+#: An output line's frame after its length: tag (1 stdout, 2 stderr), rank, time, then the
+#: text. A pickle's first byte is its PROTO opcode (0x80): the two never meet.
+_OUTPUT = struct.Struct("<Bid")
+_OUTPUT_TAGS = {"stdout": 1, "stderr": 2}
+_OUTPUT_STREAMS = {1: "stdout", 2: "stderr"}
 
 
 class RunNotFound(LaunchError, LookupError):
@@ -273,7 +281,7 @@ class EventWriter:
         os.fchmod(self.fd, 0o600)
 
     def write(self, event: Any) -> None:
-        data = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _encode(event)
         view = memoryview(_FRAME.pack(len(data)) + data)
         while view:
             view = view[os.write(self.fd, view) :]
@@ -304,12 +312,22 @@ class EventReader:
             chunks.append(chunk)
         data = b"".join(chunks)
         events, at, size = [], 0, len(data)
+        view = memoryview(data)
+        head, unpack_head = _OUTPUT.size, _OUTPUT.unpack_from
         while at + 4 <= size:
             (n,) = _FRAME.unpack_from(data, at)
-            if at + 4 + n > size:
+            end = at + 4 + n
+            if end > size:
                 break
-            events.append(pickle.loads(data[at + 4 : at + 4 + n]))
-            at += 4 + n
+            stream = _OUTPUT_STREAMS.get(data[at + 4]) if n else None
+            if stream is None:
+                events.append(pickle.loads(view[at + 4 : end]))
+            else:
+                _, rank, when = unpack_head(data, at + 4)
+                text = str(view[at + 4 + head : end], "utf-8", "surrogatepass")
+                events.append(Output(rank, stream, text, when))
+            at = end
+        view.release()
         self.buffer = data[at:]
         return events
 
@@ -317,6 +335,13 @@ class EventReader:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _encode(event: Any) -> bytes:
+    if type(event) is Output and event.stream in _OUTPUT_TAGS:
+        head = _OUTPUT.pack(_OUTPUT_TAGS[event.stream], event.rank, event.time)
+        return head + event.text.encode("utf-8", "surrogatepass")
+    return pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 # --- the result --------------------------------------------------------------------------

@@ -96,7 +96,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 def clean_line(text: str) -> str:
     """What a terminal would show for one output line: no ANSI codes, last ``\\r`` segment."""
-    text = _ANSI.sub("", text)
+    if "\x1b" in text:  # (most lines have no escape: no regex pass for them)
+        text = _ANSI.sub("", text)
     body = text[:-1] if text.endswith("\n") else text
     if "\r" in body:
         segments = [s for s in body.split("\r") if s]

@@ -48,7 +48,7 @@ import base64
 import itertools
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._events import Event, Output
@@ -419,6 +419,19 @@ class WidgetView:
 
     # -- View protocol ---------------------------------------------------------------------
     def handle(self, event: Event) -> None:
+        self._fold(event)
+        now = self.clock()
+        if now >= self._next_flush and not self._closed:
+            self.flush(now)
+
+    def replay(self, events: Sequence[Event]) -> None:
+        """A history at once (``attach``): every event folded in, then one redraw."""
+        for event in events:
+            self._fold(event)
+        if not self._closed:
+            self.flush(self.clock())
+
+    def _fold(self, event: Event) -> None:
         m = self.model
         if type(event) is Output:  # the hot path: hundreds a second while ranks print
             m._on_Output(event)
@@ -440,9 +453,6 @@ class WidgetView:
                     self._dirty.add("stall")
                 elif kind == "launch":
                     self._dirty |= {"header", "ranks", "structure"}
-        now = self.clock()
-        if now >= self._next_flush and not self._closed:
-            self.flush(now)
 
     def tick(self) -> None:
         """Cheap: redraws only when ``interval`` has passed (the launcher calls it after
