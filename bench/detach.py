@@ -6,8 +6,9 @@
    a launch around them) is attached to, with the text view (writing to memory) and with
    the dashboard's pure model (``ui.model.LaunchModel``, what the widgets draw from); the
    time until ``attach()`` returns, when the whole history is in the view (replayed at
-   once: folded whole, drawn once), against the same history handled event by event (the
-   ratio). Then **attach -> live**: one more line appended to the log, and the time until
+   once: folded whole, drawn once; the dashboard reads only each rank's latest lines, the
+   ones it can show, and counts the rest), against the same history read whole and handled
+   event by event (the ratio). Then **attach -> live**: one more line appended to the log, and the time until
    the view has it.
 2. **detached vs attached**, the same 2-rank CPU function (``--steps`` steps of a matmul and
    a gloo all_reduce) launched ``--runs`` times each way from this process, plus a blocking
@@ -65,9 +66,15 @@ class ModelView:
         self.model.apply(event)
         self.seen += 1
 
-    def replay(self, events: Any) -> None:  # as the widgets fold a history, then draw
+    @property
+    def history_lines(self) -> int:  # as the widgets: only the lines they can show are read
+        return max(self.model.max_lines_per_rank, self.model.combined.lines.maxlen or 0)
+
+    def replay(self, events: Any, left_out: Any = None) -> None:  # fold all, then draw
         for event in events:
             self.model.apply(event)
+        for rank, lines in (left_out or {}).items():
+            self.model.lines_left_out(rank, lines)
         self.seen += len(events)
 
     def tick(self) -> None:
@@ -120,7 +127,8 @@ def fake_record(lines: int) -> tuple[str, record.EventWriter]:
 
 
 class EachEvent:
-    """A view as it was before bulk replay: every event of the history handled alone."""
+    """A view as it was before bulk replay: every event of the history read and handled
+    alone."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner

@@ -52,7 +52,7 @@ from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dumps, dumps_checked
 from .errors import LaunchError
-from .ui import View, replay
+from .ui import View, history_lines, replay
 
 #: Seconds between two looks at a followed run's log (the live dashboard's latency).
 POLL = 0.1
@@ -339,7 +339,10 @@ class _Follower:
         try:
             meta = record.read_meta(self.run_dir)
             state = record.state_of(meta)  # before the log: a final state means a full log
-            self._show(self.reader.read())
+            if self.replayed:
+                self._show(self.reader.read())
+            else:  # the history: only what the view can show is read (the rest counted)
+                self._show(*self.reader.read_history(history_lines(self.view)))
             self.view.tick()
             outcome = record.read_result(self.run_dir) if state in record.ENDED else None
         except OSError:
@@ -365,7 +368,7 @@ class _Follower:
             f"from {os.path.dirname(self.run_dir)} by hand"
         )
 
-    def _show(self, events: list[Any]) -> None:
+    def _show(self, events: list[Any], left_out: dict[int, int] | None = None) -> None:
         for event in events:
             if type(event) is Output:  # (most of them)
                 continue
@@ -375,7 +378,7 @@ class _Follower:
                 self.handle.pids[event.rank] = event.pid
         if not self.replayed:  # the history: folded whole, drawn once
             self.replayed = True
-            replay(self.view, events)
+            replay(self.view, events, left_out)
             return
         for event in events:  # live: as a launch shows them
             self.view.handle(event)

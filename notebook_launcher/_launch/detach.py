@@ -302,39 +302,113 @@ class EventReader:
 
     def read(self) -> list[Any]:
         """The events written since the last call (a frame half written waits)."""
+        data = self._take()
+        events, at, size = [], 0, len(data)
+        view = memoryview(data)
+        while at + 4 <= size:
+            (n,) = _FRAME.unpack_from(data, at)
+            if at + 4 + n > size:
+                break
+            events.append(_decode(data, view, at, n))
+            at += 4 + n
+        view.release()
+        self.buffer = data[at:]
+        return events
+
+    def read_history(self, keep_lines: int | None) -> tuple[list[Any], dict[int, int]]:
+        """Like :meth:`read`; with ``keep_lines``, for a view that shows only the latest
+        ``keep_lines`` output lines of each rank (and of all ranks together): each rank's
+        older output lines are counted, not read -- ``(events, rank -> lines left out)``.
+        What is left out ends where none of the rank's streams has a line half written, so
+        the lines read fold into exactly what the whole log would leave in such a view.
+        The log itself is untouched."""
+        if keep_lines is None:
+            return self.read(), {}
+        data = self._take()
+        frames, at, size = [], 0, len(data)
+        while at + 4 <= size:
+            (n,) = _FRAME.unpack_from(data, at)
+            if at + 4 + n > size:
+                break
+            frames.append(at)
+            at += 4 + n
+        self.buffer = data[at:]
+        skip, left_out = _older_lines(data, frames, keep_lines)
+        view = memoryview(data)
+        events = [
+            _decode(data, view, at, _FRAME.unpack_from(data, at)[0])
+            for i, at in enumerate(frames)
+            if i not in skip
+        ]
+        view.release()
+        return events, left_out
+
+    def _take(self) -> bytes:
+        """What was left of the last read, and everything written since."""
         if self.fd < 0:
             try:
                 self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             except FileNotFoundError:
-                return []
+                return b""
         chunks = [self.buffer]
         while chunk := os.read(self.fd, 1 << 20):
             chunks.append(chunk)
-        data = b"".join(chunks)
-        events, at, size = [], 0, len(data)
-        view = memoryview(data)
-        head, unpack_head = _OUTPUT.size, _OUTPUT.unpack_from
-        while at + 4 <= size:
-            (n,) = _FRAME.unpack_from(data, at)
-            end = at + 4 + n
-            if end > size:
-                break
-            stream = _OUTPUT_STREAMS.get(data[at + 4]) if n else None
-            if stream is None:
-                events.append(pickle.loads(view[at + 4 : end]))
-            else:
-                _, rank, when = unpack_head(data, at + 4)
-                text = str(view[at + 4 + head : end], "utf-8", "surrogatepass")
-                events.append(Output(rank, stream, text, when))
-            at = end
-        view.release()
-        self.buffer = data[at:]
-        return events
+        return b"".join(chunks)
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _older_lines(data: bytes, frames: list[int], keep: int) -> tuple[set[int], dict[int, int]]:
+    """Which output frames (indices into ``frames``) hold only lines older than each
+    rank's latest ``keep``, and how many lines they hold per rank. A rank's cut falls where
+    none of its streams has a line half written (a frame without its newline yet), so that
+    no line is split between what is read and what is counted."""
+    #: rank -> its output frames: (index, stream tag, lines ended, a line left half written)
+    per_rank: dict[int, list[tuple[int, int, int, bool | None]]] = {}
+    head = _OUTPUT.size
+    for i, at in enumerate(frames):
+        (n,) = _FRAME.unpack_from(data, at)
+        if not n or data[at + 4] not in _OUTPUT_STREAMS:
+            continue
+        _, rank, _ = _OUTPUT.unpack_from(data, at + 4)
+        start, end = at + 4 + head, at + 4 + n
+        lines = data.count(b"\n", start, end)
+        # after it, is a line of its stream half written? (None: an empty text, no change)
+        half = (data[end - 1] != 0x0A) if lines else (True if end > start else None)
+        per_rank.setdefault(rank, []).append((i, data[at + 4], lines, half))
+    skip: set[int] = set()
+    left_out: dict[int, int] = {}
+    for rank, outputs in per_rank.items():
+        count, cut = 0, 0  # outputs[:cut] are left out
+        for j in range(len(outputs) - 1, -1, -1):
+            count += outputs[j][2]
+            if count > keep:  # outputs[j:] hold more than the latest `keep` lines
+                cut = j
+                break
+        clean, half = [True] * (cut + 1), dict.fromkeys(_OUTPUT_STREAMS, False)
+        for j in range(cut):  # clean[j]: before outputs[j], no line is half written
+            if outputs[j][3] is not None:
+                half[outputs[j][1]] = outputs[j][3]
+            clean[j + 1] = not any(half.values())
+        while cut and not clean[cut]:
+            cut -= 1
+        if cut:
+            skip.update(o[0] for o in outputs[:cut])
+            left_out[rank] = sum(o[2] for o in outputs[:cut])
+    return skip, left_out
+
+
+def _decode(data: bytes, view: memoryview, at: int, n: int) -> Any:
+    """The event in the frame at ``at`` (its length ``n``)."""
+    stream = _OUTPUT_STREAMS.get(data[at + 4]) if n else None
+    if stream is None:
+        return pickle.loads(view[at + 4 : at + 4 + n])
+    _, rank, when = _OUTPUT.unpack_from(data, at + 4)
+    text = str(view[at + 4 + _OUTPUT.size : at + 4 + n], "utf-8", "surrogatepass")
+    return Output(rank, stream, text, when)
 
 
 def _encode(event: Any) -> bytes:

@@ -5,7 +5,8 @@ wait (at least twice a second, and after every batch of events: a view redraws a
 own pace, so a tick must be cheap when nothing is due), and ``view.close()`` once at the
 end (before it returns or raises). A view may also have ``replay(events)``: a history at
 once (``attach`` to a detached run), shown as ``handle`` would show each event in turn,
-drawn once (:func:`replay` falls back to ``handle`` for views without it). :func:`create_view` picks the widget dashboard inside a notebook front end
+drawn once (:func:`replay` falls back to ``handle`` for views without it); one that shows
+only a rank's latest lines says how many (``history_lines``), and older ones are not read. :func:`create_view` picks the widget dashboard inside a notebook front end
 with ipywidgets, and the text view everywhere else. Both render one pure
 :class:`~notebook_launcher.ui.model.LaunchModel`.
 
@@ -20,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TextIO
 
 from .._events import Event
@@ -36,12 +37,23 @@ class View(Protocol):
     def close(self) -> None: ...
 
 
-def replay(view: View, events: Sequence[Event]) -> None:
+def history_lines(view: View) -> int | None:
+    """How many of a rank's latest output lines ``view`` can show, when it shows only
+    those (the dashboard); None when it shows every line (the text view)."""
+    return getattr(view, "history_lines", None)
+
+
+def replay(view: View, events: Sequence[Event], left_out: Mapping[int, int] | None = None) -> None:
     """Show a history: ``view.replay(events)`` where the view has it (it folds them all,
-    then draws once), else ``view.handle`` for each."""
+    then draws once), else ``view.handle`` for each. ``left_out``: rank -> output lines
+    older than :func:`history_lines` that were counted, not read (only for a view that
+    has ``history_lines``)."""
     bulk = getattr(view, "replay", None)
     if bulk is not None:
-        bulk(events)
+        if left_out:
+            bulk(events, left_out)
+        else:
+            bulk(events)
         return
     for event in events:
         view.handle(event)
@@ -86,9 +98,13 @@ class SafeView:
         except Exception as exc:  # noqa: BLE001 - any failure of a view
             self._failed(exc)
 
-    def replay(self, events: Sequence[Event]) -> None:
+    @property
+    def history_lines(self) -> int | None:
+        return history_lines(self.inner)
+
+    def replay(self, events: Sequence[Event], left_out: Mapping[int, int] | None = None) -> None:
         try:
-            replay(self.inner, events)
+            replay(self.inner, events, left_out)
         except Exception as exc:  # noqa: BLE001
             self._failed(exc)
 
@@ -205,6 +221,7 @@ __all__ = [
     "TextView",
     "View",
     "create_view",
+    "history_lines",
     "replay",
     "view_for",
 ]

@@ -820,6 +820,13 @@ class LaunchModel:
             self._tails[key] = last_segment(text)[-MAX_TAIL_CHARS:]
         return [("output", e.rank)]
 
+    def lines_left_out(self, rank: int, lines: int) -> None:
+        """``lines`` of ``rank``'s output older than any the buffers keep, counted but not
+        folded in (a history replayed to its latest lines: ``attach``)."""
+        for buffer in (self.rank(rank).output, self.combined):
+            buffer.total += lines
+            buffer.dropped += lines
+
     def pending_tail(self, rank: int, stream: str) -> str:
         """The rank's transient (uncommitted) line on ``stream``, as a terminal shows it."""
         return clean_line(self._tails.get((rank, stream), ""))

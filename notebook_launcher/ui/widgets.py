@@ -48,7 +48,7 @@ import base64
 import itertools
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._events import Event, Output
@@ -424,10 +424,21 @@ class WidgetView:
         if now >= self._next_flush and not self._closed:
             self.flush(now)
 
-    def replay(self, events: Sequence[Event]) -> None:
-        """A history at once (``attach``): every event folded in, then one redraw."""
+    @property
+    def history_lines(self) -> int:
+        """The latest output lines of a rank it can show: of a history, only those are
+        worth reading (``replay``'s ``left_out``)."""
+        m = self.model
+        return max(m.max_lines_per_rank, m.combined.lines.maxlen or 0)
+
+    def replay(self, events: Sequence[Event], left_out: Mapping[int, int] | None = None) -> None:
+        """A history at once (``attach``): every event folded in, then one redraw.
+        ``left_out``: rank -> its output lines older than :attr:`history_lines`, which were
+        not read (counted as dropped, as folding them would have)."""
         for event in events:
             self._fold(event)
+        for rank, lines in (left_out or {}).items():
+            self.model.lines_left_out(rank, lines)
         if not self._closed:
             self.flush(self.clock())
 
