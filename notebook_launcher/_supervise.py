@@ -1,9 +1,21 @@
-"""The supervisor of a detached run: ``python -c ... _supervise.main([run_dir, listen_fd])``.
+"""The supervisor of a detached run.
 
-Started by the kernel (``detached.launch``) in a session of its own, it forks once more and
-the first process exits at once: the supervisor's parent is then init (or the nearest
+Started for the kernel (``detached.launch``) in a session of its own, it forks once more
+and the first process exits at once: the supervisor's parent is then init (or the nearest
 subreaper), never the kernel, so a kernel that dies, restarts or is shut down leaves the
-run going. It runs the launch exactly as a blocking ``notebook_launcher()`` does (the same
+run going. Two ways to start it, the same supervisor either way:
+
+* warm (:func:`forked`): forked by the kernel's forkserver (``_worker.forkserver``), a
+  clean process that imported torch and this package and never touches CUDA, so the
+  supervisor has none of the kernel's memory or fds, no CUDA, and no import to wait for
+  (its ranks start as fast as a warm kernel's); the kernel sends it the fds below;
+* cold (:func:`main`, ``python -c ... _supervise.main([run_dir, listen_fd])``), where the
+  forkserver cannot be had: a fresh interpreter, which imports torch (seconds).
+
+Its fds: 1, the handshake pipe (it writes its pid there, then fd 1 joins fd 2); 2, its
+log (``supervisor.log``); the rendezvous listener, bound by the kernel.
+
+It runs the launch exactly as a blocking ``notebook_launcher()`` does (the same
 ``launcher._Launch``: preflight was done by the kernel, which passes the plan, its bound
 rendezvous socket and the task), with a view that appends every event to the run's
 ``events.log``; then it writes the result and the final state (``_launch.detach``).
@@ -13,6 +25,9 @@ along, and the next attach says so. SIGINT or SIGTERM stop the run as Ctrl-C sto
 launch: every rank stopped, the outcome an interrupt.
 
 Imports stay light until the fork: the kernel waits for the supervisor's pid.
+
+The supervisor never touches CUDA (nor did the forkserver it may come from): its ranks,
+forked from it, may.
 """
 
 from __future__ import annotations
@@ -21,13 +36,70 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
+
+#: What the supervisor imports: a forkserver that forks one imports them first, once.
+PRELOAD = (
+    "notebook_launcher.launcher",
+    "notebook_launcher._launch.detach",
+    "notebook_launcher._worker.entry",  # what its forked ranks run
+)
 
 
 def main(argv: list[str]) -> None:
+    """The cold start, in a fresh interpreter (``detached._spawn``)."""
     run_dir, listen_fd = argv[0], int(argv[1])
     if os.fork():
         os._exit(0)  # the kernel reaps this one; init adopts the supervisor
+    _supervise(run_dir, listen_fd)
+
+
+def preload() -> None:
+    """Import what the supervisor needs (in the forkserver, before it forks one)."""
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the supervisor will say it in its log
+            pass
+
+
+def forked(run_dir: str, fds: list[int], has_listen: bool) -> NoReturn:
+    """The warm start: run in a child of the kernel's forkserver, with the fds the kernel
+    sent (the handshake pipe, the log, the listener when ``has_listen``). Never returns."""
+    from ._posix import quiet_fork
+
+    code = 1
+    try:
+        os.setsid()  # out of the kernel's session and process group (Jupyter's interrupt)
+        if quiet_fork():
+            os._exit(0)  # the forkserver reaps this one; init adopts the supervisor
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's handler: not ours
+        null = os.open(os.devnull, os.O_RDONLY)
+        for src, dst in ((null, 0), (fds[0], 1), (fds[1], 2)):
+            os.dup2(src, dst)
+            os.close(src)
+        print("supervisor: forked by the kernel's forkserver (warm)", file=sys.stderr)
+        _supervise(run_dir, fds[2] if has_listen else -1)
+        code = 0
+    except BaseException:  # noqa: BLE001 - into its log, as a fresh interpreter would
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            import atexit
+
+            atexit._run_exitfuncs()  # as an interpreter that ends (its own forkserver...)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _supervise(run_dir: str, listen_fd: int) -> None:
+    """The supervisor, from its handshake to its run's record of the end."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the kernel ignored it
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -89,6 +161,12 @@ def _run(run_dir: str, listen_fd: int) -> Any:
             payload = pickle.loads(f.read())
         os.unlink(path)  # the task (and what its arguments hold) stays no longer than needed
         sys.path[:] = payload["sys_path"]  # the kernel's: the function's modules import
+        # the kernel's environment and directory now (a warm supervisor has its
+        # forkserver's, from when that started): forked ranks inherit them
+        os.environ.clear()
+        os.environ.update(payload["environ"])
+        if os.path.isdir(payload["cwd"]):
+            os.chdir(payload["cwd"])
         job = _serialization.loads(payload.pop("job"))
         plan = job["plan"]
         plan.listen, listen = listen, None

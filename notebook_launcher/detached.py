@@ -10,7 +10,7 @@ port bound), then handed to a supervisor process that is not this kernel's child
     notebook_launcher(detach=True)
       plan_launch()  (preflight, port)
       task.pkl  ---------------------------------> _Launch.run_to_end(): the ranks, as a
-      Popen(_supervise), its pid back  <---------    blocking launch runs them; every event
+      the forkserver forks it, pid back  <-------    blocking launch runs them; every event
       attach(id)                                     appended to events.log
         replay events.log into a fresh view
         tail it (every 0.1 s) in a thread   <----- result.pkl, meta.json: ok|failed|stopped
@@ -44,14 +44,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ._events import LaunchFinished, LaunchRestarting, WorkerStarted
+from ._events import LaunchFinished, LaunchRestarting, Output, WorkerStarted
 from ._launch import detach as record
 from ._launch.detach import Meta
 from ._launch.plan import LaunchPlan
 from ._launch.session import TaskHandle
+from ._posix import deferred_interrupts
 from ._serialization import dumps, dumps_checked
 from .errors import LaunchError
-from .ui import View
+from .ui import View, history_lines, replay
 
 #: Seconds between two looks at a followed run's log (the live dashboard's latency).
 POLL = 0.1
@@ -78,7 +79,10 @@ def launch(
         run_id, run_dir = record.new_run(name)
         record.write_meta(run_dir, Meta(run_id, name, time.time(), len(plan.specs)))
         body = dumps({**job, "plan": plan, "task": task})
-        payload = pickle.dumps({"sys_path": list(sys.path), "job": body})
+        payload = pickle.dumps(
+            {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd(),
+             "job": body}
+        )  # fmt: skip
         record.write_private(os.path.join(run_dir, record.TASK), payload)
         del task, body, payload
         _spawn(run_dir, listen.fileno() if listen is not None else -1)
@@ -111,38 +115,28 @@ def _abandon(run_dir: str) -> None:
 
 
 def _spawn(run_dir: str, listen_fd: int) -> int:
-    """Start the supervisor (see ``_supervise``); its pid, once it runs."""
-    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = (
-        f"import sys; sys.path.insert(0, {parent!r}); "
-        "from notebook_launcher._supervise import main; main(sys.argv[1:])"
-    )
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    """Start the supervisor (see ``_supervise``); its pid, once it runs.
+
+    Warm where it can be: forked by this kernel's forkserver (started first if need be,
+    then kept for the next runs), which has imported torch and holds none of this
+    kernel's memory or fds. Cold where the forkserver cannot be had: a fresh interpreter,
+    which imports torch (seconds). The supervisor says its pid on a pipe, then closes it.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
     log = os.open(os.path.join(run_dir, record.LOG), flags, 0o600)
+    said_r, said_w = os.pipe()
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, run_dir, str(listen_fd)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            pass_fds=(listen_fd,) if listen_fd >= 0 else (),
-            start_new_session=True,  # Jupyter's interrupt and the terminal's hang-up: not its
-        )
+        try:
+            server = _forkserver()
+            with deferred_interrupts():  # a request half sent, a process nobody knows of
+                if server is None or not _start_warm(server, run_dir, said_w, log, listen_fd):
+                    _start_cold(run_dir, said_w, log, listen_fd)
+        finally:
+            os.close(said_w)  # the supervisor holds the only write end left
+            os.close(log)
+        said = _read_until_closed(said_r, START_TIMEOUT)
     finally:
-        os.close(log)
-    assert proc.stdout is not None
-    said = b""
-    deadline = time.monotonic() + START_TIMEOUT
-    try:
-        while time.monotonic() < deadline:  # until the supervisor closed its stdout
-            ready, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
-            chunk = os.read(proc.stdout.fileno(), 64) if ready else b""
-            if not chunk:
-                break
-            said += chunk
-    finally:
-        proc.stdout.close()
-        proc.wait()  # the first process exits at once: no zombie of ours
+        os.close(said_r)
     try:
         return int(said.decode().strip())
     except ValueError:
@@ -153,6 +147,58 @@ def _spawn(run_dir: str, listen_fd: int) -> int:
             "the supervisor of the detached run could not start"
             + (f":\n{why}" if why else f" within {START_TIMEOUT:.0f} s (a loaded machine?)")
         ) from None
+
+
+def _forkserver() -> Any:
+    """This kernel's forkserver (started, about as long as a cold supervisor's imports, if
+    it is not running); None where it cannot start."""
+    from ._launch import forkserver
+
+    try:
+        return forkserver.get()
+    except (LaunchError, OSError):
+        return None
+
+
+def _start_warm(server: Any, run_dir: str, said: int, log: int, listen_fd: int) -> bool:
+    """Ask the forkserver to fork the supervisor; False where the request could not be
+    sent (the server had died: nothing was forked). A server that dies once it has the
+    request raises: a supervisor may be running, so no second one is started."""
+    fds = [said, log] + ([listen_fd] if listen_fd >= 0 else [])
+    try:
+        server.supervise(run_dir, fds, listen_fd >= 0)
+    except OSError:
+        return False
+    return True
+
+
+def _start_cold(run_dir: str, said: int, log: int, listen_fd: int) -> None:
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        f"import sys; sys.path.insert(0, {parent!r}); "
+        "from notebook_launcher._supervise import main; main(sys.argv[1:])"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, run_dir, str(listen_fd)],
+        stdin=subprocess.DEVNULL,
+        stdout=said,
+        stderr=log,
+        pass_fds=(listen_fd,) if listen_fd >= 0 else (),
+        start_new_session=True,  # Jupyter's interrupt and the terminal's hang-up: not its
+    )
+    proc.wait()  # the first process forks the supervisor and exits: no zombie of ours
+
+
+def _read_until_closed(fd: int, timeout: float) -> bytes:
+    said = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 64) if ready else b""
+        if not chunk:
+            break
+        said += chunk
+    return said
 
 
 # --- following a run -------------------------------------------------------------------
@@ -280,6 +326,7 @@ class _Follower:
         self.run_dir, self.view, self.handle = run_dir, view, handle
         self.reader = record.EventReader(run_dir)
         self.ended = False
+        self.replayed = False  # the history (the first read) is shown at once
 
     def follow(self) -> None:
         try:
@@ -298,7 +345,10 @@ class _Follower:
         try:
             meta = record.read_meta(self.run_dir)
             state = record.state_of(meta)  # before the log: a final state means a full log
-            self._show(self.reader.read())
+            if self.replayed:
+                self._show(self.reader.read())
+            else:  # the history: only what the view can show is read (the rest counted)
+                self._show(*self.reader.read_history(history_lines(self.view)))
             self.view.tick()
             outcome = record.read_result(self.run_dir) if state in record.ENDED else None
         except OSError:
@@ -324,12 +374,19 @@ class _Follower:
             f"from {os.path.dirname(self.run_dir)} by hand"
         )
 
-    def _show(self, events: list[Any]) -> None:
+    def _show(self, events: list[Any], left_out: dict[int, int] | None = None) -> None:
         for event in events:
+            if type(event) is Output:  # (most of them)
+                continue
             if isinstance(event, LaunchRestarting):
                 self.handle.pids.clear()
             elif isinstance(event, WorkerStarted):
                 self.handle.pids[event.rank] = event.pid
+        if not self.replayed:  # the history: folded whole, drawn once
+            self.replayed = True
+            replay(self.view, events, left_out)
+            return
+        for event in events:  # live: as a launch shows them
             self.view.handle(event)
 
     def _end(self, outcome: Any) -> None:

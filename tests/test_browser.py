@@ -757,3 +757,86 @@ def test_a_cluster_launch_in_jupyterlab(lab: dict[str, Any], slurm: SlurmTestClu
         _shot(page, "cluster_lab_1920_full_width.png")
         assert not page.evaluate(WRAPPED)
         assert not errors, errors
+
+
+ATTACH_CELLS = [
+    "import os\n"
+    "os.environ['NOTEBOOK_LAUNCHER_RUNS_DIR'] = {runs!r}\n"
+    "from notebook_launcher import notebook_launcher\n"
+    "\n"
+    "def train(steps):\n"
+    "    import time\n"
+    "    import torch.distributed as dist\n"
+    "    from tqdm.auto import tqdm\n"
+    "    for step in tqdm(range(steps), desc='step'):\n"
+    "        print(f'step {{step}} of rank {{dist.get_rank()}}', flush=True)\n"
+    "        time.sleep(0.1)\n"
+    "    return dist.get_rank() * 10\n"
+    "\n"
+    "handle = notebook_launcher(train, args=(80,), num_processes=2, detach=True)\n"
+    "open('run_id.txt', 'w').write(handle.id)",
+    "import os\n"
+    "os.environ['NOTEBOOK_LAUNCHER_RUNS_DIR'] = {runs!r}\n"
+    "%load_ext notebook_launcher\n"
+    "handle = %dist attach {{open('run_id.txt').read()}}",
+    "print(handle.result(), 'ATTACH DONE')",
+]
+
+#: Restart the open notebook's kernel (no dialog) and wait until it is idle again.
+RESTART_KERNEL = """async () => {
+    const s = window.jupyterapp.shell.currentWidget.sessionContext;
+    await s.session.kernel.restart();
+    for (let i = 0; i < 600 && s.session?.kernel?.status !== 'idle'; i++)
+        await new Promise(r => setTimeout(r, 100));
+    return s.session?.kernel?.status;
+}"""
+
+
+@pytest.mark.timeout(150)
+def test_attach_after_a_kernel_restart_in_jupyterlab(lab: dict[str, Any]) -> None:
+    """A detached run started in a notebook, the kernel restarted mid-run, then
+    ``%dist attach ID`` in the new kernel: the dashboard shows the run's history from
+    before the restart, follows it live, and ends "done"; ``result()`` gives the values."""
+    from notebook_launcher._launch import detach as record
+
+    runs = Path(lab["root"]).parent / "runs"
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(c.format(runs=str(runs))) for c in ATTACH_CELLS]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    path = Path(lab["root"]) / "attach.ipynb"
+    nbformat.write(notebook, path)
+    try:
+        with _notebook_page(lab, path) as (page, errors, info):
+            assert info["kernel"] == "python3" and info["status"] == "idle", info
+            page.evaluate(RUN_CELL, 0)
+            outputs = _wait_for_output(page, 0, "detached")
+            assert "it goes on without this kernel" in outputs[0], outputs
+            _wait_for_output(page, 0, "step 15 of rank", 30)
+            assert page.evaluate(RESTART_KERNEL) == "idle"
+            page.evaluate(f"() => {{ ({RUN_CELL})(1); }}")
+            live = page.locator(".jp-Cell").nth(1).locator(".nl-dashboard:not(.nl-snapshot)")
+            live.wait_for(timeout=30_000)
+            _wait(page, 0.5)
+            _shot(page, "attach_live.png", live)
+            history = page.locator(".jp-Cell").nth(1).inner_html()
+            page.evaluate(RUN_CELL, 2)
+            outputs = _wait_for_output(page, 2, "ATTACH DONE", 60)
+            assert "[0, 10] ATTACH DONE" in outputs[2], outputs
+            done = page.locator(".jp-Cell").nth(1).locator(".nl-dashboard.nl-snapshot")
+            done.wait_for(timeout=10_000)
+            _shot(page, "attach_done.png", done)
+            final = page.evaluate(DASHBOARDS)[-1]
+            assert [(r["rank"], r["status"]) for r in final["rows"]] == [
+                ("0", "done"),
+                ("1", "done"),
+            ], final
+            ended = page.locator(".jp-Cell").nth(1).inner_html()
+            # the history from before the restart at once, then the lines that came after
+            assert "step 0 of rank 0" in history and "step 0 of rank 1" in history
+            assert "step 79 of rank 1" in ended and ended.count("80 line(s)") == 2, ended
+            assert not errors, errors
+    finally:
+        for run_dir in runs.iterdir() if runs.exists() else ():  # a failed test's run
+            meta = record.read_meta(str(run_dir))
+            if meta.pid is not None and record.supervisor_alive(meta):
+                os.kill(meta.pid, 9)

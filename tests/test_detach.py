@@ -3,17 +3,21 @@
 Real processes: a detached 2-rank CPU run started in an ipykernel that is then SIGKILLed,
 attached from this process (every output line and the result); a run stopped from its
 handle (nothing left); a supervisor SIGKILLed (its ranks gone within 2 s, the cause said on
-attach); the refusals (an unknown id, a record others could read). The record's own codec
+attach); a supervisor forked warm by the forkserver that holds none of its fds, and one
+started cold where the forkserver cannot be had; the refusals (an unknown id, a record
+others could read). The record's own codec
 is tested without processes. Each detached run's supervisor is not this process's child:
 each test waits for it to be gone (the autouse fixtures see only our children).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -23,13 +27,15 @@ from typing import Any
 
 import pytest
 
-from notebook_launcher import attach, notebook_launcher, runs
-from notebook_launcher._events import LaunchFinished, Output, WorkerStarted
+from notebook_launcher import attach, detached, notebook_launcher, runs
+from notebook_launcher._events import LaunchFinished, LaunchStarted, Output, WorkerStarted
 from notebook_launcher._launch import detach as record
+from notebook_launcher._launch import forkserver
 from notebook_launcher._posix import quiet_fork
 from notebook_launcher.detached import RunHandle
 from notebook_launcher.errors import LaunchError, PreflightError
 from notebook_launcher.ipython_extension import DistMagics
+from notebook_launcher.ui.text import TextView
 
 from .helpers import ROOT, Recorder, kernel_env, run_cell, wait_until
 
@@ -196,6 +202,16 @@ def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
     with open(f"/proc/{meta.pid}/stat") as f:  # not our child, in a session of its own
         ppid, _, session = (int(x) for x in f.read().rsplit(") ", 1)[1].split()[1:4])
     assert ppid != os.getpid() and session != os.getsid(0)
+    # forked warm by this process's forkserver, yet neither its child nor holding any of
+    # their pipes or sockets (the forkserver's channel, the kernel's)
+    server = forkserver.pid()
+    assert server is not None and ppid != server
+    assert (
+        "forked by the kernel's forkserver (warm)" in (Path(handle.path) / record.LOG).read_text()
+    )
+    assert not _pipes_and_sockets(meta.pid) & (
+        _pipes_and_sockets(os.getpid()) | _pipes_and_sockets(server)
+    )
     assert [(r.id, r.state, r.ranks) for r in runs()] == [(handle.id, "running", 2)]
     wait_until(lambda: len(handle.pids) == 2, 5, "the handle to see both ranks start")
     assert "in `time.sleep(pause)`" in str(handle.stacks())
@@ -211,6 +227,29 @@ def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
     for pid in (*pids.values(), meta.pid):
         _gone(pid, 10, f"process {pid} of the stopped run to end")
     assert not os.path.exists(handle.path) and runs() == []
+
+
+def _pipes_and_sockets(pid: int) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith(("pipe:", "socket:")):
+                found.add(target)
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_without_the_forkserver_the_supervisor_starts_cold(
+    runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(detached, "_forkserver", lambda: None)  # as where it cannot start
+    handle = notebook_launcher(_steps(2, 0.0), num_processes=2, detach=True, dashboard=False)
+    meta = _meta(handle.id)
+    assert handle.result(timeout=50) == [0, 10]
+    assert meta.pid is not None
+    _gone(meta.pid, 10, "the supervisor to exit")
+    assert not os.path.exists(handle.path)
 
 
 @pytest.mark.timeout(90)
@@ -283,6 +322,96 @@ def test_the_event_log_is_read_whole_frames_at_a_time(tmp_path: Path) -> None:
     assert reader.read() == []
     writer.close()
     reader.close()
+
+
+def test_every_event_reads_back_as_written(tmp_path: Path) -> None:
+    """Output lines have a compact frame of their own, every other event is pickled."""
+    events = [
+        WorkerStarted(0, 0, 4242, "cpu", 1.0),
+        Output(0, "stdout", "", 2.0),
+        Output(70000, "stderr", "héllo \x1b[1mbold\x1b[0m\r50%\r\udcff\n", 3.25),
+        Output(1, "stdout", "no newline yet", -1.0),
+        LaunchFinished(True, "ok", None, 1.0, 4.0),
+    ]
+    writer = record.EventWriter(str(tmp_path))
+    for event in events:
+        writer.write(event)
+    writer.close()
+    reader = record.EventReader(str(tmp_path))
+    assert reader.read() == events
+    reader.close()
+
+
+def test_a_long_history_replays_into_the_text_view_as_event_by_event(
+    runs_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """100,000 lines (two ranks, both streams, a progress line redrawn with \\r, a
+    line in pieces): attach shows them as one block per stream, and what it shows is
+    what handling each event in turn shows, to the last line and the end."""
+    run_id, path = record.new_run("train")
+    meta = record.Meta(run_id, "train", 0.0, 2, state=record.OK, ended=1.0)
+    events: list[Any] = [
+        LaunchStarted(
+            world_size=2,
+            local_world_size=2,
+            node_rank=0,
+            num_nodes=1,
+            start_method="fork",
+            start_reason="test",
+            master_addr="127.0.0.1",
+            master_port=1,
+            backend="gloo",
+            ranks=(0, 1),
+            time=0.0,
+        ),  # fmt: skip
+        *(WorkerStarted(r, r, 100 + r, "cpu", 0.0) for r in (0, 1)),
+    ]
+    for i in range(100_000):
+        stream = "stderr" if i % 1000 == 999 else "stdout"
+        events.append(Output(i % 2, stream, f"step {i}\n", 0.5))
+    events += [
+        Output(0, "stdout", "10%\r50%\r", 0.6),
+        Output(0, "stdout", "100%\n", 0.7),
+        Output(1, "stdout", "a line in ", 0.8),
+        Output(1, "stdout", "pieces\n", 0.8),
+        Output(1, "stderr", "an unterminated tail", 0.9),
+        LaunchFinished(True, "2 ranks returned", None, 1.0, 1.0),
+    ]
+    writer = record.EventWriter(path)
+    for event in events:
+        writer.write(event)
+    writer.close()
+    record.write_result(path, [0, 10])
+    record.write_meta(path, meta)
+    one_by_one = TextView(clock=lambda: 1.0)
+    for event in events:
+        one_by_one.handle(event)
+    one_by_one.close()
+    expected = capsys.readouterr()
+    assert expected.out.count("\n") > 99_000 and "[rank1] an unterminated tail" in expected.err
+    writes = {"stdout": 0, "stderr": 0}
+
+    class Counted:
+        def __init__(self, name: str, inner: Any) -> None:
+            self.name, self.inner = name, inner
+
+        def write(self, text: str) -> int:
+            writes[self.name] += 1
+            return int(self.inner.write(text))
+
+        def flush(self) -> None:
+            self.inner.flush()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdout", Counted("stdout", sys.stdout))
+        patch.setattr(sys, "stderr", Counted("stderr", sys.stderr))
+        handle = attach(run_id, dashboard=TextView(clock=lambda: 1.0))
+        assert handle.result() == [0, 10]
+    shown = capsys.readouterr()
+    assert shown.out == expected.out and shown.err == expected.err
+    # one block per run of lines to one stream (a stderr line every 1000), not a write
+    # per line
+    assert writes["stdout"] + writes["stderr"] < 500
 
 
 def test_records_of_ended_runs_go_after_the_retention_time(

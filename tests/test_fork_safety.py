@@ -7,9 +7,10 @@ The CPU build of torch has no CUDA runtime to reach, so a fresh interpreter is m
 like a CUDA build whose runtime entry points are spies (``_cuda_getDeviceCount``,
 ``_cuda_init``, ``torch.cuda._lazy_init``): each records a call made in the kernel process
 (the forked ranks may use CUDA, and the spy answers them "no GPU"). Then every path of the
-kernel runs -- launches (fork, forkserver, one rank, a failing rank, ``block=False`` with its
-stacks), a session, preflight and plans on a pretend GPU machine, the NVML-less probe, the
-dashboard, ``%nl_info``, and a node agent's hello -- and the spy must have seen nothing.
+kernel runs -- launches (fork, forkserver, detached, one rank, a failing rank,
+``block=False`` with its stacks), a session, preflight and plans on a pretend GPU machine,
+the NVML-less probe, the dashboard, ``%nl_info``, and a node agent's hello -- and the spy
+must have seen nothing.
 A control first proves the spy catches what the old preflight did.
 """
 
@@ -77,6 +78,11 @@ SCRIPT = textwrap.dedent(
     results["fork"] = launch(where, (), 2, dashboard=True)
     results["one"] = launch(where, (), 1, dashboard=NullView())
     results["forkserver"] = launch(where, (), 2, start_method="forkserver", dashboard=NullView())
+    # a detached run: its supervisor forked by that forkserver, asked from here
+    import tempfile
+    with tempfile.TemporaryDirectory() as runs:
+        os.environ["NOTEBOOK_LAUNCHER_RUNS_DIR"] = runs
+        results["detached"] = launch(where, (), 2, dashboard=NullView(), detach=True).result(60)
     try:
         launch(boom, (), 2, dashboard=True)
     except ValueError as exc:
@@ -151,6 +157,7 @@ def test_the_kernel_never_reaches_the_cuda_runtime() -> None:
     assert results["fork"] == [[0, "cpu", "MULTI_CPU"], [1, "cpu", "MULTI_CPU"]]
     assert results["one"] == [[0, "cpu", "NO"]]  # one rank is not a distributed job
     assert results["forkserver"] == results["fork"]
+    assert results["detached"] == results["fork"]
     assert results["raised"] == "rank one fails"
     assert results["stacks"] is True
     assert results["cancelled"] == "CancelledError"

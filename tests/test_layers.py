@@ -91,6 +91,8 @@ EXCEPTIONS: dict[str, tuple[str, ...]] = {
     "_worker.session": ("state",),
     # the allowed mixed-precision values, defined once for both sides (torch-free)
     "_launch.preflight": ("utils.constants",),
+    # the forkserver forks detached runs' supervisors too (warm: torch imported)
+    "_worker.forkserver": ("_supervise",),
 }
 #: third-party modules a layer must not import anywhere (module level or in a function)
 FORBIDDEN_ANYWHERE = {"ui": ("torch", "cloudpickle")}

@@ -541,3 +541,82 @@ def test_a_new_section_plugs_in_with_one_entry(log: Log, monkeypatch: pytest.Mon
     assert "nl-logged" in state[view.sections["logged"].model_id]["_dom_classes"]
     assert f"IPY_MODEL_{view.sections['logged'].model_id}" in state[view.root.model_id]["children"]
     assert "<div class='nl-seen'>3 logged</div>" in view.snapshot_html()
+
+
+def test_a_history_replays_at_once_as_event_by_event(log: Log) -> None:
+    """``attach``'s path: the whole history folded in, then one redraw; the dashboard
+    ends as it does when every event came alone."""
+    events = script(2, fail_rank=1)
+    events[3:3] = [Output(r, "stdout", f"line {i}\n", T0 + 0.5) for i in range(300) for r in (0, 1)]
+    shown = []
+    for bulk in (False, True):
+        clock = Clock()
+        view = WidgetView(display=False, clock=clock)
+        if bulk:
+            clock.t = max(e.time for e in events)
+            view.replay(events)
+        else:
+            for e in events:
+                clock.t = max(clock.t, e.time)
+                view.handle(e)
+        view.close()
+        shown.append(view.snapshot_html().replace(view.id, "ID"))
+    assert shown[0] == shown[1]
+    assert "line 299" in shown[1] and "ValueError: boom" in shown[1]
+
+
+def test_a_long_history_read_to_its_latest_lines_draws_as_the_whole_log(
+    log: Log, tmp_path: Any
+) -> None:
+    """``attach``'s dashboard reads only each rank's latest lines of a long record (the
+    older ones counted): it ends exactly as the dashboard fed every event, dropped-line
+    counts included, with lines in pieces, ``\\r`` redraws and both streams at the cut."""
+    from notebook_launcher._launch import detach as record
+
+    events = script(3, fail_rank=1)
+    noise: list[Event] = []
+    for i in range(9000):
+        rank, t = i % 3, T0 + 0.5
+        if rank == 0:  # every line in pieces, across other ranks' lines: a cut meets one
+            noise += [
+                Output(rank, "stdout", f"piece {i} ", t),
+                Output(2 - rank, "stderr", "x\n", t),
+            ]
+            noise.append(Output(rank, "stdout", "end\n", t))
+        elif rank == 1:  # and a stderr line begun before its cut, ended in view
+            if i in (5401, 8101):
+                noise.append(Output(1, "stderr", "started " if i == 5401 else "finished\n", t))
+            text = f"two {i}\nlines {i}\n" if i % 17 == 0 else f"line {i}\n"
+            noise.append(Output(1, "stdout", text, t))
+        elif i % 13 == 0:
+            noise.append(Output(rank, "stderr", f"{i}%\r{i + 1}%\r", t))  # redrawn, no newline
+        else:
+            noise.append(Output(rank, "stdout" if i % 5 else "stderr", f"line {i}\n", t))
+    noise.append(Output(0, "stdout", "half a line at the end", T0 + 0.6))
+    events[4:4] = noise
+    writer = record.EventWriter(str(tmp_path))
+    for e in events:
+        writer.write(e)
+    writer.close()
+    shown: list[Any] = []
+    for bounded in (False, True):
+        clock = Clock(max(e.time for e in events))
+        view = WidgetView(display=False, clock=clock)
+        reader = record.EventReader(str(tmp_path))
+        read, left_out = reader.read_history(view.history_lines if bounded else None)
+        reader.close()
+        if bounded:
+            assert sum(left_out.values()) > 5000 and len(read) < len(events) - 5000
+            view.replay(read, left_out)
+        else:
+            assert read == events and left_out == {}
+            for e in read:
+                view.handle(e)
+        view.close()
+        m = view.model
+        buffers = [m.combined, *(m.ranks[r].output for r in sorted(m.ranks))]
+        kept = [(list(b.lines), b.dropped, b.total) for b in buffers]
+        shown.append((kept, view.snapshot_html().replace(view.id, "ID")))
+    assert shown[0] == shown[1]  # every line each buffer keeps, and the counts
+    assert "earlier line(s) not kept" in shown[1][1]
+    assert (1, "stderr", "started finished") in shown[1][0][2][0]  # rank 1 keeps it

@@ -10,14 +10,17 @@ supervisor and every kernel that attaches share nothing but a directory, one per
       task.pkl      the plan and the pickled task, from the kernel; the supervisor  0600
                     reads it and removes it
       events.log    every event the launch's view got, in order: 4-byte length,     0600
-                    then the pickled event (``_events``: plain dataclasses)
+                    then the pickled event (``_events``: plain dataclasses), or for
+                    an output line (most of a long run's log) a compact frame that
+                    reads back several times faster: tag, rank, time, UTF-8 text
       result.pkl    at the end: the per-rank values, or the exception to raise       0600
       supervisor.log  the supervisor's own stderr (why it could not start, if so)   0600
 
     kernel                                    supervisor (its own session, parent: init)
     ------                                    ------------------------------------------
     new_run() + write_private(task.pkl)
-    Popen(... _supervise run_dir) ---------> double fork; meta: running, pid
+    its forkserver forks _supervise -------> setsid, fork; meta: running, pid
+    (or Popen: a cold python, if need be)
                          <------- pid ------  load task.pkl, _Launch.run_to_end() with a
     attach: replay events.log, then tail it   view that appends to events.log
             meta.json says how it ended  <--  result.pkl, then meta.json: ok|failed|stopped
@@ -44,6 +47,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._events import Output
 from .._posix import start_time
 from ..errors import LaunchError
 
@@ -67,6 +71,11 @@ STARTING = "starting"
 ENDED = (OK, FAILED, STOPPED)
 
 _FRAME = struct.Struct("<I")
+#: An output line's frame after its length: tag (1 stdout, 2 stderr), rank, time, then the
+#: text. A pickle's first byte is its PROTO opcode (0x80): the two never meet.
+_OUTPUT = struct.Struct("<Bid")
+_OUTPUT_TAGS = {"stdout": 1, "stderr": 2}
+_OUTPUT_STREAMS = {1: "stdout", 2: "stderr"}
 
 
 class RunNotFound(LaunchError, LookupError):
@@ -274,7 +283,7 @@ class EventWriter:
         os.fchmod(self.fd, 0o600)
 
     def write(self, event: Any) -> None:
-        data = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _encode(event)
         view = memoryview(_FRAME.pack(len(data)) + data)
         while view:
             view = view[os.write(self.fd, view) :]
@@ -295,29 +304,120 @@ class EventReader:
 
     def read(self) -> list[Any]:
         """The events written since the last call (a frame half written waits)."""
-        if self.fd < 0:
-            try:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except FileNotFoundError:
-                return []
-        chunks = [self.buffer]
-        while chunk := os.read(self.fd, 1 << 20):
-            chunks.append(chunk)
-        data = b"".join(chunks)
+        data = self._take()
         events, at, size = [], 0, len(data)
+        view = memoryview(data)
         while at + 4 <= size:
             (n,) = _FRAME.unpack_from(data, at)
             if at + 4 + n > size:
                 break
-            events.append(pickle.loads(data[at + 4 : at + 4 + n]))
+            events.append(_decode(data, view, at, n))
             at += 4 + n
+        view.release()
         self.buffer = data[at:]
         return events
+
+    def read_history(self, keep_lines: int | None) -> tuple[list[Any], dict[int, int]]:
+        """Like :meth:`read`; with ``keep_lines``, for a view that shows only the latest
+        ``keep_lines`` output lines of each rank (and of all ranks together): each rank's
+        older output lines are counted, not read -- ``(events, rank -> lines left out)``.
+        What is left out ends where none of the rank's streams has a line half written, so
+        the lines read fold into exactly what the whole log would leave in such a view.
+        The log itself is untouched."""
+        if keep_lines is None:
+            return self.read(), {}
+        data = self._take()
+        frames, at, size = [], 0, len(data)
+        while at + 4 <= size:
+            (n,) = _FRAME.unpack_from(data, at)
+            if at + 4 + n > size:
+                break
+            frames.append(at)
+            at += 4 + n
+        self.buffer = data[at:]
+        skip, left_out = _older_lines(data, frames, keep_lines)
+        view = memoryview(data)
+        events = [
+            _decode(data, view, at, _FRAME.unpack_from(data, at)[0])
+            for i, at in enumerate(frames)
+            if i not in skip
+        ]
+        view.release()
+        return events, left_out
+
+    def _take(self) -> bytes:
+        """What was left of the last read, and everything written since."""
+        if self.fd < 0:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                return b""
+        chunks = [self.buffer]
+        while chunk := os.read(self.fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _older_lines(data: bytes, frames: list[int], keep: int) -> tuple[set[int], dict[int, int]]:
+    """Which output frames (indices into ``frames``) hold only lines older than each
+    rank's latest ``keep``, and how many lines they hold per rank. A rank's cut falls where
+    none of its streams has a line half written (a frame without its newline yet), so that
+    no line is split between what is read and what is counted."""
+    #: rank -> its output frames: (index, stream tag, lines ended, a line left half written)
+    per_rank: dict[int, list[tuple[int, int, int, bool | None]]] = {}
+    head = _OUTPUT.size
+    for i, at in enumerate(frames):
+        (n,) = _FRAME.unpack_from(data, at)
+        if not n or data[at + 4] not in _OUTPUT_STREAMS:
+            continue
+        _, rank, _ = _OUTPUT.unpack_from(data, at + 4)
+        start, end = at + 4 + head, at + 4 + n
+        lines = data.count(b"\n", start, end)
+        # after it, is a line of its stream half written? (None: an empty text, no change)
+        half = (data[end - 1] != 0x0A) if lines else (True if end > start else None)
+        per_rank.setdefault(rank, []).append((i, data[at + 4], lines, half))
+    skip: set[int] = set()
+    left_out: dict[int, int] = {}
+    for rank, outputs in per_rank.items():
+        count, cut = 0, 0  # outputs[:cut] are left out
+        for j in range(len(outputs) - 1, -1, -1):
+            count += outputs[j][2]
+            if count > keep:  # outputs[j:] hold more than the latest `keep` lines
+                cut = j
+                break
+        clean, half = [True] * (cut + 1), dict.fromkeys(_OUTPUT_STREAMS, False)
+        for j in range(cut):  # clean[j]: before outputs[j], no line is half written
+            if outputs[j][3] is not None:
+                half[outputs[j][1]] = outputs[j][3]
+            clean[j + 1] = not any(half.values())
+        while cut and not clean[cut]:
+            cut -= 1
+        if cut:
+            skip.update(o[0] for o in outputs[:cut])
+            left_out[rank] = sum(o[2] for o in outputs[:cut])
+    return skip, left_out
+
+
+def _decode(data: bytes, view: memoryview, at: int, n: int) -> Any:
+    """The event in the frame at ``at`` (its length ``n``)."""
+    stream = _OUTPUT_STREAMS.get(data[at + 4]) if n else None
+    if stream is None:
+        return pickle.loads(view[at + 4 : at + 4 + n])
+    _, rank, when = _OUTPUT.unpack_from(data, at + 4)
+    text = str(view[at + 4 + _OUTPUT.size : at + 4 + n], "utf-8", "surrogatepass")
+    return Output(rank, stream, text, when)
+
+
+def _encode(event: Any) -> bytes:
+    if type(event) is Output and event.stream in _OUTPUT_TAGS:
+        head = _OUTPUT.pack(_OUTPUT_TAGS[event.stream], event.rank, event.time)
+        return head + event.text.encode("utf-8", "surrogatepass")
+    return pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 # --- the result --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The kernel's client of the forkserver: a process that imported torch once and forks
-CUDA-safe ranks on request (~50 ms each instead of a fresh interpreter's ~1.5 s).
+CUDA-safe ranks on request (~50 ms each instead of a fresh interpreter's ~1.5 s), and
+the supervisors of detached runs (``detached``), warm for the same reason.
 
 One server per kernel, started on the first launch that needs it and kept for the next
 ones (like ``multiprocessing``'s forkserver). It talks to the kernel over a private
@@ -20,7 +21,7 @@ import time
 from multiprocessing.connection import wait
 
 from .._posix import deferred_interrupts
-from .._wire.forkserver import Exited, Fork, Forked, FrameReader, Ready, send
+from .._wire.forkserver import Exited, Fork, Forked, FrameReader, Ready, Supervise, send
 from ..errors import LaunchError
 
 
@@ -116,11 +117,20 @@ class ForkServer:
 
     def fork(self, fds: list[int], has_listen: bool) -> int:
         """Start a rank with ``fds`` (control socket, stdout, stderr[, listener])."""
+        return self._request(Fork(has_listen), fds, "a worker")
+
+    def supervise(self, run_dir: str, fds: list[int], has_listen: bool) -> None:
+        """Fork the supervisor of the detached run in ``run_dir`` with ``fds`` (its
+        handshake pipe's write end, its log[, the listener]); returns once it is forked
+        (it is not the server's child: the kernel learns its pid from the handshake)."""
+        self._request(Supervise(run_dir, has_listen), fds, "a detached run's supervisor")
+
+    def _request(self, message: Fork | Supervise, fds: list[int], what: str) -> int:
         with self._lock:
-            send(self._sock, Fork(has_listen), fds)
+            send(self._sock, message, fds)
             while not self._forked:
                 if self._dead:
-                    raise LaunchError("the forkserver died while starting a worker")
+                    raise LaunchError(f"the forkserver died while starting {what}")
                 self._read(None)
             return self._forked.pop(0)
 

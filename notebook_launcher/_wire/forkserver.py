@@ -10,6 +10,9 @@ rank 0 the rendezvous listener)::
       ---- Fork(has_listen) + fds ------------->    forks; the child becomes the rank
       <--- Forked(pid) -------------------------
       <--- Exited(pid, returncode) -------------    it reaps its children (their parent)
+      ---- Supervise(run_dir, has_listen) + fds ->  forks a detached run's supervisor,
+                                                    which forks once more and leaves
+      <--- Forked(pid) -------------------------    (that first child, reaped already)
 """
 
 from __future__ import annotations
@@ -33,6 +36,16 @@ class Ready:
 class Fork:
     """Start one rank with the fds that come with this frame (rank 0: + the listener)."""
 
+    has_listen: bool
+
+
+@dataclass(frozen=True)
+class Supervise:
+    """Fork the supervisor of the detached run recorded in ``run_dir`` (``_supervise``),
+    with the fds that come with this frame: the write end of its handshake pipe, its log
+    (``supervisor.log``), and the rendezvous listener when ``has_listen``."""
+
+    run_dir: str
     has_listen: bool
 
 
@@ -90,4 +103,13 @@ def recv_request(sock: socket.socket) -> tuple[Any, list[int]]:
     return messages[0], list(fds)
 
 
-__all__ = ["Exited", "Fork", "Forked", "FrameReader", "Ready", "recv_request", "send"]
+__all__ = [
+    "Exited",
+    "Fork",
+    "Forked",
+    "FrameReader",
+    "Ready",
+    "Supervise",
+    "recv_request",
+    "send",
+]

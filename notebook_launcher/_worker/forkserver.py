@@ -11,6 +11,11 @@ parent-death signal: that fires when the kernel *thread* that started the server
 and a launch from a worker thread would take the server, and the next launch's ranks,
 with it.) Each rank leads its own process group; before reaping a rank the server kills
 what is left in that group (what the rank started).
+
+It also forks the supervisors of detached runs (:class:`Supervise`): warm (torch imported,
+no CUDA, none of the kernel's memory or fds), where a fresh interpreter would spend seconds
+importing torch. The supervisor leaves at once (``_supervise.forked``: a session of its
+own, one more fork), so that neither this server nor the kernel is its parent.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ import socket
 import sys
 
 from .. import _settings
-from .._posix import kill_process_group, quiet_fork
-from .._wire.forkserver import Exited, Fork, Forked, Ready, recv_request, send
+from .._posix import close_quietly, kill_process_group, quiet_fork
+from .._wire.forkserver import Exited, Fork, Forked, Ready, Supervise, recv_request, send
 
 PRELOAD = (
     "torch",
@@ -81,6 +86,11 @@ def serve(sock: socket.socket) -> None:
                 for fd in fds:
                     os.close(fd)
                 send(sock, Forked(pid))
+            elif isinstance(msg, Supervise):
+                pid = _fork_supervisor(sock, fds, msg, wake=(wake_r, wake_w))
+                for fd in fds:
+                    os.close(fd)
+                send(sock, Forked(pid))
 
 
 def _reap(sock: socket.socket) -> None:
@@ -117,6 +127,27 @@ def _fork_worker(
     conn_fd, out_w, err_w = fds[:3]
     listen_fd = fds[3] if has_listen else None
     entry.run(Connection(conn_fd), out_w, err_w, listen_fd, server)
+
+
+def _fork_supervisor(
+    sock: socket.socket, fds: list[int], msg: Supervise, wake: tuple[int, int]
+) -> int:
+    """Fork a detached run's supervisor; returns once its first process has left (reaped
+    here, so no :class:`Exited` follows: the supervisor itself is not our child)."""
+    from .. import _supervise  # the first time: its modules, for this one and the next
+
+    _supervise.preload()
+    pid = quiet_fork()
+    if pid:
+        os.waitpid(pid, 0)  # it forks the supervisor and leaves
+        return pid
+    try:
+        signal.set_wakeup_fd(-1)
+        sock.close()  # the kernel sees this server's end of file, not the supervisor's
+        close_quietly(*wake)
+        _supervise.forked(msg.run_dir, fds, msg.has_listen)
+    finally:
+        os._exit(1)  # (forked() never returns)
 
 
 def main() -> None:

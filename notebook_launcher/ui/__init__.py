@@ -3,7 +3,10 @@
 The launcher calls ``view.handle(event)`` for every event, ``view.tick()`` after every
 wait (at least twice a second, and after every batch of events: a view redraws at its
 own pace, so a tick must be cheap when nothing is due), and ``view.close()`` once at the
-end (before it returns or raises). :func:`create_view` picks the widget dashboard inside a notebook front end
+end (before it returns or raises). A view may also have ``replay(events)``: a history at
+once (``attach`` to a detached run), shown as ``handle`` would show each event in turn,
+drawn once (:func:`replay` falls back to ``handle`` for views without it); one that shows
+only a rank's latest lines says how many (``history_lines``), and older ones are not read. :func:`create_view` picks the widget dashboard inside a notebook front end
 with ipywidgets, and the text view everywhere else. Both render one pure
 :class:`~notebook_launcher.ui.model.LaunchModel`.
 
@@ -18,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TextIO
 
 from .._events import Event
@@ -32,6 +35,28 @@ class View(Protocol):
     def tick(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def history_lines(view: View) -> int | None:
+    """How many of a rank's latest output lines ``view`` can show, when it shows only
+    those (the dashboard); None when it shows every line (the text view)."""
+    return getattr(view, "history_lines", None)
+
+
+def replay(view: View, events: Sequence[Event], left_out: Mapping[int, int] | None = None) -> None:
+    """Show a history: ``view.replay(events)`` where the view has it (it folds them all,
+    then draws once), else ``view.handle`` for each. ``left_out``: rank -> output lines
+    older than :func:`history_lines` that were counted, not read (only for a view that
+    has ``history_lines``)."""
+    bulk = getattr(view, "replay", None)
+    if bulk is not None:
+        if left_out:
+            bulk(events, left_out)
+        else:
+            bulk(events)
+        return
+    for event in events:
+        view.handle(event)
 
 
 class NullView:
@@ -71,6 +96,16 @@ class SafeView:
         try:
             self.inner.handle(event)
         except Exception as exc:  # noqa: BLE001 - any failure of a view
+            self._failed(exc)
+
+    @property
+    def history_lines(self) -> int | None:
+        return history_lines(self.inner)
+
+    def replay(self, events: Sequence[Event], left_out: Mapping[int, int] | None = None) -> None:
+        try:
+            replay(self.inner, events, left_out)
+        except Exception as exc:  # noqa: BLE001
             self._failed(exc)
 
     def tick(self) -> None:
@@ -179,4 +214,14 @@ def view_for(dashboard: bool | str | View, stream: TextIO | None = None) -> View
     return SafeView(dashboard)
 
 
-__all__ = ["LaunchModel", "NullView", "SafeView", "TextView", "View", "create_view", "view_for"]
+__all__ = [
+    "LaunchModel",
+    "NullView",
+    "SafeView",
+    "TextView",
+    "View",
+    "create_view",
+    "history_lines",
+    "replay",
+    "view_for",
+]

@@ -15,7 +15,7 @@ import contextvars
 import io
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .._events import Event, LaunchStarted, NodesWaiting, Output, ProgressUpdate
@@ -125,6 +125,11 @@ class DisplayedTextView:
 
     def handle(self, event: Event) -> None:
         self._inner.handle(event)
+
+    def replay(self, events: Sequence[Event]) -> None:
+        from . import replay
+
+        replay(self._inner, events)
 
     def tick(self) -> None:
         self._inner.tick()

@@ -96,7 +96,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 def clean_line(text: str) -> str:
     """What a terminal would show for one output line: no ANSI codes, last ``\\r`` segment."""
-    text = _ANSI.sub("", text)
+    if "\x1b" in text:  # (most lines have no escape: no regex pass for them)
+        text = _ANSI.sub("", text)
     body = text[:-1] if text.endswith("\n") else text
     if "\r" in body:
         segments = [s for s in body.split("\r") if s]
@@ -818,6 +819,13 @@ class LaunchModel:
             # only what a terminal still shows is kept: the last \r segment, bounded
             self._tails[key] = last_segment(text)[-MAX_TAIL_CHARS:]
         return [("output", e.rank)]
+
+    def lines_left_out(self, rank: int, lines: int) -> None:
+        """``lines`` of ``rank``'s output older than any the buffers keep, counted but not
+        folded in (a history replayed to its latest lines: ``attach``)."""
+        for buffer in (self.rank(rank).output, self.combined):
+            buffer.total += lines
+            buffer.dropped += lines
 
     def pending_tail(self, rank: int, stream: str) -> str:
         """The rank's transient (uncommitted) line on ``stream``, as a terminal shows it."""

@@ -21,9 +21,10 @@ step bar, close once per outer step; their state is in the periodic lines). With
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from .._events import (
@@ -83,6 +84,9 @@ class TextView:
         self._closed = False
         self._stall_shown: tuple[object, ...] | None = None  # what the last stall report said
         self._stall_last: tuple[str, ...] = ()  # the findings of the last look
+        self._labels: dict[int, str] = {}  # rank -> the label of its lines, until an event
+        #: while a history is replayed: what it writes, (target, text), written at the end
+        self._held: list[tuple[TextIO, str]] | None = None
 
     @property
     def stream(self) -> TextIO:
@@ -90,21 +94,19 @@ class TextView:
 
     def _write(self, text: str, stderr: bool = False) -> None:
         target = sys.stderr if stderr and self._stream is None else self.stream
+        if self._held is not None:
+            self._held.append((target, text))
+            return
         target.write(text)
 
     # -- View protocol ---------------------------------------------------------------------
     def handle(self, event: Event) -> None:
         if isinstance(event, LaunchFinished):
             self._flush_tails()  # before the model folds them in silently
-        if isinstance(event, Output):
-            out = self.model.rank(event.rank).output
-            before = out.total
-            self.model.apply(event)
-            new = min(out.total - before, len(out.lines))
-            for _, _, line in list(out.lines)[len(out.lines) - new :]:
-                label = self.model.line_label(event.rank)
-                self._write(f"{label} {line}\n", stderr=event.stream == "stderr")
+        if type(event) is Output:  # the hot path: every line a rank prints
+            self._output(event)
             return
+        self._labels.clear()  # (a label changes with the launch's start, a rank's host)
         self.model.apply(event)
         if isinstance(event, LaunchFinished):
             self._finish()
@@ -145,6 +147,48 @@ class TextView:
             state = self.model.ranks[event.rank]
             self._write(f"{self.model.line_label(event.rank)} {state.outcome()}\n")
         self._show_alerts(now)
+
+    def _output(self, event: Output) -> None:
+        out = self.model.rank(event.rank).output
+        before = out.total
+        self.model._on_Output(event)
+        new = min(out.total - before, len(out.lines))
+        if not new:
+            return
+        label = self._labels.get(event.rank)
+        if label is None:
+            label = self._labels[event.rank] = self.model.line_label(event.rank)
+        stderr = event.stream == "stderr"
+        if new == 1:  # most events: one line
+            self._write(f"{label} {out.lines[-1][2]}\n", stderr=stderr)
+            return
+        committed = list(itertools.islice(reversed(out.lines), new))
+        for _, _, line in reversed(committed):
+            self._write(f"{label} {line}\n", stderr=stderr)
+
+    def replay(self, events: Sequence[Event]) -> None:
+        """A history at once (``attach``): what ``handle`` would write for each event in
+        turn, written as one block per run of lines to one stream, not a write per line."""
+        if self._held is not None:  # (a replay within a replay: one block at the end)
+            for event in events:
+                self.handle(event)
+            return
+        self._held = []
+        try:
+            for event in events:
+                self.handle(event)
+        finally:
+            held, self._held = self._held, None
+            blocks: list[tuple[TextIO, list[str]]] = []
+            for target, text in held:
+                if blocks and blocks[-1][0] is target:
+                    blocks[-1][1].append(text)
+                else:
+                    blocks.append((target, [text]))
+            for target, texts in blocks:
+                target.write("".join(texts))
+            for target in {id(t): t for t, _ in blocks}.values():
+                target.flush()
 
     def tick(self) -> None:
         """At most every ``FLUSH_INTERVAL`` seconds: periodic lines, alerts, one flush (the

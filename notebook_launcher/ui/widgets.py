@@ -48,7 +48,7 @@ import base64
 import itertools
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._events import Event, Output
@@ -419,6 +419,30 @@ class WidgetView:
 
     # -- View protocol ---------------------------------------------------------------------
     def handle(self, event: Event) -> None:
+        self._fold(event)
+        now = self.clock()
+        if now >= self._next_flush and not self._closed:
+            self.flush(now)
+
+    @property
+    def history_lines(self) -> int:
+        """The latest output lines of a rank it can show: of a history, only those are
+        worth reading (``replay``'s ``left_out``)."""
+        m = self.model
+        return max(m.max_lines_per_rank, m.combined.lines.maxlen or 0)
+
+    def replay(self, events: Sequence[Event], left_out: Mapping[int, int] | None = None) -> None:
+        """A history at once (``attach``): every event folded in, then one redraw.
+        ``left_out``: rank -> its output lines older than :attr:`history_lines`, which were
+        not read (counted as dropped, as folding them would have)."""
+        for event in events:
+            self._fold(event)
+        for rank, lines in (left_out or {}).items():
+            self.model.lines_left_out(rank, lines)
+        if not self._closed:
+            self.flush(self.clock())
+
+    def _fold(self, event: Event) -> None:
         m = self.model
         if type(event) is Output:  # the hot path: hundreds a second while ranks print
             m._on_Output(event)
@@ -440,9 +464,6 @@ class WidgetView:
                     self._dirty.add("stall")
                 elif kind == "launch":
                     self._dirty |= {"header", "ranks", "structure"}
-        now = self.clock()
-        if now >= self._next_flush and not self._closed:
-            self.flush(now)
 
     def tick(self) -> None:
         """Cheap: redraws only when ``interval`` has passed (the launcher calls it after
