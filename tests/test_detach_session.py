@@ -143,8 +143,11 @@ def _as_nobody(run_dir: Path, secret: bytes) -> str:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(str(run_dir / SOCKET))
-                _send_secret(sock, secret)
-                _send(sock, ("status", ()))
+                try:
+                    _send_secret(sock, secret)
+                    _send(sock, ("status", ()))
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # refused at once, before our words: its answer is there to read
                 said = repr(_recv(sock))
             except OSError as exc:
                 said = type(exc).__name__
