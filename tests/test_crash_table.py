@@ -411,6 +411,33 @@ def test_collateral_errors_are_listed_not_blamed() -> None:
     assert "Raised on rank 1 of 3" in notes
 
 
+def killed_from_outside_while_the_others_are_stopped() -> None:
+    """Rank 1 is killed (SIGKILL: the OOM killer) while the kernel stops the ranks: its
+    peers' collateral errors can reach the kernel before its death does, when its process
+    takes a while to end after its sockets closed. Here: rank 0's collateral error comes
+    first, and rank 1, deaf to the kernel's SIGTERM, is SIGKILLed before the grace
+    period ends."""
+    if _rank() == 0:
+        raise RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_kill_we_did_not_send_is_a_death_even_while_we_stop_the_ranks() -> None:
+    with pytest.raises(WorkerDied, match="rank 1 of 2 died") as info:
+        notebook_launcher(
+            killed_from_outside_while_the_others_are_stopped,
+            (),
+            2,
+            dashboard=Recorder(),
+            grace_period=5.0,
+        )
+    failure = info.value.launch_failure  # type: ignore[attr-defined]
+    assert (failure.root_cause.rank, failure.root_cause.kind) == (1, "died")
+    assert failure.root_cause.signal_name == "SIGKILL"
+
+
 def test_the_rank_traceback_renders_like_a_local_one() -> None:
     """IPython's own renderer (what a kernel calls) shows the rank's line where it raised,
     after the caller's, with the launcher's frame folded; no "remote" header."""
@@ -518,7 +545,7 @@ def every_rank_misses_a_module() -> None:
     both report it before the launcher can stop the second one."""
     import torch.distributed as dist
 
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     dist.barrier()
     import no_such_module_for_the_crash_table  # noqa: F401
 

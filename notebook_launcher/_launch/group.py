@@ -76,6 +76,9 @@ class WorkerProcess:
     #: we sent it SIGTERM or SIGKILL: a signal it ends by is then ours, not a death (a rank
     #: killed from outside while we stop the others is still a death)
     signalled: bool = False
+    #: the signals we sent it (SIGTERM, SIGKILL) while it lived: a signal it ends by that we
+    #: never sent is a death, even while we stop the others (see :meth:`reap`)
+    sent: set[int] = field(default_factory=set)
     #: what the rank was doing, for a rank that dies: "starting", "receiving its task", "running"
     stage: str = "starting"
     #: why it ended when we know better than its exit code (e.g. its forkserver died)
@@ -100,21 +103,29 @@ class WorkerProcess:
         (which reports within ``report_timeout``; a missing report means it died, and
         its children with it: SIGKILL)."""
         if self.returncode is None:
-            if self.tree:  # what it started, as it was when we asked it to stop
-                kill_descendants(self.pid, self.tree)
-            if self.server is not None:  # it kills the rank's group before it reaps
-                code = self.server.wait_returncode(self.pid, report_timeout)
-                if code is None:
-                    code = -int(signal.SIGKILL)
-                    self.note = "its forkserver process died, and took it along"
-                self.returncode = code
-                return code
-            kill_process_group(self.pid)  # what it started goes with it (still unreaped)
-            if self.popen is not None:
-                self.returncode = self.popen.wait()
-            else:
-                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            self.returncode = self._reap(report_timeout)
+            if self.returncode < 0 and -self.returncode not in self.sent:
+                # Killed by a signal we did not send: a death, though we were stopping it (a
+                # rank SIGKILLed from outside, or by itself, while its process was still
+                # tearing down -- its sockets closed, the others failed, we sent SIGTERM --
+                # was taken for one we stopped).
+                self.signalled = False
         return self.returncode
+
+    def _reap(self, report_timeout: float) -> int:
+        if self.tree:  # what it started, as it was when we asked it to stop
+            kill_descendants(self.pid, self.tree)
+        if self.server is not None:  # it kills the rank's group before it reaps
+            code = self.server.wait_returncode(self.pid, report_timeout)
+            if code is None:
+                code = -int(signal.SIGKILL)
+                self.note = "its forkserver process died, and took it along"
+                self.sent.add(signal.SIGKILL)  # (its end is said by the note)
+            return code
+        kill_process_group(self.pid)  # what it started goes with it (still unreaped)
+        if self.popen is not None:
+            return self.popen.wait()
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
 
     def interrupt(self) -> None:
         """SIGINT to the rank's main thread, where a session's task runs.
@@ -149,6 +160,7 @@ class WorkerProcess:
             return
         if sig in (signal.SIGTERM, signal.SIGKILL) and not self._ended_unreaped():
             self.signalled = True  # (one that had died already, e.g. SIGKILLed, is a death)
+            self.sent.add(sig)
         if sig == signal.SIGKILL:
             kill_descendants(self.pid)
         elif sig == signal.SIGTERM and self.tree is None:
