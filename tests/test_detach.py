@@ -277,10 +277,10 @@ def test_a_killed_supervisor_takes_its_ranks_and_attach_says_so(runs_dir: Path) 
     [
         ({"detach": "yes"}, "detach must be True or False"),
         ({"detach": True, "num_nodes": 2, "node_rank": 0}, "num_nodes=2: not yet"),
-        ({"detach": True, "cluster": object()}, "cluster=...: not yet"),
+        ({"detach": True, "cluster": object()}, "is not a cluster: pass a SlurmCluster"),
     ],
 )
-def test_what_cannot_be_detached_yet_is_refused_before_anything_starts(
+def test_what_cannot_be_detached_is_refused_before_anything_starts(
     runs_dir: Path, options: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(PreflightError, match=message):
