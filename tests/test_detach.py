@@ -288,6 +288,14 @@ def test_what_cannot_be_detached_is_refused_before_anything_starts(
     assert not runs_dir.exists()
 
 
+def test_a_detached_session_on_a_cluster_is_refused_naming_what_works(runs_dir: Path) -> None:
+    from notebook_launcher import SlurmCluster, start
+
+    with pytest.raises(PreflightError, match=r"detach=True, cluster=...\): not yet.*Leave detach"):
+        start(2, cluster=SlurmCluster(nodes=2), detach=True, dashboard=False)
+    assert not runs_dir.exists()
+
+
 def test_an_unknown_run_or_a_record_others_can_read_is_refused(runs_dir: Path) -> None:
     with pytest.raises(record.RunNotFound, match=r"no run 'nope' .*runs\(\) lists the runs"):
         attach("nope")

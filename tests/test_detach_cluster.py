@@ -4,7 +4,8 @@ On the loopback Slurm cluster (the session fixture ``slurm``): a detached 2-node
 by an interpreter that is then SIGKILLed goes on (its supervisor submitted the job and holds
 its hub and store), this process attaches and gets every line and the result, and then no
 job, agent or supervisor is left; ``stop()`` of a detached cluster run ends its job, and
-so does its supervisor's death (its agents leave when their hub connection drops). The
+so does its supervisor's death (its agents leave when their hub connection drops); an
+``AgentCluster`` detached shows the command that starts its agents in the run's dashboard. The
 refusal of a cluster this kernel already started is in ``test_cluster.py`` (it reuses that
 module's running cluster).
 """
@@ -12,6 +13,7 @@ module's running cluster).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from notebook_launcher import SlurmCluster, attach, notebook_launcher, runs
+from notebook_launcher import AgentCluster, SlurmCluster, attach, notebook_launcher, runs
 from notebook_launcher._events import LaunchFinished, NodesWaiting, Output
 from notebook_launcher._launch import detach as record
 from notebook_launcher.errors import LaunchError
@@ -166,3 +168,31 @@ def test_stop_or_a_killed_supervisor_ends_the_job_of_a_detached_cluster_run(
     wait_until(lambda: not record.running(meta.pid), 20, "the supervisor to exit")
     wait_until(lambda: slurm.jobs() == [], 30, f"the job to end ({end})")
     wait_until(lambda: agent_processes(slurm_conf=slurm.conf) == [], 30, "the agents to end")
+
+
+def test_a_detached_agent_cluster_shows_its_agents_command_and_runs(runs_dir: Path) -> None:
+    """An :class:`AgentCluster` detached: its hub is the supervisor's, so the command that
+    starts an agent (``agent_command``) is shown in the run's dashboard, recorded as
+    every event is; an agent started with it runs the ranks, and leaves with the run."""
+
+    def rank() -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank()
+
+    view = Recorder()
+    cluster = AgentCluster(nodes=1, host="127.0.0.1")
+    handle = notebook_launcher(rank, num_processes=2, cluster=cluster, detach=True, dashboard=view)
+
+    def command() -> str:
+        said = [e.state for e in view.of(NodesWaiting) if "start an agent" in e.state]
+        return said[-1].split(": ", 1)[1] if said else ""
+
+    wait_until(command, 30, "the dashboard to show the agents' command")
+    agent = subprocess.Popen(shlex.split(command()), env=kernel_env())
+    try:
+        assert handle.result(timeout=60) == [0, 1]
+        assert agent.wait(timeout=20) == 0  # it left with the run
+    finally:
+        agent.kill()
+        agent.wait()
