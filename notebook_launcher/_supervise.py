@@ -20,8 +20,13 @@ It runs the launch exactly as a blocking ``notebook_launcher()`` does (the same
 rendezvous socket and the task), with a view that appends every event to the run's
 ``events.log``; then it writes the result and the final state (``_launch.detach``).
 
-Its ranks die with it (their parent-death signal): a supervisor that is killed takes them
-along, and the next attach says so. SIGINT or SIGTERM stop the run as Ctrl-C stops a
+A cluster run (``cluster=..., detach=True``) gets the cluster's configuration instead of a
+plan: the supervisor starts the cluster (the Slurm job is its, the agents connect to its
+hub), runs the same launch, and closes the cluster at the end (:func:`_run_on_cluster`).
+
+Its ranks die with it (their parent-death signal; on a cluster, the agents leave when their
+hub connection drops and the job ends): a supervisor that is killed takes them along, and
+the next attach says so. SIGINT or SIGTERM stop the run as Ctrl-C stops a
 launch: every rank stopped, the outcome an interrupt.
 
 Imports stay light until the fork: the kernel waits for the supervisor's pid.

@@ -17,7 +17,9 @@ The cluster starts with the first launch (or :meth:`Cluster.start`) and lives un
 :meth:`Cluster.close`, the kernel's end, or the job's: launches and sessions reuse its
 nodes. Inside an allocation the kernel already holds (a Jupyter server started by
 ``salloc``/``sbatch``: ``SLURM_JOB_ID`` set), :class:`SlurmCluster` uses that allocation's
-nodes with an ``srun`` step and submits nothing.
+nodes with an ``srun`` step and submits nothing. A launch that must outlive the kernel
+passes a cluster not started here with ``detach=True``: a supervisor of its own then starts
+it and owns the job (``notebook_launcher.detached``).
 
 What a user needs on the cluster: this package installed in the same environment (the same
 Python minor version, torch and notebook_launcher) on every node -- ``python=`` names the

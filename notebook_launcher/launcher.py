@@ -174,7 +174,10 @@ def notebook_launcher(
     Returns at once a handle as ``block=False`` does, plus ``.id`` (printed) and
     ``.stop()``; ``notebook_launcher.attach(id)`` follows the run again from any kernel of
     yours on this machine (its dashboard with the whole history, then live), and
-    ``notebook_launcher.runs()`` lists the runs (``notebook_launcher.detached``).
+    ``notebook_launcher.runs()`` lists the runs (``notebook_launcher.detached``). With
+    ``cluster=`` (a cluster not started in this kernel): the supervisor starts the cluster
+    (submits the Slurm job, holds its agents' hub and the store), runs the launch there
+    and ends the job when the run ends, is stopped, or the supervisor dies.
 
     Example::
 
