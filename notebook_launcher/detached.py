@@ -289,7 +289,8 @@ class RunHandle(TaskHandle):
         from .ui.stall import Stacks
 
         with contextlib.suppress(OSError):
-            if record.read_meta(self.path).nodes > 1:
+            meta = record.read_meta(self.path)
+            if meta.nodes > 1 or meta.cluster:
                 raise LaunchError(
                     f"stacks() of run {self.id}: its ranks run on the cluster's nodes, out "
                     "of this kernel's reach; the dashboard shows where every rank is when "

@@ -157,6 +157,8 @@ def test_stop_or_a_killed_supervisor_ends_the_job_of_a_detached_cluster_run(
     meta = _started(handle.id)
     assert not cluster.running and slurm.jobs() and agent_processes(slurm_conf=slurm.conf)
     assert meta.pid is not None
+    with pytest.raises(LaunchError, match="its ranks run on the cluster's nodes"):
+        handle.stacks()
     if end == "stop":
         assert handle.stop() and handle.cancelled()
         assert not os.path.exists(handle.path)
