@@ -20,8 +20,13 @@ It runs the launch exactly as a blocking ``notebook_launcher()`` does (the same
 rendezvous socket and the task), with a view that appends every event to the run's
 ``events.log``; then it writes the result and the final state (``_launch.detach``).
 
-Its ranks die with it (their parent-death signal): a supervisor that is killed takes them
-along, and the next attach says so. SIGINT or SIGTERM stop the run as Ctrl-C stops a
+A cluster run (``cluster=..., detach=True``) gets the cluster's configuration instead of a
+plan: the supervisor starts the cluster (the Slurm job is its, the agents connect to its
+hub), runs the same launch, and closes the cluster at the end (:func:`_run_on_cluster`).
+
+Its ranks die with it (their parent-death signal; on a cluster, the agents leave when their
+hub connection drops and the job ends): a supervisor that is killed takes them along, and
+the next attach says so. SIGINT or SIGTERM stop the run as Ctrl-C stops a
 launch: every rank stopped, the outcome an interrupt.
 
 Imports stay light until the fork: the kernel waits for the supervisor's pid.
@@ -120,6 +125,7 @@ def _supervise(run_dir: str, listen_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     detach.write_result(run_dir, outcome)
+    meta = detach.read_meta(run_dir)  # as the run left it (a cluster's job named)
     meta.ended = time.time()
     if isinstance(outcome, KeyboardInterrupt):
         meta.state = detach.STOPPED
@@ -168,6 +174,9 @@ def _run(run_dir: str, listen_fd: int) -> Any:
         if os.path.isdir(payload["cwd"]):
             os.chdir(payload["cwd"])
         job = _serialization.loads(payload.pop("job"))
+        del payload
+        if "cluster" in job:
+            return _run_on_cluster(run_dir, job)
         plan = job["plan"]
         plan.listen, listen = listen, None
         task = job["task"]
@@ -180,7 +189,7 @@ def _run(run_dir: str, listen_fd: int) -> Any:
             plan, task, view, job["policy"], job["line_prefix"], job["child_failed_name"]
         )
         launch.watch.stall_after = job["stall_after"]
-        del task, job, payload
+        del task, job
         outcome = launch.run_to_end()
         launch._release()
         writer.close()
@@ -190,6 +199,41 @@ def _run(run_dir: str, listen_fd: int) -> Any:
     finally:
         if listen is not None:
             listen.close()
+
+
+def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
+    """A cluster run: this supervisor starts the cluster (submits its Slurm job, holds its
+    hub and store: the agents connect here), runs the launch as a kernel would
+    (``launcher._cluster_launch``), and ends the job when the run ends. Killed, it ends
+    the job too: its agents leave when their connection to the hub drops."""
+    from ._launch import detach
+    from .launcher import _cluster_launch
+    from .ui import view_for
+
+    cluster = job["cluster"]
+    writer = detach.EventWriter(run_dir)
+    view = view_for(_Recording(writer))
+    try:
+        launch = _cluster_launch(
+            cluster, job["task"], view, job["num_processes"], job["options"], job["policy"],
+            job["line_prefix"], job["child_failed_name"],
+        )  # fmt: skip
+        meta = detach.read_meta(run_dir)
+        meta.cluster = cluster.describe()
+        detach.write_meta(run_dir, meta)
+        launch.watch.stall_after = job["stall_after"]
+        del job
+        outcome = launch.run_to_end()
+        launch._release()
+        return outcome
+    finally:
+        # the run has ended (or could not start): nothing may stop the job's end half way
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            cluster.close()
+        finally:
+            writer.close()
 
 
 class _Recording:

@@ -17,7 +17,9 @@ The cluster starts with the first launch (or :meth:`Cluster.start`) and lives un
 :meth:`Cluster.close`, the kernel's end, or the job's: launches and sessions reuse its
 nodes. Inside an allocation the kernel already holds (a Jupyter server started by
 ``salloc``/``sbatch``: ``SLURM_JOB_ID`` set), :class:`SlurmCluster` uses that allocation's
-nodes with an ``srun`` step and submits nothing.
+nodes with an ``srun`` step and submits nothing. A launch that must outlive the kernel
+passes a cluster not started here with ``detach=True``: a supervisor of its own then starts
+it and owns the job (``notebook_launcher.detached``).
 
 What a user needs on the cluster: this package installed in the same environment (the same
 Python minor version, torch and notebook_launcher) on every node -- ``python=`` names the
@@ -218,6 +220,25 @@ class Cluster:
         finally:
             self._cancel_now = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A cluster's configuration, as a cluster not started (what a detached run's
+        supervisor gets, to start a job of its own). A running cluster's job, hub and store
+        belong to the process that started it: refused."""
+        if self.running:
+            raise ClusterError(
+                f"{self!r} was started in this process: its job, hub and store belong to "
+                "it and cannot be copied. Pass a new cluster object, not started (e.g. "
+                "SlurmCluster(nodes=2, ...)), or close() this one first."
+            )
+        return {**self.__dict__, **self._fresh_state()}
+
+    def _fresh_state(self) -> dict[str, Any]:
+        """What a cluster that never started holds besides its configuration."""
+        return {
+            "_hub": None, "_nodes": [], "_store": None, "_proxy": None, "_store_key": "",
+            "ended": None, "_cancel_now": False, "launches": 0,
+        }  # fmt: skip
+
     def __enter__(self) -> Cluster:
         self.start()
         return self
@@ -383,6 +404,9 @@ class AgentCluster(Cluster):
         self._secret_file = secret_file
         self._written: str | None = None
         self._dir: str | None = None
+
+    def _fresh_state(self) -> dict[str, Any]:
+        return {**super()._fresh_state(), "_written": None, "_dir": None}
 
     def _default_host(self) -> str:
         return slurm.reachable_address(None)
@@ -580,6 +604,13 @@ class SlurmCluster(Cluster):
         if self._step is not None:
             where = f"an srun step of Slurm job {self.job_id}"
         return f"{where}, {self.num_nodes} node(s)"
+
+    def _fresh_state(self) -> dict[str, Any]:
+        return {
+            **super()._fresh_state(), "job_id": None, "_step": None, "_dir": None,
+            "_output": None, "_state": None, "_next_look": 0.0, "_started_at": 0.0,
+            "_running_at": None,
+        }  # fmt: skip
 
     def _default_host(self) -> str:
         return slurm.reachable_address(slurm.controller_host())

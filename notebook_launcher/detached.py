@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import os
@@ -72,24 +73,15 @@ def launch(
     ``detach=True``). ``job``: what the supervisor's ``_Launch`` takes besides the plan."""
     name = getattr(function, "__name__", "function")
     listen, plan.listen = plan.listen, None  # the supervisor gets a copy; ours closes here
-    run_dir = None
     try:
-        task = dumps_checked((function, args, kwargs), "the launched function and its args")
-        record.sweep()
-        run_id, run_dir = record.new_run(name)
-        record.write_meta(run_dir, Meta(run_id, name, time.time(), len(plan.specs)))
-        body = dumps({**job, "plan": plan, "task": task})
-        payload = pickle.dumps(
-            {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd(),
-             "job": body}
-        )  # fmt: skip
-        record.write_private(os.path.join(run_dir, record.TASK), payload)
-        del task, body, payload
-        _spawn(run_dir, listen.fileno() if listen is not None else -1)
-    except BaseException:  # Ctrl-C while it starts too: no run left behind, half begun
-        if run_dir is not None:
-            _abandon(run_dir)
-        raise
+
+        def body() -> dict[str, Any]:
+            task = dumps_checked((function, args, kwargs), "the launched function and its args")
+            return {**job, "plan": plan, "task": task}
+
+        run_id = _hand_over(
+            name, len(plan.specs), 1, body, listen.fileno() if listen is not None else -1
+        )
     finally:
         if listen is not None:
             listen.close()
@@ -100,6 +92,49 @@ def launch(
         flush=True,
     )
     return attach(run_id, dashboard=dashboard)
+
+
+def launch_on_cluster(
+    name: str, ranks: int, nodes: int, job: dict[str, Any], dashboard: bool | str | View
+) -> RunHandle:
+    """A launch on a cluster (``job["cluster"]``, not started: its configuration) handed to
+    a supervisor of its own, which starts the cluster (submits the Slurm job, holds its hub
+    and store), runs the launch and ends the job when the run ends; followed here.
+    ``job``: the task (pickled for the agents) and what ``launcher._cluster_launch`` takes."""
+    run_id = _hand_over(name, ranks, nodes, lambda: job, -1)
+    print(
+        f"notebook_launcher: run {run_id} detached ({name}, {ranks} ranks on {nodes} "
+        f"node(s)): its supervisor starts the cluster's job and owns it; it goes on without "
+        f"this kernel. notebook_launcher.attach({run_id!r}) follows it from any kernel of "
+        "yours on this machine; .stop() stops it and ends the job.",
+        flush=True,
+    )
+    return attach(run_id, dashboard=dashboard)
+
+
+def _hand_over(
+    name: str, ranks: int, nodes: int, body: Callable[[], dict[str, Any]], listen_fd: int
+) -> str:
+    """A new run's record, its task written there (``body()``: what the supervisor's
+    launch needs), and its supervisor started; the run's id."""
+    run_dir = None
+    try:
+        job = dumps(body())
+        record.sweep()
+        run_id, run_dir = record.new_run(name)
+        record.write_meta(run_dir, Meta(run_id, name, time.time(), ranks, nodes=nodes))
+        payload = pickle.dumps(
+            {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd(),
+             "job": job}
+        )  # fmt: skip
+        record.write_private(os.path.join(run_dir, record.TASK), payload)
+        del job, payload
+        _spawn(run_dir, listen_fd)
+    except BaseException:  # Ctrl-C while it starts too: no run left behind, half begun
+        if run_dir is not None:
+            _abandon(run_dir)
+        raise
+    return run_id
 
 
 def _abandon(run_dir: str) -> None:
@@ -252,6 +287,15 @@ class RunHandle(TaskHandle):
     def _take_stacks(self) -> Any:
         from ._launch import stall
         from .ui.stall import Stacks
+
+        with contextlib.suppress(OSError):
+            meta = record.read_meta(self.path)
+            if meta.nodes > 1 or meta.cluster:
+                raise LaunchError(
+                    f"stacks() of run {self.id}: its ranks run on the cluster's nodes, out "
+                    "of this kernel's reach; the dashboard shows where every rank is when "
+                    f"the run stalls (stall_after=...), attached or not"
+                )
 
         alive = {r: (pid, None) for r, pid in self.pids.items() if record.running(pid)}
         return Stacks(stall.report(alive, "request"))
@@ -422,11 +466,20 @@ class RunInfo:
     summary: str = ""
     #: "launch" or "session"
     kind: str = "launch"
+    #: the nodes its ranks run on
+    nodes: int = 1
+    #: a cluster run's job ("Slurm job 12, 2 node(s)"), once started
+    cluster: str = ""
 
     def __str__(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
         tail = f"  {self.summary}" if self.summary else ""
-        return f"{self.id}  {when}  {self.state:<15} {self.ranks} ranks  {self.function}{tail}"
+        where = f" on {self.nodes} nodes" if self.nodes > 1 else ""
+        job = f" ({self.cluster})" if self.cluster else ""
+        return (
+            f"{self.id}  {when}  {self.state:<15} {self.ranks} ranks{where}  "
+            f"{self.function}{job}{tail}"
+        )
 
 
 class Runs(list[RunInfo]):
@@ -445,8 +498,8 @@ def runs() -> Runs:
     """The detached runs (and sessions: function "session", kind "session") of this user
     on this machine, oldest first: id, function, start,
     state (running, ok, failed, stopped, or "supervisor died": its supervisor ended
-    without a word, killed or crashed, and its ranks with it), ranks, where its record
-    lives. Records of ended runs whose result nobody took go after
+    without a word, killed or crashed, and its ranks with it), ranks, nodes (and a
+    cluster run's job), where its record lives. Records of ended runs whose result nobody took go after
     ``NOTEBOOK_LAUNCHER_RUN_RETENTION`` seconds (7 days).
 
     Example::
@@ -464,7 +517,12 @@ def runs() -> Runs:
             continue
         state = record.state_of(meta)
         info = RunInfo(meta.id, meta.function, meta.started, state, meta.ranks, path)
-        found.append(dataclasses.replace(info, summary=meta.summary, kind=meta.kind))
+        found.append(
+            dataclasses.replace(
+                info, summary=meta.summary, kind=meta.kind, nodes=meta.nodes,
+                cluster=meta.cluster,
+            )
+        )  # fmt: skip
     found.sort(key=lambda run: run.started)
     return found
 

@@ -174,7 +174,10 @@ def notebook_launcher(
     Returns at once a handle as ``block=False`` does, plus ``.id`` (printed) and
     ``.stop()``; ``notebook_launcher.attach(id)`` follows the run again from any kernel of
     yours on this machine (its dashboard with the whole history, then live), and
-    ``notebook_launcher.runs()`` lists the runs (``notebook_launcher.detached``).
+    ``notebook_launcher.runs()`` lists the runs (``notebook_launcher.detached``). With
+    ``cluster=`` (a cluster not started in this kernel): the supervisor starts the cluster
+    (submits the Slurm job, holds its agents' hub and the store), runs the launch there
+    and ends the job when the run ends, is stopped, or the supervisor dies.
 
     Example::
 
@@ -201,7 +204,10 @@ def notebook_launcher(
             others=dict(num_nodes=(num_nodes, 1), node_rank=(node_rank, 0),
                         rdzv_backend=(rdzv_backend, "static"), rdzv_endpoint=(rdzv_endpoint, ""),
                         start_method=(start_method, None)),
+            detach=detach, stall_after=watch_after,
         )  # fmt: skip
+        if not isinstance(launch, _Launch):  # detached: the supervisor's job, followed here
+            return launch
         launch.watch.stall_after = watch_after
         if not block:
             return _in_background(launch, function)
@@ -310,8 +316,12 @@ def _on_cluster(
     raise_child_failed: bool | None,
     devices: Any,
     others: dict[str, tuple[Any, Any]],
-) -> _Launch:
-    """A launch on a cluster's nodes: one controller, every rank of the job planned here."""
+    detach: bool = False,
+    stall_after: float | None = None,
+) -> Any:
+    """A launch on a cluster's nodes: one controller, every rank of the job planned here
+    (a :class:`_Launch`); with ``detach``, handed to a supervisor that starts the cluster
+    and runs the launch (``detached.launch_on_cluster``; its handle)."""
     __tracebackhide__ = True
     preflight.check_cluster(cluster)
     for name, (value, default) in others.items():
@@ -332,22 +342,53 @@ def _on_cluster(
     line_prefix = preflight.check_log_line_prefix_template(log_line_prefix_template)
     child_failed = preflight.check_raise_child_failed(raise_child_failed)
     task = prepare_task(function, tuple(args), dict(kwargs or {}), "agent")
-    view = _view(dashboard, block)
-    try:
-        plan = cluster.plan(
-            view.handle,
-            num_processes,
-            mixed_precision=mixed_precision,
-            grace_period=grace_period,
-            max_restarts=policy.max_restarts,
-            devices=devices,
+    elastic_name = getattr(function, "__name__", "function") if child_failed else None
+    options = dict(
+        mixed_precision=mixed_precision, grace_period=grace_period,
+        max_restarts=policy.max_restarts, devices=devices,
+    )  # fmt: skip
+    if detach:  # what can be checked without the nodes is checked here, before any sbatch
+        from ._launch.remote import cluster_ranks
+        from ._placement import check_devices
+        from .detached import launch_on_cluster
+
+        total, _ = cluster_ranks(
+            num_processes, cluster.num_nodes, cluster.gpus_per_node, devices=devices
         )
+        preflight.check_grace_period(grace_period)
+        check_devices(devices)
+        job = dict(
+            cluster=cluster, task=task, num_processes=num_processes, options=options,
+            policy=policy, line_prefix=line_prefix, child_failed_name=elastic_name,
+            stall_after=stall_after,
+        )  # fmt: skip
+        name = getattr(function, "__name__", "function")
+        return launch_on_cluster(name, total, cluster.num_nodes, job, dashboard)
+    view = _view(dashboard, block)
+    return _cluster_launch(cluster, task, view, num_processes, options, policy, line_prefix,
+                           elastic_name)  # fmt: skip
+
+
+def _cluster_launch(
+    cluster: Cluster,
+    task: Any,
+    view: View,
+    num_processes: int | None,
+    options: dict[str, Any],
+    policy: RestartPolicy,
+    line_prefix: str | None,
+    elastic_name: str | None,
+) -> _Launch:
+    """The cluster started (if need be: the wait shown in ``view``) and the launch planned
+    on its nodes; a detached run's supervisor does the same (``_supervise``)."""
+    __tracebackhide__ = True
+    try:
+        plan = cluster.plan(view.handle, num_processes, **options)
     except BaseException as exc:  # the nodes could not be had: said, then raised
         never = RunEnd("launch", (), 0, start_error=exc)
         view.handle(finished_event(never, decide(never)))
         view.close()
         raise
-    elastic_name = getattr(function, "__name__", "function") if child_failed else None
     return _Launch(plan, task, view, policy, line_prefix, elastic_name)
 
 

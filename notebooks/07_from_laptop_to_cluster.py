@@ -126,6 +126,12 @@ print("pushed to every rank:", session.pull("lr"))
 #
 # Closing the session lets its ranks go; closing the cluster lets the agents go, and the
 # Slurm job ends (`squeue` shows nothing of it). The kernel's end would do the same.
+#
+# A run that must outlive this kernel passes a *new* cluster with `detach=True`:
+# `notebook_launcher(train, num_processes=4, cluster=SlurmCluster(nodes=2), detach=True)`.
+# A supervisor of its own then submits the job and owns it, the run goes on when the kernel
+# dies, `notebook_launcher.attach(id)` follows it from any kernel of yours on this machine,
+# and the job ends with the run (notebook 8 shows detached runs on one machine).
 
 # %%
 import subprocess

@@ -135,6 +135,31 @@ def test_a_rank_count_the_cluster_cannot_run_is_refused_before_submitting(
     assert cluster_clean.jobs() == before
 
 
+def test_a_detached_run_is_checked_here_and_refuses_a_cluster_this_kernel_started(
+    cluster_clean: SlurmTestCluster,
+    time_limited: tuple[SlurmCluster, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``detach=True`` on a cluster: the kernel's preflight runs before any supervisor or
+    job starts; a cluster this kernel started (its job is the kernel's) is refused, naming
+    the fix."""
+    from notebook_launcher import PreflightError
+    from notebook_launcher._launch import detach as record
+
+    monkeypatch.setenv(record.ROOT_ENV, str(tmp_path / "runs"))
+    before = cluster_clean.jobs()
+    with pytest.raises(PreflightError, match="num_processes=3 does not split evenly"):
+        notebook_launcher(
+            sleeps, num_processes=3, cluster=SlurmCluster(nodes=2), detach=True, dashboard=False
+        )
+    started, _ = time_limited
+    assert started.running
+    with pytest.raises(PreflightError, match=r"a cluster this kernel started .*Pass a new"):
+        notebook_launcher(sleeps, num_processes=1, cluster=started, detach=True, dashboard=False)
+    assert cluster_clean.jobs() == before and not (tmp_path / "runs").exists()
+
+
 def test_ctrl_c_while_the_job_is_queued_cancels_it(cluster_clean: SlurmTestCluster) -> None:
     cluster = SlurmCluster(nodes=2, sbatch_options=["--begin=now+600"])  # it pends
 

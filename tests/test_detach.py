@@ -277,14 +277,22 @@ def test_a_killed_supervisor_takes_its_ranks_and_attach_says_so(runs_dir: Path) 
     [
         ({"detach": "yes"}, "detach must be True or False"),
         ({"detach": True, "num_nodes": 2, "node_rank": 0}, "num_nodes=2: not yet"),
-        ({"detach": True, "cluster": object()}, "cluster=...: not yet"),
+        ({"detach": True, "cluster": object()}, "is not a cluster: pass a SlurmCluster"),
     ],
 )
-def test_what_cannot_be_detached_yet_is_refused_before_anything_starts(
+def test_what_cannot_be_detached_is_refused_before_anything_starts(
     runs_dir: Path, options: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(PreflightError, match=message):
         notebook_launcher(print, num_processes=2, **options)
+    assert not runs_dir.exists()
+
+
+def test_a_detached_session_on_a_cluster_is_refused_naming_what_works(runs_dir: Path) -> None:
+    from notebook_launcher import SlurmCluster, start
+
+    with pytest.raises(PreflightError, match=r"detach=True, cluster=...\): not yet.*Leave detach"):
+        start(2, cluster=SlurmCluster(nodes=2), detach=True, dashboard=False)
     assert not runs_dir.exists()
 
 

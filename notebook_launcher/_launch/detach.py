@@ -104,6 +104,10 @@ class Meta:
     host: str = field(default_factory=lambda: os.uname().nodename)
     #: "launch" (``notebook_launcher(detach=True)``) or "session" (``start(detach=True)``)
     kind: str = "launch"
+    #: the nodes its ranks run on (more than one: a cluster's job, the supervisor's)
+    nodes: int = 1
+    #: a cluster run's job, once its supervisor started it ("Slurm job 12, 2 node(s)")
+    cluster: str = ""
 
 
 def root() -> str:

@@ -1,0 +1,200 @@
+"""Detached runs on a cluster (issue 27): the supervisor, not the kernel, owns the Slurm job.
+
+On the loopback Slurm cluster (the session fixture ``slurm``): a detached 2-node run started
+by an interpreter that is then SIGKILLed goes on (its supervisor submitted the job and holds
+its hub and store), this process attaches and gets every line and the result, and then no
+job, agent or supervisor is left; ``stop()`` of a detached cluster run ends its job, and
+so does its supervisor's death (its agents leave when their hub connection drops); an
+``AgentCluster`` detached shows the command that starts its agents in the run's dashboard. The
+refusal of a cluster this kernel already started is in ``test_cluster.py`` (it reuses that
+module's running cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from notebook_launcher import AgentCluster, SlurmCluster, attach, notebook_launcher, runs
+from notebook_launcher._events import LaunchFinished, NodesWaiting, Output
+from notebook_launcher._launch import detach as record
+from notebook_launcher.errors import LaunchError
+
+from .helpers import ROOT, Recorder, SlurmTestCluster, agent_processes, kernel_env, wait_until
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
+
+
+@pytest.fixture
+def runs_dir(slurm: SlurmTestCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Run records under a directory of this test's; afterwards (even when the test
+    failed): no supervisor, no job in Slurm, no agent or rank process."""
+    base = Path(tempfile.mkdtemp(prefix="nl-runs-"))
+    root = base / "runs"
+    monkeypatch.setenv(record.ROOT_ENV, str(root))
+    supervisors: list[int] = []
+    try:
+        yield root
+    finally:
+        for path in record.records():
+            meta = record.read_meta(path)
+            if meta.pid is not None and record.supervisor_alive(meta):
+                supervisors.append(meta.pid)
+                os.kill(meta.pid, signal.SIGKILL)  # a failed test: its job goes with it
+        shutil.rmtree(base, ignore_errors=True)
+        wait_until(lambda: slurm.jobs() == [], 30, f"Slurm holds no job ({slurm.jobs()})")
+        wait_until(
+            lambda: agent_processes(slurm_conf=slurm.conf) == [], 30, "no agent or rank is left"
+        )
+    assert not supervisors, f"supervisors outlived the test: {supervisors}"
+
+
+def _started(run_id: str, timeout: float = 90) -> record.Meta:
+    """The run's meta once its job runs and both ranks printed."""
+    reader = record.EventReader(record.find(run_id))
+    printed: set[int] = set()
+
+    def both() -> bool:
+        printed.update(e.rank for e in reader.read() if isinstance(e, Output))
+        return printed == {0, 1}
+
+    try:
+        wait_until(both, timeout, "both ranks of the detached cluster run to print")
+    finally:
+        reader.close()
+    return record.read_meta(record.find(run_id))
+
+
+def test_a_cluster_run_outlives_a_killed_kernel_and_ends_its_job(
+    runs_dir: Path, slurm: SlurmTestCluster, tmp_path: Path
+) -> None:
+    jobs = tmp_path / "jobs"
+    code = textwrap.dedent(
+        f"""
+        import time
+        from notebook_launcher import SlurmCluster, notebook_launcher
+
+        def train(n):
+            import time
+            import torch.distributed as dist
+            for i in range(n):
+                print(f"step {{i}} of rank {{dist.get_rank()}}", flush=True)
+                time.sleep(0.1)
+            return dist.get_rank() + 100
+
+        cluster = SlurmCluster(nodes=2, job_dir={str(jobs)!r})
+        handle = notebook_launcher(train, args=(30,), num_processes=2, cluster=cluster,
+                                   detach=True, dashboard=False)
+        assert not cluster.running  # the supervisor's job, not this kernel's
+        print("ID", handle.id, flush=True)
+        time.sleep(600)
+        """
+    )
+    env = {**kernel_env(), "PYTHONPATH": str(ROOT), record.ROOT_ENV: str(runs_dir)}
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, cwd=str(ROOT), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert kernel.stdout is not None
+        line = ""
+        while "ID " not in line:
+            line = kernel.stdout.readline()
+            assert line, "the kernel ended before it printed the run's id"
+        run_id = line.split("ID ")[1].strip()
+        meta = _started(run_id)
+        assert meta.cluster.startswith("Slurm job ") and meta.nodes == 2, meta
+        job_id = meta.cluster.split()[2].rstrip(",")
+        assert slurm.jobs() == [job_id]
+        [info] = runs()
+        assert (info.id, info.state, info.ranks, info.nodes) == (run_id, "running", 2, 2)
+        assert f"2 ranks on 2 nodes  train (Slurm job {job_id}" in str(info)
+        kernel.kill()  # mid-run: SIGKILL
+        kernel.wait()
+    finally:
+        kernel.kill()
+        kernel.wait()
+        if kernel.stdout is not None:
+            kernel.stdout.close()
+    assert meta.pid is not None and record.supervisor_alive(meta)  # the run goes on
+    view = Recorder()
+    handle = attach(run_id, dashboard=view)
+    assert handle.result(timeout=90) == [100, 101]
+    for rank in (0, 1):  # nothing lost while no kernel was attached
+        assert view.lines(rank) == [f"step {i} of rank {rank}\n" for i in range(30)]
+    assert view.of(NodesWaiting)[-1].joined == 2  # the job's start, recorded too
+    assert view.of(LaunchFinished)[-1].ok
+    wait_until(lambda: not record.running(meta.pid), 15, "the supervisor to exit")
+    wait_until(lambda: slurm.jobs() == [], 30, "the job to end with the run")
+    assert not os.path.exists(handle.path) and runs() == []
+    assert not jobs.exists() or not any(jobs.iterdir())  # the job's directory went too
+
+
+@pytest.mark.parametrize("end", ["stop", "supervisor killed"])
+def test_stop_or_a_killed_supervisor_ends_the_job_of_a_detached_cluster_run(
+    runs_dir: Path, slurm: SlurmTestCluster, end: str, tmp_path: Path
+) -> None:
+    def forever() -> None:
+        import time
+
+        while True:
+            print("step", flush=True)
+            time.sleep(0.1)
+
+    cluster = SlurmCluster(nodes=2, job_dir=str(tmp_path / "jobs"))
+    handle = notebook_launcher(
+        forever, num_processes=2, cluster=cluster, detach=True, dashboard=False
+    )
+    meta = _started(handle.id)
+    assert not cluster.running and slurm.jobs() and agent_processes(slurm_conf=slurm.conf)
+    assert meta.pid is not None
+    with pytest.raises(LaunchError, match="its ranks run on the cluster's nodes"):
+        handle.stacks()
+    if end == "stop":
+        assert handle.stop() and handle.cancelled()
+        assert not os.path.exists(handle.path)
+    else:  # its agents leave when their connection to its hub drops, and the job ends
+        handle.detach()
+        os.kill(meta.pid, signal.SIGKILL)
+        with pytest.raises(LaunchError, match=rf"the supervisor \(pid {meta.pid}\) .* died"):
+            attach(handle.id, dashboard=False).result(timeout=10)
+    wait_until(lambda: not record.running(meta.pid), 20, "the supervisor to exit")
+    wait_until(lambda: slurm.jobs() == [], 30, f"the job to end ({end})")
+    wait_until(lambda: agent_processes(slurm_conf=slurm.conf) == [], 30, "the agents to end")
+
+
+def test_a_detached_agent_cluster_shows_its_agents_command_and_runs(runs_dir: Path) -> None:
+    """An :class:`AgentCluster` detached: its hub is the supervisor's, so the command that
+    starts an agent (``agent_command``) is shown in the run's dashboard, recorded as
+    every event is; an agent started with it runs the ranks, and leaves with the run."""
+
+    def rank() -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank()
+
+    view = Recorder()
+    cluster = AgentCluster(nodes=1, host="127.0.0.1")
+    handle = notebook_launcher(rank, num_processes=2, cluster=cluster, detach=True, dashboard=view)
+
+    def command() -> str:
+        said = [e.state for e in view.of(NodesWaiting) if "start an agent" in e.state]
+        return said[-1].split(": ", 1)[1] if said else ""
+
+    wait_until(command, 30, "the dashboard to show the agents' command")
+    agent = subprocess.Popen(shlex.split(command()), env=kernel_env())
+    try:
+        assert handle.result(timeout=60) == [0, 1]
+        assert agent.wait(timeout=20) == 0  # it left with the run
+    finally:
+        agent.kill()
+        agent.wait()
