@@ -151,14 +151,28 @@ def test_any_number_of_interrupts_ends_interrupted(
     group_works(session)
 
 
-def test_ctrl_c_while_a_large_value_is_pushed(session: Session) -> None:
+def test_ctrl_c_while_a_large_value_is_pushed(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C pressed while the value is being sent to the ranks (the session's lock is
+    held then, so a press from another thread could only land after the sending: here the
+    press comes as the first rank's copy goes out)."""
     big = b"x" * (120 << 20)
-    core = session.core
-    presser = Presser(session, lambda: core.task is not None, [0.0])
-    presser.start()
+    group = session.core.group
+    send = group.send
+    pressed: list[int] = []
+
+    def send_and_press(proc: Any, message: Any) -> bool:
+        if not pressed:
+            pressed.append(proc.rank)
+            os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, mid-push
+        return send(proc, message)
+
+    monkeypatch.setattr(group, "send", send_and_press)
     with pytest.raises(KeyboardInterrupt, match="interrupted: ranks \\[0, 1\\] stopped"):
         session.push(big=big)
-    presser.join(30)
+    monkeypatch.undo()
+    assert pressed == [0]
     del big
     assert session.status().state == "ready"  # not "task 1 is still running"
     session.push(small=3)
