@@ -82,6 +82,9 @@ class LaunchStarted:
     #: what the user should read before the ranks start (ranks sharing a GPU), or empty
     banner: str = ""
     session: bool = False
+    #: the id of the detached run these ranks belong to, as a kernel that follows it shows
+    #: it (the ranks are a supervisor's, not this kernel's); empty otherwise
+    detached: str = ""
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ._events import LaunchFinished, LaunchRestarting, Output, WorkerStarted
+from ._events import LaunchFinished, LaunchRestarting, LaunchStarted, Output, WorkerStarted
 from ._launch import detach as record
 from ._launch.detach import Meta
 from ._launch.plan import LaunchPlan
@@ -419,10 +419,13 @@ class _Follower:
         )
 
     def _show(self, events: list[Any], left_out: dict[int, int] | None = None) -> None:
-        for event in events:
+        for i, event in enumerate(events):
             if type(event) is Output:  # (most of them)
                 continue
-            if isinstance(event, LaunchRestarting):
+            if isinstance(event, LaunchStarted) and not event.detached:
+                # the header names the run: its ranks are its supervisor's, not this kernel's
+                events[i] = dataclasses.replace(event, detached=self.handle.id)
+            elif isinstance(event, LaunchRestarting):
                 self.handle.pids.clear()
             elif isinstance(event, WorkerStarted):
                 self.handle.pids[event.rank] = event.pid

@@ -177,6 +177,7 @@ def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(runs_dir: Pat
     for rank in (0, 1):  # nothing lost while no kernel was attached
         assert view.lines(rank) == [f"step {i} of rank {rank}\n" for i in range(20)]
     assert view.of(LaunchFinished)[-1].ok and view.closed == 1
+    assert [e.detached for e in view.of(LaunchStarted)] == [run_id]  # the header names it
     _gone(supervisor, 10, "the supervisor to exit")
     assert [(r.id, r.state) for r in runs()] == [(run_id, record.OK)]  # kept, as asked
     again = Recorder()
@@ -392,7 +393,9 @@ def test_a_long_history_replays_into_the_text_view_as_event_by_event(
     record.write_result(path, [0, 10])
     record.write_meta(path, meta)
     one_by_one = TextView(clock=lambda: 1.0)
-    for event in events:
+    for event in events:  # (attach names the run in the header)
+        if isinstance(event, LaunchStarted):
+            event = LaunchStarted(**{**event.__dict__, "detached": run_id})
         one_by_one.handle(event)
     one_by_one.close()
     expected = capsys.readouterr()

@@ -387,6 +387,17 @@ def test_nodes_meeting_then_the_job() -> None:
     assert never.summary_line() == "2 nodes, 1.0s: failed: RendezvousError: node 1 did not join"
 
 
+def test_a_followed_detached_run_is_named_in_the_header() -> None:
+    """A kernel that follows a detached run shows whose ranks these are (a supervisor's)."""
+    from notebook_launcher.ui.html import header_parts
+    from notebook_launcher.ui.text import TextView
+
+    detached = LaunchStarted(**{**started(2).__dict__, "detached": "3fa9c1"})
+    assert header_parts(fold([detached]), T0 + 1)[1:3] == ["detached run 3fa9c1", "2 ranks"]
+    assert TextView._header(detached).startswith("detached run 3fa9c1: 2 ranks, ")
+    assert "detached" not in " ".join(header_parts(fold([started(2)]), T0 + 1))
+
+
 def test_line_label_follows_the_template() -> None:
     m = fold([started(2, ranks=(4, 5))])
     assert m.line_label(5) == "[rank5]"

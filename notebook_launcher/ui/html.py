@@ -87,6 +87,8 @@ def header_parts(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> lis
         parts.append(f"{s.backend} on {s.master_addr}:{s.master_port}")
     elif s is not None:
         n = s.local_world_size
+        if s.detached:
+            parts.append(f"detached run {s.detached}")
         parts.append(f"{n} rank{'s' if n != 1 else ''}")
         if s.num_nodes > 1 and not s.hosts:  # one node's share of the job
             parts.append(f"node {s.node_rank} of {s.num_nodes}, world size {s.world_size}")

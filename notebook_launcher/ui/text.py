@@ -231,7 +231,8 @@ class TextView:
         restarts = f", up to {e.max_restarts} restarts" if e.max_restarts else ""
         placed = f"; {e.placement}" if e.placement else ""
         return (
-            f"{e.local_world_size} rank{'s' if e.local_world_size != 1 else ''}{nodes}, "
+            (f"detached run {e.detached}: " if e.detached else "")
+            + f"{e.local_world_size} rank{'s' if e.local_world_size != 1 else ''}{nodes}, "
             f"{e.start_method} ({e.start_reason}), {e.backend} {where}{restarts}{placed}"
         )
 
