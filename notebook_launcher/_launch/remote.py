@@ -49,6 +49,7 @@ from .._posix import deferred_interrupts
 from .._spec import WorkerSpec
 from .._wire import agent as wire
 from .._wire.control import Raised, Returned
+from .._wire.refusals import Refusals
 from .._wire.store import StoreProxy
 from ..errors import ClusterError, PreflightError, RankFailure
 from . import preflight
@@ -161,11 +162,17 @@ class AgentHub:
         self.handshake_timeout = handshake_timeout
         self._secret = secrets.token_bytes(32)
         self.nodes: dict[int, RemoteNode] = {}
-        self.refused: list[str] = []
-        #: connections refused in all (``refused`` keeps the last ones only)
-        self.refused_count = 0
-        self._unlogged = 0
-        self._summary_at = 0.0
+        #: why connections were turned away (the last REFUSED_KEPT kept; see
+        #: _wire.refusals: the first REFUSED_LOGGED logged one by one, then a flood in a
+        #: line per REFUSED_SUMMARY_EVERY seconds, so that a port scan does not fill the cell)
+        self.refusals = Refusals(
+            log,
+            "refused a connection from %s: %s",
+            "refused %d more connection(s) (%d in all; the last: %s)",
+            one_by_one=REFUSED_LOGGED,
+            kept=REFUSED_KEPT,
+            every=REFUSED_SUMMARY_EVERY,
+        )
         self._pending: dict[int, _Pending] = {}
         self._selector = selectors.DefaultSelector()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -335,7 +342,7 @@ class AgentHub:
             wire.keepalive(sock)
         except OSError as exc:
             sock.close()
-            self._note_refused(pending.peer, f"connection failed after the handshake ({exc})")
+            self.refusals.note(pending.peer, f"connection failed after the handshake ({exc})")
             return
         key = wire.session_key(self._secret, pending.nonce, nonce_a)
         link = wire.kernel_link(sock, key)
@@ -343,7 +350,7 @@ class AgentHub:
             hello = self._first_message(link, pending.reader.rest())
         except ClusterError as exc:
             link.close()
-            self._note_refused(pending.peer, str(exc))
+            self.refusals.note(pending.peer, str(exc))
             return
         node = (
             claim["node"]
@@ -387,33 +394,17 @@ class AgentHub:
             except OSError:
                 pass
         pending.sock.close()
-        self._note_refused(pending.peer, why)
+        self.refusals.note(pending.peer, why)
 
-    def _note_refused(self, peer: str, why: str) -> None:
-        """Keep (the last :data:`REFUSED_KEPT`) and log why a connection was turned away: the
-        first :data:`REFUSED_LOGGED` one by one, then a flood in one line per
-        :data:`REFUSED_SUMMARY_EVERY` seconds (a port scan must not fill the cell)."""
-        self.refused_count += 1
-        self.refused.append(f"{peer}: {why}")
-        del self.refused[:-REFUSED_KEPT]
-        if self.refused_count <= REFUSED_LOGGED:
-            log.warning("refused a connection from %s: %s", peer, why)
-            self._summary_at = time.monotonic() + REFUSED_SUMMARY_EVERY
-            return
-        self._unlogged += 1
-        if time.monotonic() >= self._summary_at:
-            self._log_unlogged()
+    @property
+    def refused(self) -> list[str]:
+        """The last refusals, ``peer: why``."""
+        return self.refusals.last
 
-    def _log_unlogged(self) -> None:
-        if self._unlogged:
-            log.warning(
-                "refused %d more connection(s) (%d in all; the last: %s)",
-                self._unlogged,
-                self.refused_count,
-                self.refused[-1],
-            )
-        self._unlogged = 0
-        self._summary_at = time.monotonic() + REFUSED_SUMMARY_EVERY
+    @property
+    def refused_count(self) -> int:
+        """Connections refused in all (``refused`` keeps the last ones only)."""
+        return self.refusals.count
 
     def _forget(self, pending: _Pending) -> None:
         self._pending.pop(pending.sock.fileno(), None)
@@ -426,7 +417,7 @@ class AgentHub:
         """Every node joined: nothing else may connect."""
         for pending in list(self._pending.values()):
             self._refuse(pending, "the job's nodes have all joined")
-        self._log_unlogged()
+        self.refusals.flush()
         if self._listen is not None:
             self._selector.unregister(self._listen)
             self._listen.close()

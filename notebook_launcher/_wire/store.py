@@ -42,6 +42,7 @@ import time
 import weakref
 
 from .._posix import close_quietly
+from .refusals import Refusals
 
 log = logging.getLogger("notebook_launcher.cluster")
 
@@ -325,11 +326,15 @@ class StoreProxy(_Loop):
         self.handshake_timeout = handshake_timeout
         self.max_unauthenticated = max_unauthenticated
         self._pending: dict[int, _Pending] = {}  # in the order they came
-        self.refused_count = 0
-        #: the last refusal: ``peer: why``
-        self.last_refused = ""
-        self._unlogged = 0
-        self._summary_at = 0.0
+        self.refusals = Refusals(
+            log,
+            "the ranks' store refused a connection from %s: %s (possible tampering: only "
+            "the job's nodes hold the secret)",
+            "the ranks' store refused %d more unauthenticated connection(s) (%d in all; the "
+            "last: %s)",
+            one_by_one=REFUSED_LOGGED,
+            every=REFUSED_SUMMARY_EVERY,
+        )
         self._paused_until = 0.0
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listen = socket.socket(family, socket.SOCK_STREAM)
@@ -352,7 +357,7 @@ class StoreProxy(_Loop):
 
     def close(self) -> None:
         super().close()
-        self._log_unlogged()
+        self.refusals.flush()
 
     def _accept(self, mask: int) -> None:
         for _ in range(256):  # then the others get a turn
@@ -433,39 +438,14 @@ class StoreProxy(_Loop):
     def _refuse(self, pending: _Pending, why: str) -> None:
         self._forget(pending)
         self._drop(pending.sock)
-        self.refused_count += 1
-        self.last_refused = f"{pending.peer}: {why}"
-        if self.refused_count <= REFUSED_LOGGED:
-            log.warning(
-                "the ranks' store refused a connection from %s: %s (possible tampering: "
-                "only the job's nodes hold the secret)",
-                pending.peer,
-                why,
-            )
-            self._summary_at = time.monotonic() + REFUSED_SUMMARY_EVERY
-            return
-        self._unlogged += 1
-        if time.monotonic() >= self._summary_at:
-            self._log_unlogged()
-
-    def _log_unlogged(self) -> None:
-        if self._unlogged:
-            log.warning(
-                "the ranks' store refused %d more unauthenticated connection(s) (%d in all; "
-                "the last: %s)",
-                self._unlogged,
-                self.refused_count,
-                self.last_refused,
-            )
-        self._unlogged = 0
-        self._summary_at = time.monotonic() + REFUSED_SUMMARY_EVERY
+        self.refusals.note(pending.peer, why)
 
     def _timeout(self) -> float | None:
         wake = [p.deadline for p in self._pending.values()][:1]  # the oldest ends first
         if self._paused_until:
             wake.append(self._paused_until)
-        if self._unlogged:
-            wake.append(self._summary_at)
+        if self.refusals.due is not None:
+            wake.append(self.refusals.due)
         return max(0.0, min(wake) - time.monotonic()) if wake else None
 
     def _tick(self) -> None:
@@ -479,8 +459,17 @@ class StoreProxy(_Loop):
         if self._paused_until and now >= self._paused_until and not self._closing:
             self._paused_until = 0.0
             self._selector.register(self._listen, _READ, self._accept)
-        if self._unlogged and now >= self._summary_at:
-            self._log_unlogged()
+        self.refusals.tick(now)
+
+    @property
+    def refused_count(self) -> int:
+        """Connections refused in all."""
+        return self.refusals.count
+
+    @property
+    def last_refused(self) -> str:
+        """The last refusal: ``peer: why``."""
+        return self.refusals.last[-1] if self.refusals.last else ""
 
     @property
     def waiting(self) -> int:
