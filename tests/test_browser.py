@@ -831,6 +831,16 @@ def test_attach_after_a_kernel_restart_in_jupyterlab(lab: dict[str, Any]) -> Non
                 ("1", "done"),
             ], final
             ended = page.locator(".jp-Cell").nth(1).inner_html()
+            assert not page.evaluate(WRAPPED)
+            page.locator(".jp-Cell").nth(1).scroll_into_view_if_needed()
+            _shot(page, "attach_lab_1280x800_sidebar.png")
+            page.evaluate(
+                "() => window.jupyterapp.commands.execute('application:toggle-left-area')"
+            )
+            page.set_viewport_size({"width": 1920, "height": 1080})
+            page.locator(".jp-Cell").nth(1).scroll_into_view_if_needed()
+            _shot(page, "attach_lab_1920_full_width.png")
+            assert not page.evaluate(WRAPPED)
             # the history from before the restart at once, then the lines that came after
             assert "step 0 of rank 0" in history and "step 0 of rank 1" in history
             assert "step 79 of rank 1" in ended and ended.count("80 line(s)") == 2, ended
