@@ -130,15 +130,10 @@ class Agent:
             f"its agent left: the connection from the kernel was tampered with ({why}); "
             "something on the network between them changes what they send"
         )
-        print(
-            f"notebook_launcher agent on {socket.gethostname()}: the kernel's connection was "
-            f"tampered with ({why}): stopping this node's ranks and leaving",
-            file=sys.stderr,
-            flush=True,
+        return self._leave_tampered(
+            f"the kernel's connection was tampered with ({why}): stopping this node's ranks "
+            "and leaving"
         )
-        self._flush()
-        self._close_ranks()
-        return EXIT_TAMPERED
 
     def _store_tampered(self, why: str) -> int:
         """The kernel's end of the store's connection failed its proof: this node's ranks
@@ -148,8 +143,12 @@ class Agent:
             f"({why}): something on the network between this node and the kernel changes "
             "what they send, or another program answers at the store's address (tampering)"
         )
+        return self._leave_tampered(self.ending)
+
+    def _leave_tampered(self, said: str) -> int:
+        """Say it on the node's log, tell the kernel why (``ending``), stop the ranks."""
         print(
-            f"notebook_launcher agent on {socket.gethostname()}: {self.ending}",
+            f"notebook_launcher agent on {socket.gethostname()}: {said}",
             file=sys.stderr,
             flush=True,
         )

@@ -157,6 +157,25 @@ class _Loop:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         _live.add(self)
 
+    def _listen_on(self, family: int, address: tuple[str, int], reuse: bool = False) -> None:
+        """Listen on ``address`` (its port 0: a free one) for :meth:`_accept`; on failure,
+        release everything and raise."""
+        self._listen = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            if reuse:
+                self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listen.bind(address)
+            self._listen.listen(128)
+        except OSError:
+            self._listen.close()
+            self.close()
+            raise
+        self._own(self._listen)
+        self._selector.register(self._listen, _READ, self._accept)
+
+    def _accept(self, mask: int) -> None:  # the listener's callback: each loop has its own
+        raise NotImplementedError
+
     def _begin(self) -> None:
         self._thread.start()
         self._started = True
@@ -337,19 +356,9 @@ class StoreProxy(_Loop):
         )
         self._paused_until = 0.0
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listen = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._listen.bind((host, 0))
-            self._listen.listen(128)
-        except OSError:
-            self._listen.close()
-            self.close()
-            raise
-        self._own(self._listen)
+        self._listen_on(family, (host, 0), reuse=True)
         self.host = host
         self.port: int = self._listen.getsockname()[1]
-        self._selector.register(self._listen, _READ, self._accept)
         self._begin()
 
     def __repr__(self) -> str:  # never the secret
@@ -513,17 +522,8 @@ class StoreForwarder(_Loop):
         #: kernel's proxy, or the network changes what passes (the rank's connection is
         #: closed; a flood that made the proxy drop us is not this, and the rank retries)
         self.tampered: str | None = None
-        self._listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            self._listen.bind(("127.0.0.1", 0))
-            self._listen.listen(128)
-        except OSError:
-            self._listen.close()
-            self.close()
-            raise
-        self._own(self._listen)
+        self._listen_on(socket.AF_INET, ("127.0.0.1", 0))
         self.address: tuple[str, int] = ("127.0.0.1", self._listen.getsockname()[1])
-        self._selector.register(self._listen, _READ, self._accept)
         self._begin()
 
     def __repr__(self) -> str:
