@@ -406,7 +406,13 @@ def test_a_death_restarts_every_rank(how: str) -> None:
     assert [r.attempt for r in restarts] == [1, 2]
     word = "SIGKILL" if how == "signal" else "exit code 3"
     assert all(word in r.cause and r.max_restarts == 2 for r in restarts)
-    assert len(view.of(WorkerStarted)) == 6  # both ranks, three times
+    # Rank 1 ran (to its end) in all three attempts, each time a new process; rank 0 ran in
+    # the last one ([2, 2]). In a failed attempt rank 0 may be stopped between its group's
+    # first barrier and saying it started (rank 1 ends that fast), so its count is not fixed.
+    started = view.of(WorkerStarted)
+    ones = [e.pid for e in started if e.rank == 1]
+    assert len(ones) == 3 and len(set(ones)) == 3, started
+    assert len({e.pid for e in started}) == len(started), started  # never the same process
 
 
 @pytest.mark.timeout(60)
