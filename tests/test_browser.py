@@ -693,7 +693,7 @@ CLUSTER_CELLS = [
     "from notebook_launcher import SlurmCluster, notebook_launcher\n"
     "cluster = SlurmCluster(nodes=2)",
     "def train(steps):\n"
-    "    import time\n"
+    "    import os, time\n"
     "    import torch.distributed as dist\n"
     "    from tqdm.auto import tqdm\n"
     "    for step in tqdm(range(steps), desc='step'):\n"
@@ -765,11 +765,13 @@ ATTACH_CELLS = [
     "from notebook_launcher import notebook_launcher\n"
     "\n"
     "def train(steps):\n"
-    "    import time\n"
+    "    import os, time\n"
     "    import torch.distributed as dist\n"
     "    from tqdm.auto import tqdm\n"
     "    for step in tqdm(range(steps), desc='step'):\n"
     "        print(f'step {{step}} of rank {{dist.get_rank()}}', flush=True)\n"
+    "        while step == 40 and not os.path.exists({release!r}):\n"
+    "            time.sleep(0.05)  # held until the test has seen it live\n"
     "        time.sleep(0.1)\n"
     "    return dist.get_rank() * 10\n"
     "\n"
@@ -801,7 +803,11 @@ def test_attach_after_a_kernel_restart_in_jupyterlab(lab: dict[str, Any]) -> Non
 
     runs = Path(lab["root"]).parent / "runs"
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(c.format(runs=str(runs))) for c in ATTACH_CELLS]
+    release = Path(lab["root"]).parent / "release"
+    notebook.cells = [
+        nbformat.v4.new_code_cell(c.format(runs=str(runs), release=str(release)))
+        for c in ATTACH_CELLS
+    ]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
     path = Path(lab["root"]) / "attach.ipynb"
     nbformat.write(notebook, path)
@@ -819,6 +825,7 @@ def test_attach_after_a_kernel_restart_in_jupyterlab(lab: dict[str, Any]) -> Non
             _wait(page, 0.5)
             _shot(page, "attach_live.png", live)
             history = page.locator(".jp-Cell").nth(1).inner_html()
+            release.touch()  # the run waits at step 40 until now: a slow machine cannot end it first
             page.evaluate(RUN_CELL, 2)
             outputs = _wait_for_output(page, 2, "ATTACH DONE", 60)
             assert "[0, 10] ATTACH DONE" in outputs[2], outputs
