@@ -7,8 +7,9 @@
    the dashboard's pure model (``ui.model.LaunchModel``, what the widgets draw from); the
    time until ``attach()`` returns, when the whole history is in the view (replayed at
    once: folded whole, drawn once; the dashboard reads only each rank's latest lines, the
-   ones it can show, and counts the rest), against the same history read whole and handled
-   event by event (the ratio). Then **attach -> live**: one more line appended to the log, and the time until
+   ones it can show, and counts the rest; the text view writes each rank's latest
+   ``HISTORY_LINES`` after one line counting the older ones), against the same history
+   read whole and handled event by event (the ratio). Then **attach -> live**: one more line appended to the log, and the time until
    the view has it.
 2. **detached vs attached**, the same 2-rank CPU function (``--steps`` steps of a matmul and
    a gloo all_reduce) launched ``--runs`` times each way from this process, plus a blocking
@@ -94,8 +95,12 @@ class TextInMemory:
         self.inner.handle(event)
         self.seen += 1
 
-    def replay(self, events: Any) -> None:
-        self.inner.replay(events)
+    @property
+    def history_lines(self) -> int:  # a history: each rank's latest lines, the rest counted
+        return self.inner.history_lines
+
+    def replay(self, events: Any, left_out: Any = None) -> None:
+        self.inner.replay(events, left_out)
         self.seen += len(events)
 
     def tick(self) -> None:

@@ -284,6 +284,28 @@ class RunHandle(TaskHandle):
             except ProcessLookupError:
                 pass
 
+    def output(self, rank: int | None = None) -> str:
+        """Every output line the run's ranks printed so far, from its record (the views
+        show each rank's latest lines of a long history): of ``rank``, or of every rank,
+        each line labelled ``[rankN]``, in the order the supervisor read them."""
+        reader = record.EventReader(self.path)
+        try:
+            events = reader.read()
+        finally:
+            reader.close()
+        if rank is not None:
+            return "".join(e.text for e in events if type(e) is Output and e.rank == rank)
+        lines: list[str] = []
+        partial: dict[tuple[int, str], str] = {}  # (rank, stream) -> its line being written
+        for e in events:
+            if type(e) is Output:
+                *ended, rest = (partial.pop((e.rank, e.stream), "") + e.text).split("\n")
+                lines.extend(f"[rank{e.rank}] {line}\n" for line in ended)
+                if rest:
+                    partial[e.rank, e.stream] = rest
+        lines.extend(f"[rank{r}] {text}\n" for (r, _), text in sorted(partial.items()))
+        return "".join(lines)
+
     def _take_stacks(self) -> Any:
         from ._launch import stall
         from .ui.stall import Stacks

@@ -253,6 +253,7 @@ def notebook_launcher(
         rendezvous=meeting,
         max_restarts=policy.max_restarts,
         devices=devices,
+        supervised=detach,
     )
     elastic_name = getattr(function, "__name__", "function") if child_failed else None
     if detach:  # the same plan, run by a supervisor of its own (notebook_launcher.detached)

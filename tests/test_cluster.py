@@ -26,6 +26,7 @@ from notebook_launcher._events import (
     LaunchStarted,
     NodesWaiting,
     Output,
+    WorkerStarted,
     WorkerStopped,
 )
 
@@ -451,11 +452,14 @@ def test_a_killed_agent_is_named_and_the_next_launch_gets_fresh_nodes(
     cluster_clean: SlurmTestCluster,
 ) -> None:
     cluster = SlurmCluster(nodes=2)
+    seen = Recorder()
     try:
         handle = notebook_launcher(
-            sleeps, num_processes=4, cluster=cluster, dashboard=False, block=False
+            sleeps, num_processes=4, cluster=cluster, dashboard=seen, block=False
         )
-        wait_until(lambda: len(agent_processes(cluster.job_key)) == 2 + 4, 60, "4 ranks run")
+        # running, as the kernel knows (an agent killed before it reported its ranks'
+        # start is another case: they "never started", test_agent_hub)
+        wait_until(lambda: len(seen.of(WorkerStarted)) == 4, 60, "the kernel to hear 4 ranks")
         first_job = cluster.job_id
         victim = cluster.nodes_for_launch()[1]
         os.kill(victim.hello.pid, signal.SIGKILL)

@@ -35,6 +35,7 @@ from notebook_launcher._posix import quiet_fork
 from notebook_launcher.detached import RunHandle
 from notebook_launcher.errors import LaunchError, PreflightError
 from notebook_launcher.ipython_extension import DistMagics
+from notebook_launcher.ui.text import HISTORY_LINES as TEXT_HISTORY_LINES
 from notebook_launcher.ui.text import TextView
 
 from .helpers import ROOT, Recorder, kernel_env, run_cell, wait_until
@@ -355,8 +356,9 @@ def test_a_long_history_replays_into_the_text_view_as_event_by_event(
     runs_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """100,000 lines (two ranks, both streams, a progress line redrawn with \\r, a
-    line in pieces): attach shows them as one block per stream, and what it shows is
-    what handling each event in turn shows, to the last line and the end."""
+    line in pieces): attach shows each rank's latest ``HISTORY_LINES`` as one block per
+    stream, exactly as handling each event in turn shows them, after one line per rank
+    that counts the older ones; ``handle.output()`` has them all."""
     run_id, path = record.new_run("train")
     meta = record.Meta(run_id, "train", 0.0, 2, state=record.OK, ended=1.0)
     events: list[Any] = [
@@ -417,9 +419,31 @@ def test_a_long_history_replays_into_the_text_view_as_event_by_event(
         patch.setattr(sys, "stdout", Counted("stdout", sys.stdout))
         patch.setattr(sys, "stderr", Counted("stderr", sys.stderr))
         handle = attach(run_id, dashboard=TextView(clock=lambda: 1.0))
+        everything = handle.output()
+        assert handle.output(1) == "".join(
+            e.text for e in events if isinstance(e, Output) and e.rank == 1
+        )
         assert handle.result() == [0, 10]
     shown = capsys.readouterr()
-    assert shown.out == expected.out and shown.err == expected.err
+
+    def rank_lines(text: str, rank: int) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith(f"[rank{rank}] ")]
+
+    said = [line for line in shown.out.splitlines() if "earlier line(s) not shown" in line]
+    assert [line.split()[0] for line in said] == ["[rank0]", "[rank1]"], said
+    for rank, notice in enumerate(said):
+        assert f"handle.output({rank})" in notice
+        older = int(notice.split()[2].replace(",", ""))
+        kept = 0
+        for got, want in ((shown.out, expected.out), (shown.err, expected.err)):
+            lines = [line for line in rank_lines(got, rank) if line != notice]
+            kept += len(lines)
+            assert lines == rank_lines(want, rank)[len(rank_lines(want, rank)) - len(lines) :]
+        assert rank_lines(shown.out, rank)[0] == notice  # before the rank's first line
+        whole = len(rank_lines(expected.out, rank) + rank_lines(expected.err, rank))
+        assert kept <= TEXT_HISTORY_LINES + 2 and older + kept == whole
+    assert shown.out.splitlines()[-1] == expected.out.splitlines()[-1]  # the same end
+    assert everything.count("\n") == 100_000 + 3 and "[rank1] a line in pieces\n" in everything
     # one block per run of lines to one stream (a stderr line every 1000), not a write
     # per line
     assert writes["stdout"] + writes["stderr"] < 500
@@ -441,3 +465,28 @@ def test_records_of_ended_runs_go_after_the_retention_time(
     monkeypatch.setenv(record.RETENTION_ENV, "a week")
     with pytest.raises(LaunchError, match="not a number of seconds"):
         record.retention()
+
+
+@pytest.mark.timeout(30)
+def test_a_detached_runs_start_method_is_its_supervisors_not_this_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The supervisor is a clean process: a kernel with CUDA initialised or busy threads
+    (forkserver for its own launches) still has its detached ranks forked, and the header
+    says from where, not "fast, nothing to pickle"."""
+    from notebook_launcher._launch import preflight
+    from notebook_launcher._launch.plan import plan_launch
+
+    monkeypatch.setattr(preflight, "cuda_initialized", lambda: True)
+    monkeypatch.setattr(preflight, "busy_threads", lambda: ["Thread-7"])
+    attached = plan_launch(lambda: None, 2, use_port=0)
+    detached_plan = plan_launch(lambda: None, 2, use_port=0, supervised=True)
+    asked = plan_launch(lambda: None, 2, use_port=0, supervised=True, start_method="spawn")
+    try:
+        assert (attached.start_method, detached_plan.start_method) == ("forkserver", "fork")
+        assert "CUDA is initialised" in attached.reason
+        assert detached_plan.reason.startswith("from its supervisor, a clean process")
+        assert (asked.start_method, asked.reason) == ("spawn", "asked for")
+    finally:
+        for plan in (attached, detached_plan, asked):
+            plan.close()

@@ -168,9 +168,14 @@ def plan_launch(
     rendezvous: RendezvousConfig | None = None,
     max_restarts: int = 0,
     devices: Any = "auto",
+    supervised: bool = False,
 ) -> LaunchPlan:
     """Check everything, choose the start method, bind the rendezvous port (unless a
     ``rendezvous`` of nodes will decide where the store is).
+
+    ``supervised``: the ranks start from a detached run's supervisor, not from this
+    kernel: a clean process (no CUDA, none of this kernel's threads or OpenMP pool), so
+    this kernel's state has no say in the start method.
 
     ``function`` is checked when given (a session has none at start). Raises
     :class:`~notebook_launcher.errors.PreflightError` naming the fix.
@@ -194,11 +199,17 @@ def plan_launch(
     preflight.check_no_process_group_in_parent()
     state = sys.modules.get("notebook_launcher.state")
     preflight.check_no_state_in_parent(getattr(state, "state_in_use", None))
-    cuda_init = preflight.cuda_initialized()
-    wants_fork = start_method in (None, "auto", "fork") and not cuda_init
-    fork_safe = preflight.fork_is_safe() if wants_fork else True  # may fork a probe
-    busy = preflight.busy_threads() if wants_fork else []
-    method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe, busy)
+    if supervised:
+        method, reason = preflight.resolve_start_method(start_method, False)
+        if start_method in (None, "auto"):
+            reason = "from its supervisor, a clean process (no CUDA, none of this kernel's threads)"
+        fork_safe = True
+    else:
+        cuda_init = preflight.cuda_initialized()
+        wants_fork = start_method in (None, "auto", "fork") and not cuda_init
+        fork_safe = preflight.fork_is_safe() if wants_fork else True  # may fork a probe
+        busy = preflight.busy_threads() if wants_fork else []
+        method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe, busy)
     listen = None
     try:  # the socket is the plan's once made; until then (Ctrl-C included) ours to close
         if rendezvous is None:

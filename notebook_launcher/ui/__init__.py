@@ -38,8 +38,9 @@ class View(Protocol):
 
 
 def history_lines(view: View) -> int | None:
-    """How many of a rank's latest output lines ``view`` can show, when it shows only
-    those (the dashboard); None when it shows every line (the text view)."""
+    """How many of a rank's latest output lines of a history ``view`` shows, when it shows
+    only those (the dashboard: the most it can show; the text view: ``HISTORY_LINES``);
+    None when it shows every line."""
     return getattr(view, "history_lines", None)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
 from .._events import (
@@ -47,6 +47,10 @@ from .model import STARTING, WAITING, LaunchModel, RankState, fmt_duration, fmt_
 
 #: Seconds between two flushes of the stream by :meth:`TextView.tick`.
 FLUSH_INTERVAL = 0.2
+
+#: Of a history replayed at once (``attach``), the latest output lines of each rank that
+#: are written; older ones are counted in one line (the run's handle has them all).
+HISTORY_LINES = 1000
 
 
 class TextView:
@@ -87,6 +91,11 @@ class TextView:
         self._labels: dict[int, str] = {}  # rank -> the label of its lines, until an event
         #: while a history is replayed: what it writes, (target, text), written at the end
         self._held: list[tuple[TextIO, str]] | None = None
+        #: rank -> its older output lines a replayed history left out, said before its first
+        self._left_out: dict[int, int] = {}
+
+    #: of a history, the latest output lines of each rank it writes (see ``ui.replay``)
+    history_lines = HISTORY_LINES
 
     @property
     def stream(self) -> TextIO:
@@ -148,7 +157,17 @@ class TextView:
             self._write(f"{self.model.line_label(event.rank)} {state.outcome()}\n")
         self._show_alerts(now)
 
+    def _say_left_out(self, only: int | None = None) -> None:
+        for rank in sorted(self._left_out) if only is None else (only,):
+            lines = self._left_out.pop(rank)
+            self._write(
+                f"{self.model.line_label(rank)} ... {lines:,} earlier line(s) not "
+                f"shown here: the run's handle has them all (handle.output({rank}))\n"
+            )
+
     def _output(self, event: Output) -> None:
+        if self._left_out and event.rank in self._left_out:
+            self._say_left_out(event.rank)
         out = self.model.rank(event.rank).output
         before = out.total
         self.model._on_Output(event)
@@ -166,9 +185,14 @@ class TextView:
         for _, _, line in reversed(committed):
             self._write(f"{label} {line}\n", stderr=stderr)
 
-    def replay(self, events: Sequence[Event]) -> None:
+    def replay(self, events: Sequence[Event], left_out: Mapping[int, int] | None = None) -> None:
         """A history at once (``attach``): what ``handle`` would write for each event in
-        turn, written as one block per run of lines to one stream, not a write per line."""
+        turn, written as one block per run of lines to one stream, not a write per line.
+        ``left_out``: rank -> its output lines older than :attr:`history_lines`, not read:
+        one line before the rank's first line says how many, and where they are."""
+        for rank, lines in (left_out or {}).items():
+            self.model.lines_left_out(rank, lines)
+            self._left_out[rank] = self._left_out.get(rank, 0) + lines
         if self._held is not None:  # (a replay within a replay: one block at the end)
             for event in events:
                 self.handle(event)
@@ -177,6 +201,7 @@ class TextView:
         try:
             for event in events:
                 self.handle(event)
+            self._say_left_out()  # (a rank with no line after its cut)
         finally:
             held, self._held = self._held, None
             blocks: list[tuple[TextIO, list[str]]] = []
