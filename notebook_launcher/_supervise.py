@@ -114,6 +114,7 @@ def _supervise(run_dir: str, listen_fd: int) -> None:
     meta = detach.read_meta(run_dir)
     meta.pid, meta.pid_start, meta.state = os.getpid(), start_time(os.getpid()), detach.RUNNING
     detach.write_meta(run_dir, meta)
+    detach.beat(run_dir)  # (a kernel on another host judges it alive by this file)
     os.write(1, f"{os.getpid()}\n".encode())
     os.dup2(2, 1)  # the handshake is over: stdout joins stderr, in supervisor.log
     if meta.kind == "session":  # a session's calls, served until it is stopped
@@ -184,7 +185,7 @@ def _run(run_dir: str, listen_fd: int) -> Any:
             function, args, kwargs = _serialization.loads(task)
             task = prepare_task(function, args, kwargs, "fork")
         writer = detach.EventWriter(run_dir)
-        view = view_for(_Recording(writer))
+        view = view_for(_Recording(writer, run_dir))
         launch = _Launch(
             plan, task, view, job["policy"], job["line_prefix"], job["child_failed_name"]
         )
@@ -212,7 +213,7 @@ def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
 
     cluster = job["cluster"]
     writer = detach.EventWriter(run_dir)
-    view = view_for(_Recording(writer))
+    view = view_for(_Recording(writer, run_dir))
     try:
         launch = _cluster_launch(
             cluster, job["task"], view, job["num_processes"], job["options"], job["policy"],
@@ -237,16 +238,33 @@ def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
 
 
 class _Recording:
-    """A view that appends every event to the run's log (``_launch.detach.EventWriter``)."""
+    """A view that appends every event to the run's log (``_launch.detach.EventWriter``);
+    its ticks (at least twice a second) beat the run's heartbeat and take a stop asked
+    for from another host (``_launch.detach.beat``) as Ctrl-C."""
 
-    def __init__(self, writer: Any) -> None:
-        self.writer = writer
+    def __init__(self, writer: Any, run_dir: str) -> None:
+        self.writer, self.run_dir = writer, run_dir
+        self.beaten = time.monotonic()
+        self.stopping = False
 
     def handle(self, event: Any) -> None:
         self.writer.write(event)
 
     def tick(self) -> None:
-        pass
+        from ._launch import detach
+
+        now = time.monotonic()
+        if now - self.beaten < detach.HEARTBEAT_INTERVAL:
+            return
+        self.beaten = now
+        try:
+            asked = detach.beat(self.run_dir)
+        except OSError:  # (the record is the kernel's to remove: nothing to beat)
+            return
+        if asked and not self.stopping:
+            self.stopping = True
+            print("supervisor: a stop was asked for from another host", file=sys.stderr)
+            os.kill(os.getpid(), signal.SIGINT)  # as stop() from this host: Ctrl-C
 
     def close(self) -> None:
         pass

@@ -23,7 +23,7 @@ Example::
     handle = notebook_launcher(train, num_processes=2, detach=True)   # prints its id
     # ... the kernel restarts ...
     from notebook_launcher import attach, runs
-    runs()                      # every run of yours on this machine, and its state
+    runs()                      # every run of yours (its record here), and its state
     attach("3fa9c1").result()   # the dashboard with its history, then the values
 """
 
@@ -278,6 +278,10 @@ class RunHandle(TaskHandle):
             meta = record.read_meta(self.path)
         except OSError:
             return  # the record is gone: the run ended, and a kernel took its result
+        if record.elsewhere(meta):  # not ours to signal: asked through the record
+            with contextlib.suppress(OSError):
+                record.ask_to_stop(self.path)
+            return
         if meta.pid is not None and record.supervisor_alive(meta):
             try:
                 os.kill(meta.pid, signal.SIGINT)
@@ -312,6 +316,13 @@ class RunHandle(TaskHandle):
 
         with contextlib.suppress(OSError):
             meta = record.read_meta(self.path)
+            if record.elsewhere(meta):
+                raise LaunchError(
+                    f"stacks() of run {self.id}: its supervisor and ranks run on host "
+                    f"{meta.host}, not this one ({record.this_host()}); call it from a "
+                    "kernel there, or let the dashboard show where every rank is when the "
+                    "run stalls (stall_after=...)"
+                )
             if meta.nodes > 1 or meta.cluster:
                 raise LaunchError(
                     f"stacks() of run {self.id}: its ranks run on the cluster's nodes, out "
@@ -410,7 +421,8 @@ class _Follower:
         """Show what the log holds now; settle the handle when the run has ended."""
         try:
             meta = record.read_meta(self.run_dir)
-            state = record.state_of(meta)  # before the log: a final state means a full log
+            state = record.state_of(meta, self.run_dir)  # (before the log: a final state
+            # means a full log)
             if self.replayed:
                 self._show(self.reader.read())
             else:  # the history: only what the view can show is read (the rest counted)
@@ -423,10 +435,12 @@ class _Follower:
         if state in record.ENDED:
             self._end(outcome)
         elif state == record.DIED:
+            where = f" on host {meta.host}" if record.elsewhere(meta) else ""
+            silent = f" (no heartbeat for over {record.HEARTBEAT_STALE:.0f} s)" if where else ""
             why = (
-                f"the supervisor (pid {meta.pid}) of run {meta.id} died before the run "
-                "ended: its ranks were ended with it. Its own log may say why: "
-                f"{os.path.join(self.run_dir, record.LOG)}"
+                f"the supervisor (pid {meta.pid}{where}) of run {meta.id} died before the "
+                f"run ended{silent}: its ranks were ended with it. Its own log may say "
+                f"why: {os.path.join(self.run_dir, record.LOG)}"
             )
             wall = time.time() - meta.started
             self.view.handle(LaunchFinished(False, why, None, wall, time.time()))
@@ -495,12 +509,16 @@ class RunInfo:
     nodes: int = 1
     #: a cluster run's job ("Slurm job 12, 2 node(s)"), once started
     cluster: str = ""
+    #: the host its supervisor runs on
+    host: str = ""
 
     def __str__(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
         tail = f"  {self.summary}" if self.summary else ""
         where = f" on {self.nodes} nodes" if self.nodes > 1 else ""
         job = f" ({self.cluster})" if self.cluster else ""
+        if self.host and self.host != record.this_host():
+            job += f" [supervisor on {self.host}]"
         return (
             f"{self.id}  {when}  {self.state:<15} {self.ranks} ranks{where}  "
             f"{self.function}{job}{tail}"
@@ -521,7 +539,9 @@ class Runs(list[RunInfo]):
 
 def runs() -> Runs:
     """The detached runs (and sessions: function "session", kind "session") of this user
-    on this machine, oldest first: id, function, start,
+    under the records' root (``~/.notebook_launcher/runs``: on a home that hosts share, the
+    runs of every host, a supervisor elsewhere named ``[supervisor on HOST]``), oldest
+    first: id, function, start,
     state (running, ok, failed, stopped, or "supervisor died": its supervisor ended
     without a word, killed or crashed, and its ranks with it), ranks, nodes (and a
     cluster run's job), where its record lives. Records of ended runs whose result nobody took go after
@@ -540,12 +560,12 @@ def runs() -> Runs:
             meta = record.read_meta(path)
         except (OSError, ValueError, TypeError, LaunchError):
             continue
-        state = record.state_of(meta)
+        state = record.state_of(meta, path)
         info = RunInfo(meta.id, meta.function, meta.started, state, meta.ranks, path)
         found.append(
             dataclasses.replace(
                 info, summary=meta.summary, kind=meta.kind, nodes=meta.nodes,
-                cluster=meta.cluster,
+                cluster=meta.cluster, host=meta.host,
             )
         )  # fmt: skip
     found.sort(key=lambda run: run.started)

@@ -510,6 +510,7 @@ def serve(run_dir: str, meta: Meta) -> None:
             pass
         server = _Server(run_dir, meta)
         threading.Thread(target=server.accept, args=(listener,), daemon=True).start()
+        threading.Thread(target=_heartbeat, args=(run_dir,), daemon=True).start()
         server.main_loop()
     except _Stop:
         pass
@@ -522,6 +523,17 @@ def serve(run_dir: str, meta: Meta) -> None:
         if server is not None:
             server.writer.close()
         record.remove(run_dir)
+
+
+def _heartbeat(run_dir: str) -> None:
+    """The session's heartbeat, for ``runs()`` on another host (its record on a shared
+    home); a session is attached to only on its own host (its Unix socket)."""
+    while True:
+        time.sleep(record.HEARTBEAT_INTERVAL)
+        try:
+            record.beat(run_dir)
+        except OSError:
+            return  # the record was removed: the session is ending
 
 
 # --- the kernel's side -------------------------------------------------------------------
@@ -861,8 +873,14 @@ def _wait_listening(run_dir: str, pid: int) -> None:
 
 def attach_session(run_id: str, run_dir: str, dashboard: bool | str | View) -> DetachedSession:
     """``attach(id)`` of a session: it must still live; said when its supervisor died."""
-    session = DetachedSession(run_id, run_dir, dashboard)
     meta = record.read_meta(run_dir)
+    if record.elsewhere(meta):
+        raise LaunchError(
+            f"session {run_id} runs on host {meta.host}, not on this one "
+            f"({record.this_host()}): a session is reached through a socket on its own "
+            f"host. Attach from a kernel there: notebook_launcher.attach({run_id!r})"
+        )
+    session = DetachedSession(run_id, run_dir, dashboard)
     if record.state_of(meta) == record.DIED:
         raise session._gone()
     status = session.status()  # refused, or gone: said now

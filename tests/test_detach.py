@@ -267,11 +267,49 @@ def test_a_killed_supervisor_takes_its_ranks_and_attach_says_so(runs_dir: Path) 
         _gone(pid, 2, f"rank pid {pid} to die with its supervisor")
     assert time.monotonic() - killed <= 2
     assert [r.state for r in runs()] == [record.DIED]
+    # a kernel on another host (the record on a home both share) cannot look for the
+    # pid: the supervisor's heartbeat stopped, and that says it
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(record, "this_host", lambda: "login2")
+        patch.setattr(record, "HEARTBEAT_STALE", 0.5)
+        died = [record.DIED]
+        wait_until(lambda: [r.state for r in runs()] == died, 5, "the heartbeat to go stale")
+        with pytest.raises(LaunchError, match=rf"on host {meta.host}\) .* \(no heartbeat for"):
+            attach(handle.id, dashboard=False, keep=True).result(timeout=10)
     view = Recorder()
     with pytest.raises(LaunchError, match=rf"the supervisor \(pid {meta.pid}\) .* died"):
         attach(handle.id, dashboard=view).result(timeout=10)
     assert view.lines(0)  # its history up to the end
     assert not view.of(LaunchFinished)[-1].ok
+
+
+@pytest.mark.timeout(60)
+def test_a_kernel_on_another_host_follows_and_stops_the_run_through_its_record(
+    runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record on a home both hosts share (a login node's supervisor, a kernel on a
+    compute node): the run is alive by its heartbeat, followed from its log, and stopped
+    by the stop file (no signal reaches another host); stacks() says where to call it."""
+    handle = notebook_launcher(_steps(600, 0.05), num_processes=2, detach=True, dashboard=False)
+    pids = _ranks_running(handle.id)
+    handle.detach()
+    meta = _meta(handle.id)
+    monkeypatch.setattr(record, "this_host", lambda: "login2")  # this kernel: elsewhere now
+    time.sleep(2 * record.HEARTBEAT_INTERVAL)  # beats, not its start, keep it alive
+    [info] = runs()
+    assert info.state == "running" and f"[supervisor on {meta.host}]" in str(info), info
+    view = Recorder()
+    there = attach(handle.id, dashboard=view, keep=True)
+    assert view.lines(0) and view.lines(1)  # the history
+    with pytest.raises(LaunchError, match=f"run on host {meta.host}, not this one"):
+        there.stacks()
+    assert there.stop() and there.cancelled()
+    assert "a stop was asked for from another host" in (Path(there.path) / record.LOG).read_text()
+    assert [(r.id, r.state) for r in runs()] == [(handle.id, record.STOPPED)]
+    assert meta.pid is not None
+    for pid in (*pids.values(), meta.pid):
+        _gone(pid, 10, f"process {pid} of the stopped run to end")
+    record.remove(there.path)
 
 
 @pytest.mark.parametrize(

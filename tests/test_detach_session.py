@@ -204,6 +204,11 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
     pids = session.status().pids
     meta = record.read_meta(session.path)
     assert meta.pid is not None
+    with pytest.MonkeyPatch.context() as patch:  # a kernel on another host, a shared home
+        patch.setattr(record, "this_host", lambda: "login2")
+        assert [r.state for r in runs()] == ["running"]  # by its heartbeat
+        with pytest.raises(LaunchError, match=f"runs on host {meta.host}, not on this one"):
+            attach(session.id)
     session.detach()
     os.kill(meta.pid, signal.SIGKILL)
     for pid in pids:

@@ -15,6 +15,10 @@ supervisor and every kernel that attaches share nothing but a directory, one per
                     reads back several times faster: tag, rank, time, UTF-8 text
       result.pkl    at the end: the per-rank values, or the exception to raise       0600
       supervisor.log  the supervisor's own stderr (why it could not start, if so)   0600
+      heartbeat     touched by the supervisor every second while the run runs: how  0600
+                    a kernel on another host (the record on a shared home) knows it lives
+      stop          written by a kernel on another host to stop the run (it cannot  0600
+                    signal the supervisor): the supervisor stops it within a second
 
     kernel                                    supervisor (its own session, parent: init)
     ------                                    ------------------------------------------
@@ -25,6 +29,7 @@ supervisor and every kernel that attaches share nothing but a directory, one per
     attach: replay events.log, then tail it   view that appends to events.log
             meta.json says how it ended  <--  result.pkl, then meta.json: ok|failed|stopped
     stop(): SIGINT to the supervisor  ------> every rank stopped, as Ctrl-C does
+      (from another host: the stop file)
 
 What protects a run is the file system: the directories are 0700 and the files 0600, so
 only their user (and root) can read the outputs, the task or the result, and only that user
@@ -57,13 +62,19 @@ ROOT_ENV = "NOTEBOOK_LAUNCHER_RUNS_DIR"
 RETENTION_ENV = "NOTEBOOK_LAUNCHER_RUN_RETENTION"
 DEFAULT_RETENTION = 7 * 24 * 3600.0
 
-META, TASK, EVENTS, RESULT, LOG = (
+META, TASK, EVENTS, RESULT, LOG, HEARTBEAT, STOP = (
     "meta.json",
     "task.pkl",
     "events.log",
     "result.pkl",
     "supervisor.log",
+    "heartbeat",
+    "stop",
 )
+#: Seconds between two touches of a running supervisor's heartbeat file.
+HEARTBEAT_INTERVAL = 1.0
+#: A supervisor on another host whose heartbeat is older than this is taken for dead.
+HEARTBEAT_STALE = 15.0
 
 #: The states a run's meta file says; "supervisor died" is never written, it is found.
 RUNNING, OK, FAILED, STOPPED, DIED = "running", "ok", "failed", "stopped", "supervisor died"
@@ -193,11 +204,45 @@ def read_meta(run_dir: str) -> Meta:
     return Meta(**{k: v for k, v in fields.items() if k in known})
 
 
-def supervisor_alive(meta: Meta) -> bool:
-    """The run's supervisor is still the process it was (not a pid reused since)."""
+def this_host() -> str:
+    return os.uname().nodename
+
+
+def elsewhere(meta: Meta) -> bool:
+    """The run's supervisor runs on another host (its record on a home both share)."""
+    return meta.host != this_host()
+
+
+def supervisor_alive(meta: Meta, run_dir: str | None = None) -> bool:
+    """The run's supervisor is still the process it was (not a pid reused since); of a
+    supervisor on another host (``run_dir`` given), its heartbeat is recent."""
     if meta.pid is None:
         return meta.state == STARTING and time.time() - meta.started < 30
+    if elsewhere(meta):
+        if run_dir is None:
+            return True  # (no way to tell: the caller's record says)
+        try:
+            beat = os.stat(os.path.join(run_dir, HEARTBEAT)).st_mtime
+        except OSError:
+            return False
+        return time.time() - beat < HEARTBEAT_STALE
     return running(meta.pid) and start_time(meta.pid) == meta.pid_start
+
+
+def beat(run_dir: str) -> bool:
+    """The supervisor's heartbeat (``HEARTBEAT_INTERVAL``): its file touched; True when a
+    kernel on another host asked for the run to stop (the stop file)."""
+    path = os.path.join(run_dir, HEARTBEAT)
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+    return os.path.exists(os.path.join(run_dir, STOP))
+
+
+def ask_to_stop(run_dir: str) -> None:
+    """Ask the supervisor to stop the run (from a host where it cannot be signalled)."""
+    write_private(os.path.join(run_dir, STOP), b"stop\n")
 
 
 def running(pid: int) -> bool:
@@ -209,10 +254,10 @@ def running(pid: int) -> bool:
         return False
 
 
-def state_of(meta: Meta) -> str:
+def state_of(meta: Meta, run_dir: str | None = None) -> str:
     """Its state as written, or "supervisor died" when it says running but the supervisor
-    is gone."""
-    if meta.state in ENDED or supervisor_alive(meta):
+    is gone (on another host: ``run_dir``'s heartbeat stopped)."""
+    if meta.state in ENDED or supervisor_alive(meta, run_dir):
         return meta.state
     return DIED
 
@@ -263,7 +308,7 @@ def sweep(now: float | None = None) -> None:
     for path in records():
         with contextlib.suppress(OSError, ValueError, TypeError):
             meta = read_meta(path)
-            if state_of(meta) not in (*ENDED, DIED):
+            if state_of(meta, path) not in (*ENDED, DIED):
                 continue
             ended = meta.ended or os.stat(os.path.join(path, META)).st_mtime
             if meta.ended is None:  # died: its last word is its log's last write
