@@ -59,6 +59,23 @@ def main(argv: list[str]) -> None:
     _supervise(run_dir, listen_fd)
 
 
+def in_job(run_dir: str) -> None:
+    """A Slurm run's supervisor inside its own job (``detached.launch_in_job``): the batch
+    script's process on the job's first node. Nothing to fork away from (the job is not
+    the kernel's); its stdout and stderr are the job's output file. It starts the agents
+    as a step of this job (the cluster uses the allocation it runs in), runs the launch,
+    and the job ends when it does."""
+    from ._launch import detach
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    log = os.open(os.path.join(run_dir, detach.LOG), flags, 0o600)
+    for fd in (1, 2):  # its words in the record, as a supervisor's on the kernel's host
+        os.dup2(log, fd)
+    os.close(log)
+    print(f"supervisor: in Slurm job {os.environ.get('SLURM_JOB_ID', '?')}", file=sys.stderr)
+    _supervise(run_dir, -1, handshake=False)
+
+
 def preload() -> None:
     """Import what the supervisor needs (in the forkserver, before it forks one)."""
     import importlib
@@ -103,8 +120,9 @@ def forked(run_dir: str, fds: list[int], has_listen: bool) -> NoReturn:
             os._exit(code)
 
 
-def _supervise(run_dir: str, listen_fd: int) -> None:
-    """The supervisor, from its handshake to its run's record of the end."""
+def _supervise(run_dir: str, listen_fd: int, handshake: bool = True) -> None:
+    """The supervisor, from its handshake (``handshake``: the kernel waits for its pid on
+    fd 1) to its run's record of the end."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the kernel ignored it
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -113,16 +131,20 @@ def _supervise(run_dir: str, listen_fd: int) -> None:
 
     meta = detach.read_meta(run_dir)
     meta.pid, meta.pid_start, meta.state = os.getpid(), start_time(os.getpid()), detach.RUNNING
+    meta.host = detach.this_host()  # (in a Slurm job: its first node)
+    if not handshake:  # in its own Slurm job
+        meta.cluster = f"Slurm job {os.environ.get('SLURM_JOB_ID')}, {meta.nodes} node(s)"
     detach.write_meta(run_dir, meta)
     detach.beat(run_dir)  # (a kernel on another host judges it alive by this file)
-    os.write(1, f"{os.getpid()}\n".encode())
-    os.dup2(2, 1)  # the handshake is over: stdout joins stderr, in supervisor.log
+    if handshake:
+        os.write(1, f"{os.getpid()}\n".encode())
+        os.dup2(2, 1)  # the handshake is over: stdout joins stderr, in supervisor.log
     if meta.kind == "session":  # a session's calls, served until it is stopped
         from .detached_session import serve
 
         serve(run_dir, meta)
         return
-    outcome = _run(run_dir, listen_fd)
+    outcome = _run(run_dir, listen_fd, in_job=not handshake)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     detach.write_result(run_dir, outcome)
@@ -149,8 +171,10 @@ def _summary(outcome: Any) -> str:
     return f"{len(outcome)} rank(s) returned"
 
 
-def _run(run_dir: str, listen_fd: int) -> Any:
-    """The launch, to its end: the per-rank values or the exception to raise."""
+def _run(run_dir: str, listen_fd: int, in_job: bool = False) -> Any:
+    """The launch, to its end: the per-rank values or the exception to raise. ``in_job``:
+    inside the run's Slurm job, whose ``SLURM_*`` variables (the allocation the cluster
+    starts its agents in) stand over the kernel's."""
     import pickle
     import socket
 
@@ -170,8 +194,13 @@ def _run(run_dir: str, listen_fd: int) -> Any:
         sys.path[:] = payload["sys_path"]  # the kernel's: the function's modules import
         # the kernel's environment and directory now (a warm supervisor has its
         # forkserver's, from when that started): forked ranks inherit them
+        job_env = {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
         os.environ.clear()
         os.environ.update(payload["environ"])
+        if in_job:
+            for name in [k for k in os.environ if k.startswith("SLURM_")]:
+                del os.environ[name]
+            os.environ.update(job_env)
         if os.path.isdir(payload["cwd"]):
             os.chdir(payload["cwd"])
         job = _serialization.loads(payload.pop("job"))
@@ -220,7 +249,7 @@ def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
             job["line_prefix"], job["child_failed_name"],
         )  # fmt: skip
         meta = detach.read_meta(run_dir)
-        meta.cluster = cluster.describe()
+        meta.cluster = meta.cluster or cluster.describe()  # (in its job: named already)
         detach.write_meta(run_dir, meta)
         launch.watch.stall_after = job["stall_after"]
         del job

@@ -18,6 +18,11 @@ port bound), then handed to a supervisor process that is not this kernel's child
       handle.stop()  -- SIGINT --------------------> every rank stopped (as Ctrl-C)
       Ctrl-C in handle.result(): this kernel stops following; the run goes on
 
+On a Slurm cluster the supervisor is the batch script of the run's own job (sbatch instead
+of the forkserver; ``queued`` until the job starts); a kernel on another host than the
+supervisor's (the record on a shared home) judges it alive by its heartbeat file and stops
+it with a stop file instead of a signal.
+
 Example::
 
     handle = notebook_launcher(train, num_processes=2, detach=True)   # prints its id
@@ -45,7 +50,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ._events import LaunchFinished, LaunchRestarting, LaunchStarted, Output, WorkerStarted
+from ._events import (
+    LaunchFinished,
+    LaunchRestarting,
+    LaunchStarted,
+    NodesWaiting,
+    Output,
+    WorkerStarted,
+)
 from ._launch import detach as record
 from ._launch.detach import Meta
 from ._launch.plan import LaunchPlan
@@ -98,9 +110,26 @@ def launch_on_cluster(
     name: str, ranks: int, nodes: int, job: dict[str, Any], dashboard: bool | str | View
 ) -> RunHandle:
     """A launch on a cluster (``job["cluster"]``, not started: its configuration) handed to
-    a supervisor of its own, which starts the cluster (submits the Slurm job, holds its hub
-    and store), runs the launch and ends the job when the run ends; followed here.
-    ``job``: the task (pickled for the agents) and what ``launcher._cluster_launch`` takes."""
+    a supervisor of its own, followed here. A :class:`SlurmCluster` that submits a job gets
+    its supervisor *inside* that job (:func:`_hand_over_to_job`): the job holds the hub,
+    the store and the ranks, and nothing of the run is left on this host. Otherwise (an
+    :class:`AgentCluster`, or a Slurm allocation this kernel runs in) the supervisor runs
+    on this host, starts the cluster (holds its hub and store), runs the launch and ends
+    the cluster when the run ends. ``job``: the task (pickled for the agents) and what
+    ``launcher._cluster_launch`` takes."""
+    from .cluster import SlurmCluster
+
+    cluster = job["cluster"]
+    if isinstance(cluster, SlurmCluster) and cluster._uses_allocation() is None:
+        run_id, job_id = _hand_over_to_job(name, ranks, nodes, job, cluster)
+        print(
+            f"notebook_launcher: run {run_id} detached ({name}, {ranks} ranks on {nodes} "
+            f"node(s)): Slurm job {job_id} runs it, its supervisor included; it goes on "
+            f"without this kernel. notebook_launcher.attach({run_id!r}) follows it from any "
+            "kernel of yours that reads this record; .stop() stops it and ends the job.",
+            flush=True,
+        )
+        return attach(run_id, dashboard=dashboard)
     run_id = _hand_over(name, ranks, nodes, lambda: job, -1)
     print(
         f"notebook_launcher: run {run_id} detached ({name}, {ranks} ranks on {nodes} "
@@ -110,6 +139,51 @@ def launch_on_cluster(
         flush=True,
     )
     return attach(run_id, dashboard=dashboard)
+
+
+def _hand_over_to_job(
+    name: str, ranks: int, nodes: int, job: dict[str, Any], cluster: Any
+) -> tuple[str, str]:
+    """A new run's record (on a file system the job's nodes read: a shared home), its task
+    written there, and a Slurm job submitted whose batch script is the run's supervisor
+    (``_supervise.in_job``); ``(run id, job id)``. The run is "queued" until that
+    supervisor starts."""
+    from ._launch import slurm
+
+    run_dir = job_id = None
+    try:
+        body = dumps(job)
+        record.sweep()
+        run_id, run_dir = record.new_run(name)
+        meta = Meta(run_id, name, time.time(), ranks, state=record.QUEUED, nodes=nodes)
+        record.write_meta(run_dir, meta)
+        payload = pickle.dumps(
+            {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd(),
+             "job": body}
+        )  # fmt: skip
+        record.write_private(os.path.join(run_dir, record.TASK), payload)
+        del body, payload
+        parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = (
+            f"import sys; sys.path.insert(0, {parent!r}); "
+            "from notebook_launcher._supervise import in_job; in_job(sys.argv[1])"
+        )
+        script = os.path.join(run_dir, "job.sh")
+        text = slurm.batch_script(
+            cluster.sbatch_options, cluster.setup, (), os.path.join(run_dir, "slurm-%j.out"),
+            supervisor=(cluster.python, "-c", code, run_dir),
+        )  # fmt: skip
+        record.write_private(script, text.encode())
+        with deferred_interrupts():  # a job submitted and not written down: none
+            job_id = slurm.submit(script)
+            record.write_private(os.path.join(run_dir, record.JOB), f"{job_id}\n".encode())
+    except BaseException:  # Ctrl-C while it is submitted too: no job, no record left
+        if job_id is not None:
+            slurm.cancel(job_id)
+        if run_dir is not None:
+            record.remove(run_dir)
+        raise
+    return run_id, job_id
 
 
 def _hand_over(
@@ -278,6 +352,15 @@ class RunHandle(TaskHandle):
             meta = record.read_meta(self.path)
         except OSError:
             return  # the record is gone: the run ended, and a kernel took its result
+        if meta.state == record.QUEUED and meta.pid is None:  # its job waits in the queue
+            from ._launch import slurm
+
+            with contextlib.suppress(OSError):
+                record.ask_to_stop(self.path)  # (should its supervisor start meanwhile)
+            job = record.job_of(self.path)
+            if job is not None:
+                slurm.cancel(job)
+            return
         if record.elsewhere(meta):  # not ours to signal: asked through the record
             with contextlib.suppress(OSError):
                 record.ask_to_stop(self.path)
@@ -404,6 +487,9 @@ class _Follower:
         self.reader = record.EventReader(run_dir)
         self.ended = False
         self.replayed = False  # the history (the first read) is shown at once
+        #: while the run's Slurm job is queued: when to ask Slurm again, what it said
+        self.next_look = 0.0
+        self.waiting: str | None = None
 
     def follow(self) -> None:
         try:
@@ -434,6 +520,10 @@ class _Follower:
             return
         if state in record.ENDED:
             self._end(outcome)
+        elif state == record.QUEUED:
+            self._queued(meta)
+        elif state == record.DIED and meta.pid is None and meta.state == record.QUEUED:
+            self._end(self._never_started(meta))
         elif state == record.DIED:
             where = f" on host {meta.host}" if record.elsewhere(meta) else ""
             silent = f" (no heartbeat for over {record.HEARTBEAT_STALE:.0f} s)" if where else ""
@@ -445,6 +535,59 @@ class _Follower:
             wall = time.time() - meta.started
             self.view.handle(LaunchFinished(False, why, None, wall, time.time()))
             self._end(LaunchError(why))
+
+    def _queued(self, meta: Meta) -> None:
+        """The run's job waits in Slurm's queue: say its state when it changes."""
+        from ._launch import slurm
+
+        now = time.monotonic()
+        if now < self.next_look:
+            return
+        self.next_look = now + record.QUEUED_LOOK
+        job = record.job_of(self.run_dir)
+        what = "submitted"
+        with contextlib.suppress(slurm.SlurmError):
+            if job is not None:
+                said = slurm.state(job)
+                what = said.state + (
+                    f" ({said.reason})" if said.reason not in ("", "None", "(null)") else ""
+                )
+        if what != self.waiting:
+            self.waiting = what
+            self.view.handle(
+                NodesWaiting(
+                    f"Slurm job {job}, {meta.nodes} node(s)",
+                    f"{what}: the run's supervisor starts in the job",
+                    0,
+                    meta.nodes,
+                    time.time(),
+                )  # fmt: skip
+            )
+
+    def _never_started(self, meta: Meta) -> BaseException:
+        """The run's job ended before its supervisor started in it: stopped (by us, while
+        it was queued), or the job's end and its output."""
+        from ._launch import slurm
+
+        job = record.job_of(self.run_dir)
+        if os.path.exists(os.path.join(self.run_dir, record.STOP)):
+            why = f"stopped while its Slurm job {job} was queued: nothing ran"
+            self.view.handle(LaunchFinished(False, why, None, 0.0, time.time()))
+            return KeyboardInterrupt(why)
+        try:
+            ended = slurm.state(job).describe() if job else "it was never submitted"
+        except slurm.SlurmError as exc:
+            ended = str(exc)
+        output = os.path.join(self.run_dir, f"slurm-{job}.out")
+        said = slurm.tail(output) or slurm.tail(os.path.join(self.run_dir, record.LOG))
+        why = (
+            f"run {meta.id}'s Slurm job ended before the run's supervisor started in it "
+            f"({ended}). Its output ({output}):\n{said or '(empty)'}\nThe job's first node "
+            f"must read this record ({self.run_dir}): NOTEBOOK_LAUNCHER_RUNS_DIR on a file "
+            "system the nodes share, as your home usually is."
+        )
+        self.view.handle(LaunchFinished(False, why, None, 0.0, time.time()))
+        return LaunchError(why)
 
     def _gone(self) -> LaunchError:
         run_id = self.handle.id
@@ -561,6 +704,8 @@ def runs() -> Runs:
         except (OSError, ValueError, TypeError, LaunchError):
             continue
         state = record.state_of(meta, path)
+        if meta.state == record.QUEUED and not meta.cluster:  # (its supervisor names it)
+            meta.cluster = f"Slurm job {record.job_of(path)}, {meta.nodes} node(s)"
         info = RunInfo(meta.id, meta.function, meta.started, state, meta.ranks, path)
         found.append(
             dataclasses.replace(

@@ -1,10 +1,11 @@
 """Detached runs on a cluster (issue 27): the supervisor, not the kernel, owns the Slurm job.
 
 On the loopback Slurm cluster (the session fixture ``slurm``): a detached 2-node run started
-by an interpreter that is then SIGKILLed goes on (its supervisor submitted the job and holds
-its hub and store), this process attaches and gets every line and the result, and then no
-job, agent or supervisor is left; ``stop()`` of a detached cluster run ends its job, and
-so does its supervisor's death (its agents leave when their hub connection drops); an
+by an interpreter that is then SIGKILLed goes on (its supervisor is the job's batch script
+and holds its hub and store), this process attaches and gets every line and the result, and
+then no job, agent or supervisor is left; ``stop()`` of a detached cluster run ends its
+job, and so does its supervisor's death; a run whose job is queued says so and ``stop()``
+cancels the job; a job that ends before its supervisor starts says why; an
 ``AgentCluster`` detached shows the command that starts its agents in the run's dashboard. The
 refusal of a cluster this kernel already started is in ``test_cluster.py`` (it reuses that
 module's running cluster).
@@ -115,6 +116,11 @@ def test_a_cluster_run_outlives_a_killed_kernel_and_ends_its_job(
         assert meta.cluster.startswith("Slurm job ") and meta.nodes == 2, meta
         job_id = meta.cluster.split()[2].rstrip(",")
         assert slurm.jobs() == [job_id]
+        # its supervisor runs inside that job (its batch script), not on this host's side
+        log = (Path(record.find(run_id)) / record.LOG).read_text()
+        assert f"supervisor: in Slurm job {job_id}" in log, log
+        with open(f"/proc/{meta.pid}/environ", "rb") as f:
+            assert f"SLURM_JOB_ID={job_id}".encode() in f.read().split(b"\0")
         [info] = runs()
         assert (info.id, info.state, info.ranks, info.nodes) == (run_id, "running", 2, 2)
         assert f"2 ranks on 2 nodes  train (Slurm job {job_id}" in str(info)
@@ -198,3 +204,43 @@ def test_a_detached_agent_cluster_shows_its_agents_command_and_runs(runs_dir: Pa
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_a_queued_run_says_so_and_stop_cancels_its_job(
+    runs_dir: Path, slurm: SlurmTestCluster, tmp_path: Path
+) -> None:
+    """The supervisor starts inside the job: while the job waits in the queue the run is
+    "queued", the dashboard says the job's state, and stop() cancels the job (nothing
+    ran, nothing is left)."""
+    view = Recorder()
+    cluster = SlurmCluster(
+        nodes=2, job_dir=str(tmp_path / "jobs"), sbatch_options=["--begin=now+1hour"]
+    )
+    handle = notebook_launcher(print, num_processes=2, cluster=cluster, detach=True, dashboard=view)
+    said = lambda: [e.state for e in view.of(NodesWaiting)]  # noqa: E731
+    wait_until(lambda: any(s.startswith("PENDING") for s in said()), 30, "PENDING shown")
+    assert "the run's supervisor starts in the job" in said()[-1], said()
+    [info] = runs()
+    job_id = (Path(handle.path) / record.JOB).read_text().strip()
+    assert info.state == record.QUEUED and f"(Slurm job {job_id}, 2 node(s))" in str(info)
+    assert slurm.jobs() == [job_id]
+    assert handle.stop() and handle.cancelled()
+    assert "stopped while its Slurm job" in view.of(LaunchFinished)[-1].summary
+    wait_until(lambda: slurm.jobs() == [], 30, "the queued job to be cancelled")
+    assert not os.path.exists(handle.path) and runs() == []
+
+
+def test_a_job_that_ends_before_its_supervisor_starts_says_why(
+    runs_dir: Path, slurm: SlurmTestCluster, tmp_path: Path
+) -> None:
+    cluster = SlurmCluster(
+        nodes=2, job_dir=str(tmp_path / "jobs"), setup=["echo no such module >&2", "exit 3"]
+    )
+    handle = notebook_launcher(
+        print, num_processes=2, cluster=cluster, detach=True, dashboard=False
+    )
+    with pytest.raises(LaunchError, match="ended before the run's supervisor started") as info:
+        handle.result(timeout=60)
+    text = str(info.value)
+    assert "FAILED" in text and "no such module" in text and "must read this record" in text
+    wait_until(lambda: slurm.jobs() == [], 30, "the job to be gone")

@@ -19,6 +19,9 @@ supervisor and every kernel that attaches share nothing but a directory, one per
                     a kernel on another host (the record on a shared home) knows it lives
       stop          written by a kernel on another host to stop the run (it cannot  0600
                     signal the supervisor): the supervisor stops it within a second
+      job           a Slurm run's job id, when its supervisor runs in the job       0600
+                    (``job.sh``, ``slurm-<id>.out`` beside it): until the
+                    supervisor starts, the run is "queued" while the job is
 
     kernel                                    supervisor (its own session, parent: init)
     ------                                    ------------------------------------------
@@ -62,7 +65,7 @@ ROOT_ENV = "NOTEBOOK_LAUNCHER_RUNS_DIR"
 RETENTION_ENV = "NOTEBOOK_LAUNCHER_RUN_RETENTION"
 DEFAULT_RETENTION = 7 * 24 * 3600.0
 
-META, TASK, EVENTS, RESULT, LOG, HEARTBEAT, STOP = (
+META, TASK, EVENTS, RESULT, LOG, HEARTBEAT, STOP, JOB = (
     "meta.json",
     "task.pkl",
     "events.log",
@@ -70,6 +73,7 @@ META, TASK, EVENTS, RESULT, LOG, HEARTBEAT, STOP = (
     "supervisor.log",
     "heartbeat",
     "stop",
+    "job",
 )
 #: Seconds between two touches of a running supervisor's heartbeat file.
 HEARTBEAT_INTERVAL = 1.0
@@ -79,6 +83,8 @@ HEARTBEAT_STALE = 15.0
 #: The states a run's meta file says; "supervisor died" is never written, it is found.
 RUNNING, OK, FAILED, STOPPED, DIED = "running", "ok", "failed", "stopped", "supervisor died"
 STARTING = "starting"
+#: a run whose supervisor starts inside its Slurm job, while that job waits in the queue
+QUEUED = "queued"
 ENDED = (OK, FAILED, STOPPED)
 
 _FRAME = struct.Struct("<I")
@@ -217,7 +223,9 @@ def supervisor_alive(meta: Meta, run_dir: str | None = None) -> bool:
     """The run's supervisor is still the process it was (not a pid reused since); of a
     supervisor on another host (``run_dir`` given), its heartbeat is recent."""
     if meta.pid is None:
-        return meta.state == STARTING and time.time() - meta.started < 30
+        if meta.state == QUEUED and run_dir is not None:
+            return not queued_job_ended(run_dir, meta)
+        return meta.state in (STARTING, QUEUED) and time.time() - meta.started < 30
     if elsewhere(meta):
         if run_dir is None:
             return True  # (no way to tell: the caller's record says)
@@ -227,6 +235,41 @@ def supervisor_alive(meta: Meta, run_dir: str | None = None) -> bool:
             return False
         return time.time() - beat < HEARTBEAT_STALE
     return running(meta.pid) and start_time(meta.pid) == meta.pid_start
+
+
+#: Seconds between two looks at a queued run's Slurm job.
+QUEUED_LOOK = 2.0
+#: job id -> (when asked, whether it had ended): Slurm is asked at most every 2 s per job
+_JOBS_SEEN: dict[str, tuple[float, bool]] = {}
+
+
+def job_of(run_dir: str) -> str | None:
+    """The Slurm job a queued run's supervisor starts in (None: not submitted yet)."""
+    try:
+        with open(os.path.join(run_dir, JOB)) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def queued_job_ended(run_dir: str, meta: Meta) -> bool:
+    """A queued run's job ended before its supervisor started (cancelled, failed to run
+    it...). Where Slurm cannot be asked from here, it has not."""
+    from . import slurm
+
+    job = job_of(run_dir)
+    if job is None:  # (between the submission and its id written)
+        return time.time() - meta.started > 60
+    now = time.monotonic()
+    seen = _JOBS_SEEN.get(job)
+    if seen is not None and now - seen[0] < QUEUED_LOOK:
+        return seen[1]
+    try:
+        ended = slurm.state(job).ended
+    except slurm.SlurmError:
+        ended = False
+    _JOBS_SEEN[job] = (now, ended)
+    return ended
 
 
 def beat(run_dir: str) -> bool:

@@ -313,14 +313,24 @@ def sbatch_quote(option: str) -> str:
 
 
 def batch_script(
-    options: Sequence[str], setup: Sequence[str], agent: Sequence[str], output: str
+    options: Sequence[str],
+    setup: Sequence[str],
+    agent: Sequence[str],
+    output: str,
+    supervisor: Sequence[str] = (),
 ) -> str:
     """The batch script: the ``#SBATCH`` options (quoted; see :func:`sbatch_quote`), the
-    user's set-up lines, then one agent per node as one ``srun`` step."""
+    user's set-up lines, then one agent per node as one ``srun`` step -- or, with
+    ``supervisor``, that command (a detached run's supervisor, which starts the agents as
+    a step of this job itself)."""
     for option in (*options, output):
         check_option("an sbatch option", option)
     lines = ["#!/bin/bash", *(f"#SBATCH {sbatch_quote(o)}" for o in options)]
     lines.append(f"#SBATCH {sbatch_quote(f'--output={output}')}")
+    if supervisor:
+        lines += ["# notebook_launcher: a detached run's supervisor; it runs the agents", *setup]
+        lines.append("exec " + shlex.join(supervisor))
+        return "\n".join(lines) + "\n"
     lines += ["# notebook_launcher: one agent per node; the kernel drives the ranks", *setup]
     lines.append("exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 " + shlex.join(agent))
     return "\n".join(lines) + "\n"
