@@ -5,10 +5,11 @@ and the first process exits at once: the supervisor's parent is then init (or th
 subreaper), never the kernel, so a kernel that dies, restarts or is shut down leaves the
 run going. Two ways to start it, the same supervisor either way:
 
-* warm (:func:`forked`): forked by the kernel's forkserver (``_worker.forkserver``), a
+* warm (:func:`spare`): forked by the kernel's forkserver (``_worker.forkserver``), a
   clean process that imported torch and this package and never touches CUDA, so the
-  supervisor has none of the kernel's memory or fds, no CUDA, and no import to wait for
-  (its ranks start as fast as a warm kernel's); the kernel sends it the fds below;
+  supervisor has none of the kernel's memory or fds, no CUDA, and no import to wait for;
+  it is forked ahead of need and waits for its run (so its ranks start about as soon as
+  a warm kernel's); the kernel sends it the fds below through the server;
 * cold (:func:`main`, ``python -c ... _supervise.main([run_dir, listen_fd])``), where the
   forkserver cannot be had: a fresh interpreter, which imports torch (seconds).
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any, NoReturn
@@ -87,10 +89,14 @@ def preload() -> None:
             pass
 
 
-def forked(run_dir: str, fds: list[int], has_listen: bool) -> NoReturn:
-    """The warm start: run in a child of the kernel's forkserver, with the fds the kernel
-    sent (the handshake pipe, the log, the listener when ``has_listen``). Never returns."""
+def spare(conn_fd: int) -> NoReturn:
+    """A supervisor forked ahead of need by the kernel's forkserver (the warm start): it
+    leaves the server's session and parentage, then waits on ``conn_fd`` (its link to the
+    server) for its run -- a :class:`~notebook_launcher._wire.forkserver.Supervise` and
+    the fds the kernel sent (the handshake pipe, the log, the listener) -- and runs it.
+    The server gone first (its kernel ended): it exits. Never returns."""
     from ._posix import quiet_fork
+    from ._wire.forkserver import recv_request
 
     code = 1
     try:
@@ -98,12 +104,18 @@ def forked(run_dir: str, fds: list[int], has_listen: bool) -> NoReturn:
         if quiet_fork():
             os._exit(0)  # the forkserver reaps this one; init adopts the supervisor
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's handler: not ours
+        link = socket.socket(fileno=conn_fd)
+        try:
+            order, fds = recv_request(link)
+        except (EOFError, OSError):
+            os._exit(0)  # no run came: the server (and its kernel) ended
+        link.close()
         null = os.open(os.devnull, os.O_RDONLY)
         for src, dst in ((null, 0), (fds[0], 1), (fds[1], 2)):
             os.dup2(src, dst)
             os.close(src)
         print("supervisor: forked by the kernel's forkserver (warm)", file=sys.stderr)
-        _supervise(run_dir, fds[2] if has_listen else -1)
+        _supervise(order.run_dir, fds[2] if order.has_listen else -1)
         code = 0
     except BaseException:  # noqa: BLE001 - into its log, as a fresh interpreter would
         import traceback

@@ -152,17 +152,7 @@ def _hand_over_to_job(
 
     run_dir = job_id = None
     try:
-        body = dumps(job)
-        record.sweep()
-        run_id, run_dir = record.new_run(name)
-        meta = Meta(run_id, name, time.time(), ranks, state=record.QUEUED, nodes=nodes)
-        record.write_meta(run_dir, meta)
-        payload = pickle.dumps(
-            {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd(),
-             "job": body}
-        )  # fmt: skip
-        record.write_private(os.path.join(run_dir, record.TASK), payload)
-        del body, payload
+        run_id, run_dir = _new_record(name, ranks, nodes, dumps(job), record.QUEUED)
         parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         code = (
             f"import sys; sys.path.insert(0, {parent!r}); "
@@ -186,6 +176,25 @@ def _hand_over_to_job(
     return run_id, job_id
 
 
+def _new_record(name: str, ranks: int, nodes: int, job: bytes, state: str) -> tuple[str, str]:
+    """A new run's record: its meta (``state``) and its task (``job``: what the
+    supervisor's launch needs, pickled; with this kernel's path, environment and
+    directory, which the supervisor takes on). ``(run id, its directory)``."""
+    record.sweep()
+    run_id, run_dir = record.new_run(name)
+    try:
+        record.write_meta(run_dir, Meta(run_id, name, time.time(), ranks, state, nodes=nodes))
+        payload = pickle.dumps(
+            {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd(),
+             "job": job}
+        )  # fmt: skip
+        record.write_private(os.path.join(run_dir, record.TASK), payload)
+    except BaseException:
+        record.remove(run_dir)
+        raise
+    return run_id, run_dir
+
+
 def _hand_over(
     name: str, ranks: int, nodes: int, body: Callable[[], dict[str, Any]], listen_fd: int
 ) -> str:
@@ -193,16 +202,7 @@ def _hand_over(
     launch needs), and its supervisor started; the run's id."""
     run_dir = None
     try:
-        job = dumps(body())
-        record.sweep()
-        run_id, run_dir = record.new_run(name)
-        record.write_meta(run_dir, Meta(run_id, name, time.time(), ranks, nodes=nodes))
-        payload = pickle.dumps(
-            {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd(),
-             "job": job}
-        )  # fmt: skip
-        record.write_private(os.path.join(run_dir, record.TASK), payload)
-        del job, payload
+        run_id, run_dir = _new_record(name, ranks, nodes, dumps(body()), record.STARTING)
         _spawn(run_dir, listen_fd)
     except BaseException:  # Ctrl-C while it starts too: no run left behind, half begun
         if run_dir is not None:

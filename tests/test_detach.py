@@ -133,8 +133,12 @@ def _steps(n: int, pause: float) -> Any:
 
 
 @pytest.mark.timeout(120)
-def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(runs_dir: Path) -> None:
+def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(
+    runs_dir: Path, tmp_path: Path
+) -> None:
     import jupyter_client
+
+    gate = tmp_path / "kernel-killed"
 
     env = {**kernel_env(), "PYTHONPATH": str(ROOT), record.ROOT_ENV: str(runs_dir)}
     km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env, cwd=str(ROOT))
@@ -144,18 +148,20 @@ def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(runs_dir: Pat
             """
             from notebook_launcher import notebook_launcher
 
-            def train(n):
-                import time
+            def train(n, gate):
+                import os, time
                 import torch.distributed as dist
                 for i in range(n):
                     print(f"step {i} of rank {dist.get_rank()}", flush=True)
+                    while i == 5 and not os.path.exists(gate):  # until the kernel is dead
+                        time.sleep(0.05)
                     time.sleep(0.1)
                 return dist.get_rank() + 100
 
-            handle = notebook_launcher(train, args=(20,), num_processes=2, detach=True,
+            handle = notebook_launcher(train, args=(20, GATE), num_processes=2, detach=True,
                                        dashboard=False)
             print("ID", handle.id)
-            """,
+            """.replace("GATE", repr(str(gate))),
         )
         assert reply["status"] == "ok", out
         run_id = out.split("ID ")[1].split()[0]
@@ -170,6 +176,7 @@ def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(runs_dir: Pat
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+        gate.touch()  # the run goes on from step 5
     supervisor = _meta(run_id).pid
     assert supervisor is not None and record.running(supervisor)  # the run goes on
     view = Recorder()
@@ -528,3 +535,46 @@ def test_a_detached_runs_start_method_is_its_supervisors_not_this_kernels(
     finally:
         for plan in (attached, detached_plan, asked):
             plan.close()
+
+
+def _spares(server: int) -> list[int]:
+    """Spare supervisors of ``server``: forks of it (the same command line), out of its
+    session and no longer its children, waiting for a detached run."""
+    with open(f"/proc/{server}/cmdline", "rb") as f:
+        command = f.read()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == server:
+            continue
+        pid = int(name)
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/stat") as stat_file:
+                ppid = int(stat_file.read().rsplit(") ", 1)[1].split()[1])
+            if f.read() == command and os.getsid(pid) != os.getsid(server) and ppid != server:
+                found.append(pid)
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_a_spare_supervisor_waits_for_the_next_run_and_ends_with_the_forkserver(
+    runs_dir: Path,
+) -> None:
+    """After a detached run the forkserver forks the next run's supervisor ahead of need
+    (so that its ranks wait for no fork); that spare runs the next run, and a spare that
+    no run came for ends with the server (the kernel's end): nothing is left."""
+    first = notebook_launcher(_steps(1, 0.0), num_processes=2, detach=True, dashboard=False)
+    ran_first = _meta(first.id).pid
+    assert first.result(timeout=50) == [0, 10] and ran_first is not None
+    _gone(ran_first, 10, "the first run's supervisor to exit")  # (a fork of the server too)
+    server = forkserver.pid()
+    assert server is not None
+    wait_until(lambda: len(_spares(server)) == 1, 10, "a spare supervisor")
+    [spare] = _spares(server)
+    second = notebook_launcher(_steps(1, 0.0), num_processes=2, detach=True, dashboard=False)
+    assert _meta(second.id).pid == spare  # the spare took the run
+    assert second.result(timeout=50) == [0, 10]
+    _gone(spare, 10, "the second run's supervisor to exit")
+    wait_until(lambda: len(_spares(server)) == 1, 10, "the next spare")
+    [waiting] = _spares(server)
+    forkserver.shutdown()  # as when the kernel ends
+    _gone(waiting, 5, "the spare to end with its forkserver")

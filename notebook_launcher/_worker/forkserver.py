@@ -14,8 +14,10 @@ what is left in that group (what the rank started).
 
 It also forks the supervisors of detached runs (:class:`Supervise`): warm (torch imported,
 no CUDA, none of the kernel's memory or fds), where a fresh interpreter would spend seconds
-importing torch. The supervisor leaves at once (``_supervise.forked``: a session of its
-own, one more fork), so that neither this server nor the kernel is its parent.
+importing torch. A supervisor leaves at once (``_supervise.spare``: a session of its own,
+one more fork), so that neither this server nor the kernel is its parent; it is forked
+ahead of need (one spare, waiting on a socket to this server for its run, gone with the
+server), so that a detached run's ranks start about as soon as an attached run's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import select
 import signal
 import socket
 import sys
+import time
 
 from .. import _settings
 from .._posix import close_quietly, kill_process_group, quiet_fork
@@ -68,8 +71,13 @@ def serve(sock: socket.socket) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     send(sock, Ready())
+    spare_due: float | None = None  # when to fork the next spare supervisor
     while True:
-        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        wait = None if spare_due is None else max(0.0, spare_due - time.monotonic())
+        readable, _, _ = select.select([sock.fileno(), wake_r], [], [], wait)
+        if spare_due is not None and time.monotonic() >= spare_due:
+            spare_due = None
+            _fork_spare(sock, (wake_r, wake_w))  # for the next detached run
         if wake_r in readable:
             try:
                 os.read(wake_r, 4096)
@@ -91,6 +99,8 @@ def serve(sock: socket.socket) -> None:
                 for fd in fds:
                     os.close(fd)
                 send(sock, Forked(pid))
+                # the next spare a little later: not while this run's ranks start
+                spare_due = time.monotonic() + SPARE_DELAY
 
 
 def _reap(sock: socket.socket) -> None:
@@ -124,30 +134,72 @@ def _fork_worker(
     sock.close()
     for fd in wake:
         os.close(fd)
+    if _spare is not None:  # (else the spare would wait as long as this rank lives)
+        _spare.close()
     conn_fd, out_w, err_w = fds[:3]
     listen_fd = fds[3] if has_listen else None
     entry.run(Connection(conn_fd), out_w, err_w, listen_fd, server)
 
 
+#: Seconds after a detached run's start before the next spare supervisor is forked.
+SPARE_DELAY = 0.25
+
+#: This server's end of the link to its spare supervisor (see :func:`_fork_supervisor`),
+#: once a detached run asked for one; every process forked here closes it.
+_spare: socket.socket | None = None
+
+
 def _fork_supervisor(
     sock: socket.socket, fds: list[int], msg: Supervise, wake: tuple[int, int]
 ) -> int:
-    """Fork a detached run's supervisor; returns once its first process has left (reaped
-    here, so no :class:`Exited` follows: the supervisor itself is not our child)."""
+    """Hand a detached run to a supervisor forked ahead of need (a *spare*: out of our
+    session and parentage already, waiting for its run), then fork the next spare, so
+    that a kernel's second and later detached runs wait for no fork. The first run's
+    spare is forked for it. Returns the pid of the forked go-between (0: the spare was
+    ready); no :class:`Exited` follows, a supervisor is not our child."""
+    global _spare
+    pid = 0
+    for _ in range(2):  # a spare that died meanwhile: one more, forked now
+        if _spare is None:
+            pid = _fork_spare(sock, wake)
+        assert _spare is not None
+        try:
+            send(_spare, msg, fds)
+            break
+        except OSError:
+            close_quietly(_spare.detach())
+            _spare = None
+    if _spare is not None:
+        close_quietly(_spare.detach())  # the spare took its run: it is the run's now
+        _spare = None
+    return pid  # (the next spare is forked a little later: serve())
+
+
+def _fork_spare(sock: socket.socket, wake: tuple[int, int]) -> int:
+    """Fork a spare supervisor (``_supervise.spare``); returns once its go-between left."""
+    global _spare
     from .. import _supervise  # the first time: its modules, for this one and the next
 
     _supervise.preload()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = quiet_fork()
     if pid:
-        os.waitpid(pid, 0)  # it forks the supervisor and leaves
+        theirs.close()
+        os.waitpid(pid, 0)  # it forks the spare and leaves
+        _spare = ours
         return pid
     try:
         signal.set_wakeup_fd(-1)
-        sock.close()  # the kernel sees this server's end of file, not the supervisor's
-        close_quietly(*wake)
-        _supervise.forked(msg.run_dir, fds, msg.has_listen)
+        sock.detach()  # (closed below, with every fd of the server's: no object owns them)
+        ours.detach()
+        keep = theirs.detach()
+        # nothing of the server's: the kernel sees its end of file, not the spare's, and
+        # the fds of a request being served (a handshake pipe) end when their run says
+        os.closerange(3, keep)
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        _supervise.spare(keep)
     finally:
-        os._exit(1)  # (forked() never returns)
+        os._exit(1)  # (spare() never returns)
 
 
 def main() -> None:
