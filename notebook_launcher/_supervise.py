@@ -225,7 +225,7 @@ def _run(run_dir: str, listen_fd: int, in_job: bool = False) -> Any:
         if plan.start_method == "fork":  # the ranks inherit the objects themselves
             function, args, kwargs = _serialization.loads(task)
             task = prepare_task(function, args, kwargs, "fork")
-        writer = detach.EventWriter(run_dir)
+        writer = detach.EventWriter(run_dir, detach.DIGEST_INTERVAL)
         view = view_for(_Recording(writer, run_dir))
         launch = _Launch(
             plan, task, view, job["policy"], job["line_prefix"], job["child_failed_name"]
@@ -253,7 +253,7 @@ def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
     from .ui import view_for
 
     cluster = job["cluster"]
-    writer = detach.EventWriter(run_dir)
+    writer = detach.EventWriter(run_dir, detach.DIGEST_INTERVAL)
     view = view_for(_Recording(writer, run_dir))
     try:
         launch = _cluster_launch(

@@ -188,6 +188,9 @@ def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(
     assert [e.detached for e in view.of(LaunchStarted)] == [run_id]  # the header names it
     _gone(supervisor, 10, "the supervisor to exit")
     assert [(r.id, r.state) for r in runs()] == [(run_id, record.OK)]  # kept, as asked
+    # its supervisor's last digest covers the whole log: the next attach reads only that
+    offset, _, _ = record.read_digest(handle.path)
+    assert offset == (Path(handle.path) / record.EVENTS).stat().st_size > 0
     again = Recorder()
     handle = attach(run_id, dashboard=again)  # an ended run: its whole story at once
     assert handle.done() and again.events == view.events and again.closed == 1

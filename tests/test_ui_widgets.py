@@ -16,7 +16,7 @@ import comm
 import pytest
 from comm.base_comm import BaseComm
 
-from notebook_launcher._events import Event, Output, WorkerStarted
+from notebook_launcher._events import Event, Output, ProgressUpdate, WorkerStarted
 from notebook_launcher.ui import NullView, SafeView, TextView, _text_fallback, create_view, view_for
 from notebook_launcher.ui.widgets import WidgetView
 
@@ -565,12 +565,17 @@ def test_a_history_replays_at_once_as_event_by_event(log: Log) -> None:
     assert "line 299" in shown[1] and "ValueError: boom" in shown[1]
 
 
+@pytest.mark.parametrize("digests", [0, 2])
 def test_a_long_history_read_to_its_latest_lines_draws_as_the_whole_log(
-    log: Log, tmp_path: Any
+    log: Log, tmp_path: Any, digests: int
 ) -> None:
     """``attach``'s dashboard reads only each rank's latest lines of a long record (the
     older ones counted): it ends exactly as the dashboard fed every event, dropped-line
-    counts included, with lines in pieces, ``\\r`` redraws and both streams at the cut."""
+    counts included, with lines in pieces, ``\\r`` redraws and both streams at the cut.
+    With ``digests``, the supervisor folded the log into its digest that many times while
+    it grew (``write_digest``: progress bars to their first and latest update, each
+    rank's output to its latest lines) and attach reads the digest, then the log after
+    it: the same end, from far fewer events."""
     from notebook_launcher._launch import detach as record
 
     events = script(3, fail_rank=1)
@@ -592,11 +597,17 @@ def test_a_long_history_read_to_its_latest_lines_draws_as_the_whole_log(
             noise.append(Output(rank, "stderr", f"{i}%\r{i + 1}%\r", t))  # redrawn, no newline
         else:
             noise.append(Output(rank, "stdout" if i % 5 else "stderr", f"line {i}\n", t))
+        if i % 7 == 0:  # progress: a long bar per rank, and short nested ones closing
+            k = i // 7
+            noise.append(bar(rank, 50, k, 9000 // 7 + 1, 0.5, desc="long", rate=2.0))
+            noise.append(bar(rank, 100 + k // 40, k % 40, 39, 0.5, level=1, closed=k % 40 == 39))
     noise.append(Output(0, "stdout", "half a line at the end", T0 + 0.6))
     events[4:4] = noise
     writer = record.EventWriter(str(tmp_path))
-    for e in events:
+    for i, e in enumerate(events):
         writer.write(e)
+        if digests and i in {len(events) * (d + 1) // (digests + 1) for d in range(digests)}:
+            record.write_digest(str(tmp_path))
     writer.close()
     shown: list[Any] = []
     for bounded in (False, True):
@@ -607,6 +618,9 @@ def test_a_long_history_read_to_its_latest_lines_draws_as_the_whole_log(
         reader.close()
         if bounded:
             assert sum(left_out.values()) > 5000 and len(read) < len(events) - 5000
+            if digests:  # the digest's progress: each bar's first and latest update
+                updates = sum(isinstance(e, ProgressUpdate) for e in read)
+                assert updates < sum(isinstance(e, ProgressUpdate) for e in events) // 2
             view.replay(read, left_out)
         else:
             assert read == events and left_out == {}

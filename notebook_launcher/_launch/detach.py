@@ -19,6 +19,12 @@ supervisor and every kernel that attaches share nothing but a directory, one per
                     a kernel on another host (the record on a shared home) knows it lives
       stop          written by a kernel on another host to stop the run (it cannot  0600
                     signal the supervisor): the supervisor stops it within a second
+      digest.log    every 10 s: what a view that shows each rank's latest lines      0600
+                    needs of events.log up to an offset (every event but the
+                    output and progress ones; of each progress bar its first and
+                    latest update; of each rank's output its latest 2,000 lines,
+                    the older ones counted), so that attach reads that and the
+                    log after it, not hours of log
       job           a Slurm run's job id, when its supervisor runs in the job       0600
                     (``job.sh``, ``slurm-<id>.out`` beside it): until the
                     supervisor starts, the run is "queued" while the job is
@@ -55,7 +61,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .._events import Output
+from .._events import Output, ProgressUpdate
 from .._posix import start_time
 from ..errors import LaunchError
 
@@ -65,7 +71,7 @@ ROOT_ENV = "NOTEBOOK_LAUNCHER_RUNS_DIR"
 RETENTION_ENV = "NOTEBOOK_LAUNCHER_RUN_RETENTION"
 DEFAULT_RETENTION = 7 * 24 * 3600.0
 
-META, TASK, EVENTS, RESULT, LOG, HEARTBEAT, STOP, JOB = (
+META, TASK, EVENTS, RESULT, LOG, HEARTBEAT, STOP, JOB, DIGEST = (
     "meta.json",
     "task.pkl",
     "events.log",
@@ -74,7 +80,13 @@ META, TASK, EVENTS, RESULT, LOG, HEARTBEAT, STOP, JOB = (
     "heartbeat",
     "stop",
     "job",
+    "digest.log",
 )
+#: Seconds between two digests of a run's log (:class:`EventWriter`).
+DIGEST_INTERVAL = 10.0
+#: The latest output lines of each rank a digest keeps: at least what any view shows of a
+#: history (the dashboard 1,000 of all ranks together, the text view 1,000 of each).
+DIGEST_LINES = 2000
 #: Seconds between two touches of a running supervisor's heartbeat file.
 HEARTBEAT_INTERVAL = 1.0
 #: A supervisor on another host whose heartbeat is older than this is taken for dead.
@@ -366,24 +378,129 @@ def sweep(now: float | None = None) -> None:
 
 class EventWriter:
     """Appends events to ``events.log``, one write per event (nothing is buffered: a
-    supervisor killed at any moment leaves every event it had)."""
+    supervisor killed at any moment leaves every event it had). With ``digest_every``
+    (seconds), also keeps ``digest.log`` (:func:`write_digest`) that often, written
+    after the events it covers."""
 
-    def __init__(self, run_dir: str) -> None:
+    def __init__(self, run_dir: str, digest_every: float | None = None) -> None:
         path = os.path.join(run_dir, EVENTS)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         self.fd = os.open(path, flags, 0o600)
         os.fchmod(self.fd, 0o600)
+        self.run_dir = run_dir
+        self.digest_every = digest_every
+        self.digested = time.monotonic()
 
     def write(self, event: Any) -> None:
         data = _encode(event)
         view = memoryview(_FRAME.pack(len(data)) + data)
         while view:
             view = view[os.write(self.fd, view) :]
+        if self.digest_every is not None:
+            now = time.monotonic()
+            if now - self.digested >= self.digest_every:
+                self.digested = now
+                write_digest(self.run_dir)
 
     def close(self) -> None:
+        """The log is whole: with ``digest_every``, a last digest (an attach to the ended
+        run reads only that)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+            if self.digest_every is not None:
+                with contextlib.suppress(OSError):  # (a record removed meanwhile)
+                    write_digest(self.run_dir)
+
+
+#: A digest's head: the offset in events.log it covers up to, then how many ranks have
+#: lines left out, then (rank, lines) for each; its frames follow, as in events.log.
+_DIGEST_HEAD = struct.Struct("<QI")
+_DIGEST_RANK = struct.Struct("<iQ")
+
+
+def write_digest(run_dir: str, keep: int = DIGEST_LINES) -> None:
+    """Fold what ``events.log`` gained since the last digest into ``digest.log``: the
+    frames a history replayed to each rank's latest ``keep`` lines needs (see
+    :func:`_digest`), and how many older lines of each rank it left out. Its cost is the
+    last digest's size and what was written since, not the log's."""
+    offset, left_out, data = read_digest(run_dir)
+    fd = os.open(os.path.join(run_dir, EVENTS), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        os.lseek(fd, offset, os.SEEK_SET)
+        chunks = [data]
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    frames, end = _frames(data)
+    offset += end - (len(chunks[0]))  # (a frame half written: the next digest's)
+    kept, more = _digest(data, frames, keep)
+    for rank, lines in more.items():
+        left_out[rank] = left_out.get(rank, 0) + lines
+    head = _DIGEST_HEAD.pack(offset, len(left_out)) + b"".join(
+        _DIGEST_RANK.pack(rank, lines) for rank, lines in sorted(left_out.items())
+    )
+    body = b"".join(data[frames[i] : frames[i] + 4 + _FRAME.unpack_from(data, frames[i])[0]]
+                    for i in kept)  # fmt: skip
+    write_private(os.path.join(run_dir, DIGEST), head + body)
+
+
+def read_digest(run_dir: str) -> tuple[int, dict[int, int], bytes]:
+    """``(offset in events.log it covers up to, rank -> lines left out, its frames)``;
+    ``(0, {}, b"")`` when there is none."""
+    try:
+        with open(os.path.join(run_dir, DIGEST), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return 0, {}, b""
+    offset, ranks = _DIGEST_HEAD.unpack_from(data, 0)
+    at = _DIGEST_HEAD.size
+    left_out = {}
+    for _ in range(ranks):
+        rank, lines = _DIGEST_RANK.unpack_from(data, at)
+        left_out[rank] = lines
+        at += _DIGEST_RANK.size
+    return offset, left_out, data[at:]
+
+
+def _frames(data: bytes) -> tuple[list[int], int]:
+    """The offsets of the whole frames in ``data``, and where the last one ends."""
+    frames, at, size = [], 0, len(data)
+    while at + 4 <= size:
+        (n,) = _FRAME.unpack_from(data, at)
+        if at + 4 + n > size:
+            break
+        frames.append(at)
+        at += 4 + n
+    return frames, at
+
+
+def _digest(data: bytes, frames: list[int], keep: int) -> tuple[list[int], dict[int, int]]:
+    """Which frames (indices into ``frames``, in order) a history shown to each rank's
+    latest ``keep`` lines needs: every event but output and progress; of each rank's output
+    the frames :func:`_older_lines` does not leave out (counted: rank -> lines); of each
+    progress bar its first update (where the bar is placed) and its latest (its state:
+    an update carries the whole of it)."""
+    skip, left_out = _older_lines(data, frames, keep)
+    bars: dict[tuple[int, int], tuple[int, int]] = {}
+    view = memoryview(data)
+    for i, at in enumerate(frames):
+        if i in skip or data[at + 4] in _OUTPUT_STREAMS:
+            continue
+        if data.find(_PROGRESS_NAME, at + 4, at + 4 + 96) >= 0:  # (a look before unpickling)
+            event = pickle.loads(view[at + 4 : at + 4 + _FRAME.unpack_from(data, at)[0]])
+            if type(event) is ProgressUpdate:
+                first, last = bars.setdefault((event.rank, event.bar_id), (i, i))
+                if last != first:  # an update between the first and this one: not needed
+                    skip.add(last)
+                bars[event.rank, event.bar_id] = (first, i)
+    view.release()
+    return [i for i in range(len(frames)) if i not in skip], left_out
+
+
+_PROGRESS_NAME = ProgressUpdate.__name__.encode()
 
 
 class EventReader:
@@ -418,16 +535,18 @@ class EventReader:
         The log itself is untouched."""
         if keep_lines is None:
             return self.read(), {}
+        digested: dict[int, int] = {}
+        if self.fd < 0 and keep_lines <= DIGEST_LINES:  # the first read: from the digest
+            offset, digested, digest = read_digest(os.path.dirname(self.path))
+            if offset and self._open():
+                os.lseek(self.fd, offset, os.SEEK_SET)
+                self.buffer = digest
         data = self._take()
-        frames, at, size = [], 0, len(data)
-        while at + 4 <= size:
-            (n,) = _FRAME.unpack_from(data, at)
-            if at + 4 + n > size:
-                break
-            frames.append(at)
-            at += 4 + n
+        frames, at = _frames(data)
         self.buffer = data[at:]
         skip, left_out = _older_lines(data, frames, keep_lines)
+        for rank, lines in digested.items():
+            left_out[rank] = left_out.get(rank, 0) + lines
         view = memoryview(data)
         events = [
             _decode(data, view, at, _FRAME.unpack_from(data, at)[0])
@@ -437,13 +556,18 @@ class EventReader:
         view.release()
         return events, left_out
 
-    def _take(self) -> bytes:
-        """What was left of the last read, and everything written since."""
+    def _open(self) -> bool:
         if self.fd < 0:
             try:
                 self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             except FileNotFoundError:
-                return b""
+                return False
+        return True
+
+    def _take(self) -> bytes:
+        """What was left of the last read, and everything written since."""
+        if not self._open():
+            return b""
         chunks = [self.buffer]
         while chunk := os.read(self.fd, 1 << 20):
             chunks.append(chunk)
