@@ -156,7 +156,7 @@ def _supervise(run_dir: str, listen_fd: int, handshake: bool = True) -> None:
 
         serve(run_dir, meta)
         return
-    outcome = _run(run_dir, listen_fd, in_job=not handshake)
+    outcome = _why_terminated(_run(run_dir, listen_fd, in_job=not handshake), not handshake)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     detach.write_result(run_dir, outcome)
@@ -172,8 +172,25 @@ def _supervise(run_dir: str, listen_fd: int, handshake: bool = True) -> None:
     detach.write_meta(run_dir, meta)
 
 
+#: the supervisor got SIGTERM (``kill``, a shutdown; in its Slurm job: scancel, the time
+#: limit): said in the outcome, which otherwise reads as a stop()
+_terminated: list[bool] = []
+
+
 def _interrupt(signum: int, frame: Any) -> None:
+    _terminated.append(True)
     raise KeyboardInterrupt
+
+
+def _why_terminated(outcome: Any, in_job: bool) -> Any:
+    if not (_terminated and isinstance(outcome, KeyboardInterrupt)):
+        return outcome
+    if in_job:
+        job = os.environ.get("SLURM_JOB_ID", "?")
+        who = f"Slurm ended job {job} (scancel, or its time limit: SIGTERM to the run's supervisor)"
+    else:
+        who = f"the run's supervisor (pid {os.getpid()}) got SIGTERM (kill, or a shutdown)"
+    return KeyboardInterrupt(f"{who}; {outcome}")
 
 
 def _summary(outcome: Any) -> str:

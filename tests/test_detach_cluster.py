@@ -145,7 +145,7 @@ def test_a_cluster_run_outlives_a_killed_kernel_and_ends_its_job(
     assert not jobs.exists() or not any(jobs.iterdir())  # the job's directory went too
 
 
-@pytest.mark.parametrize("end", ["stop", "supervisor killed"])
+@pytest.mark.parametrize("end", ["stop", "supervisor killed", "scancel"])
 def test_stop_or_a_killed_supervisor_ends_the_job_of_a_detached_cluster_run(
     runs_dir: Path, slurm: SlurmTestCluster, end: str, tmp_path: Path
 ) -> None:
@@ -168,6 +168,11 @@ def test_stop_or_a_killed_supervisor_ends_the_job_of_a_detached_cluster_run(
     if end == "stop":
         assert handle.stop() and handle.cancelled()
         assert not os.path.exists(handle.path)
+    elif end == "scancel":  # Slurm's SIGTERM to the batch script: the supervisor stops it
+        job_id = meta.cluster.split()[2].rstrip(",")
+        subprocess.run(["scancel", job_id], check=True, timeout=30)
+        with pytest.raises(KeyboardInterrupt, match=rf"Slurm ended job {job_id} \(scancel"):
+            handle.result(timeout=30)
     else:  # its agents leave when their connection to its hub drops, and the job ends
         handle.detach()
         os.kill(meta.pid, signal.SIGKILL)
