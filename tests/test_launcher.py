@@ -168,6 +168,40 @@ def test_cell_redefinition_ships_new_code_on_spawn() -> None:
     assert first == ["first", "first"] and second == ["second", "second"]
 
 
+def which_are_imported(*names: str) -> list[bool]:
+    import sys
+
+    return [name in sys.modules for name in names]
+
+
+def test_a_forkserver_rank_starts_with_what_the_kernel_imported_of_warm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The modules of ``forkserver.WARM`` the kernel has (torch._dynamo: every optimizer's
+    first construction imports it, 1.5-2.5 s) the server imports, once, before it forks:
+    its ranks start with them, as ranks forked by the kernel do; one the kernel lacks it does
+    not import. Stand-ins here: two small modules nothing else imports."""
+    import sys
+    import zipapp  # noqa: F401 - the kernel has it
+
+    from notebook_launcher._launch import forkserver
+
+    assert "pyclbr" not in sys.modules
+    monkeypatch.setattr(forkserver, "WARM", ("zipapp", "pyclbr"))
+    sent: list = []
+    send = forkserver.send
+    monkeypatch.setattr(
+        forkserver, "send", lambda sock, m, fds=None: (sent.append(m), send(sock, m, fds))
+    )
+    for _ in range(2):
+        out = notebook_launcher(
+            which_are_imported, ("zipapp", "pyclbr"), 2, start_method="forkserver",
+            dashboard=Recorder(),
+        )  # fmt: skip
+        assert out == [[True, False], [True, False]]
+    assert [m.preload for m in sent] == [("zipapp",), (), (), ()]  # the first time only
+
+
 _RUN_PATH_SCRIPT = """
 import os
 from notebook_launcher import notebook_launcher
