@@ -395,6 +395,9 @@ def launch(**kw):
 
 launch()                                     # nothing parallel ran here yet: fork
 x = torch.ones(512, 512); x @ x               # now this kernel's OpenMP pool runs
+import time; from notebook_launcher._launch import preflight
+t = time.monotonic(); safe = preflight.fork_is_safe()  # its probe child is stuck at once
+print("probe", safe, time.monotonic() - t)
 launch()                                     # fork would hang: the forkserver takes over
 launch(start_method="fork")                  # asked for: ranks get one thread, no hang
 from notebook_launcher._launch import forkserver; forkserver.shutdown()
@@ -416,6 +419,9 @@ def test_fork_after_the_kernel_used_openmp_does_not_hang(kernel_env: dict) -> No
         env={**kernel_env, "PYTHONPATH": root, "OMP_NUM_THREADS": ""},
     )
     assert out.returncode == 0, out.stderr
+    probe = [line.split() for line in out.stdout.splitlines() if line.startswith("probe")]
+    # told once the child is seen stuck, not at the probe's 2 s timeout
+    assert probe[0][1] == "False" and float(probe[0][2]) < 0.8 * preflight.FORK_PROBE_TIMEOUT
     lines = [line for line in out.stdout.splitlines() if "|" in line]
     assert lines[0].startswith("fork | fast")
     assert lines[1].startswith("forkserver | this kernel already ran a multi-threaded torch op")
