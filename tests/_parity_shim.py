@@ -202,6 +202,11 @@ class AccelerateShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.sources = sources
         self.stand_in = stand_in_accelerate_only
         self._specs: dict[str, Any] = {}
+        #: the package's names get their stand-ins on the first ``import accelerate...``
+        #: (:func:`_stand_in_package_names` imports the package, and with it torch: ~2 s
+        #: that an interpreter of the run which never imports accelerate -- one torch
+        #: starts to test a compiled library -- would pay at start-up for nothing)
+        self._names_pending = stand_in_accelerate_only
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
@@ -231,6 +236,9 @@ class AccelerateShim(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             from notebook_launcher._accelerate_only import error_for
 
             raise error_for(key)
+        if self._names_pending:
+            self._names_pending = False
+            _stand_in_package_names()
         module = importlib.import_module(ALIASES[spec.name])
         self._specs[spec.name] = module.__spec__  # the import system overwrites it next
         return module
@@ -295,9 +303,7 @@ def install(
         del sys.modules[name]  # a real Accelerate imported earlier (a forked rank inherits it)
     _STRICT_IMPORTERS.update(strict_importers)
     shim = AccelerateShim(sources, stand_in_accelerate_only)
-    sys.meta_path.insert(0, shim)
-    if stand_in_accelerate_only:
-        _stand_in_package_names()
+    sys.meta_path.insert(0, shim)  # (the stand-ins of names: on the first accelerate import)
     return shim
 
 

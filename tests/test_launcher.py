@@ -168,6 +168,40 @@ def test_cell_redefinition_ships_new_code_on_spawn() -> None:
     assert first == ["first", "first"] and second == ["second", "second"]
 
 
+def which_are_imported(*names: str) -> list[bool]:
+    import sys
+
+    return [name in sys.modules for name in names]
+
+
+def test_a_forkserver_rank_starts_with_what_the_kernel_imported_of_warm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The modules of ``forkserver.WARM`` the kernel has (torch._dynamo: every optimizer's
+    first construction imports it, 1.5-2.5 s) the server imports, once, before it forks:
+    its ranks start with them, as ranks forked by the kernel do; one the kernel lacks it does
+    not import. Stand-ins here: two small modules nothing else imports."""
+    import sys
+    import zipapp  # noqa: F401 - the kernel has it
+
+    from notebook_launcher._launch import forkserver
+
+    assert "pyclbr" not in sys.modules
+    monkeypatch.setattr(forkserver, "WARM", ("zipapp", "pyclbr"))
+    sent: list = []
+    send = forkserver.send
+    monkeypatch.setattr(
+        forkserver, "send", lambda sock, m, fds=None: (sent.append(m), send(sock, m, fds))
+    )
+    for _ in range(2):
+        out = notebook_launcher(
+            which_are_imported, ("zipapp", "pyclbr"), 2, start_method="forkserver",
+            dashboard=Recorder(),
+        )  # fmt: skip
+        assert out == [[True, False], [True, False]]
+    assert [m.preload for m in sent] == [("zipapp",), (), (), ()]  # the first time only
+
+
 _RUN_PATH_SCRIPT = """
 import os
 from notebook_launcher import notebook_launcher
@@ -361,6 +395,9 @@ def launch(**kw):
 
 launch()                                     # nothing parallel ran here yet: fork
 x = torch.ones(512, 512); x @ x               # now this kernel's OpenMP pool runs
+import time; from notebook_launcher._launch import preflight
+t = time.monotonic(); safe = preflight.fork_is_safe()  # its probe child is stuck at once
+print("probe", safe, time.monotonic() - t)
 launch()                                     # fork would hang: the forkserver takes over
 launch(start_method="fork")                  # asked for: ranks get one thread, no hang
 from notebook_launcher._launch import forkserver; forkserver.shutdown()
@@ -382,6 +419,9 @@ def test_fork_after_the_kernel_used_openmp_does_not_hang(kernel_env: dict) -> No
         env={**kernel_env, "PYTHONPATH": root, "OMP_NUM_THREADS": ""},
     )
     assert out.returncode == 0, out.stderr
+    probe = [line.split() for line in out.stdout.splitlines() if line.startswith("probe")]
+    # told once the child is seen stuck, not at the probe's 2 s timeout
+    assert probe[0][1] == "False" and float(probe[0][2]) < 0.8 * preflight.FORK_PROBE_TIMEOUT
     lines = [line for line in out.stdout.splitlines() if "|" in line]
     assert lines[0].startswith("fork | fast")
     assert lines[1].startswith("forkserver | this kernel already ran a multi-threaded torch op")

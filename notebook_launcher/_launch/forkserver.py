@@ -24,6 +24,15 @@ from .._posix import deferred_interrupts
 from .._wire.forkserver import Exited, Fork, Forked, FrameReader, Ready, Supervise, send
 from ..errors import LaunchError
 
+#: Modules torch imports lazily, at a cost, in whichever process first needs them:
+#: ``torch._dynamo`` (1.5-2.5 s) on the first construction of any ``torch.optim``
+#: optimizer (``torch._disable_dynamo``) or ``torch.compile``. A rank forked by the kernel
+#: inherits those the kernel imported; a forkserver rank would import each again, in every
+#: rank of every launch. So once the kernel has one, the server imports it too (once, before
+#: it forks the next rank). Not at the server's start: a kernel that never needed one does
+#: not pay for it (nor does a rank that never builds an optimizer).
+WARM = ("torch._dynamo",)
+
 
 def child_env() -> dict[str, str]:
     """Environment for a fresh interpreter of ours: the kernel's, able to import this
@@ -45,6 +54,8 @@ class ForkServer:
         self._reader = FrameReader()
         self._exits: dict[int, int] = {}
         self._forked: list[int] = []
+        #: the modules of WARM the server was asked to import
+        self._warm: set[str] = set()
         self._ready = False
         self._dead = False
         with deferred_interrupts():  # the process and both socket ends, or none of them
@@ -116,8 +127,11 @@ class ForkServer:
         return True
 
     def fork(self, fds: list[int], has_listen: bool) -> int:
-        """Start a rank with ``fds`` (control socket, stdout, stderr[, listener])."""
-        return self._request(Fork(has_listen), fds, "a worker")
+        """Start a rank with ``fds`` (control socket, stdout, stderr[, listener]); the
+        server imports first the modules of :data:`WARM` this kernel has and it lacks."""
+        preload = tuple(m for m in WARM if m in sys.modules and m not in self._warm)
+        self._warm.update(preload)
+        return self._request(Fork(has_listen, preload), fds, "a worker")
 
     def supervise(self, run_dir: str, fds: list[int], has_listen: bool) -> None:
         """Fork the supervisor of the detached run in ``run_dir`` with ``fds`` (its
@@ -197,4 +211,4 @@ def shutdown() -> None:
             _server = None
 
 
-__all__ = ["ForkServer", "child_env", "get", "pid", "shutdown"]
+__all__ = ["WARM", "ForkServer", "child_env", "get", "pid", "shutdown"]

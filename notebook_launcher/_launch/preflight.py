@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -311,6 +312,10 @@ def _unknown_native_threads() -> frozenset[int]:
 
 _fork_verdict: dict[str, Any] = {"unsafe": False, "safe_with_threads": None}
 FORK_PROBE_TIMEOUT = 2.0
+#: A probe child caught by the OpenMP pool waits at once, for pool threads that were not
+#: forked: its only thread asleep, using no CPU. Seen that way this long, it is stuck (a
+#: healthy child is running, or has started threads of its own, well within it).
+FORK_PROBE_STUCK_AFTER = 0.1
 
 
 def fork_is_safe() -> bool:
@@ -320,7 +325,7 @@ def fork_is_safe() -> bool:
 
     Probed for real, in a throwaway forked child, whenever the set of native threads
     (by thread id: a new pool thread is a new id) changed since the last probe; the cost
-    (~10 ms) is paid once per change.
+    (~10 ms when safe, ~0.1 s when not) is paid once per change.
     """
     if "torch" not in sys.modules or _fork_verdict["unsafe"]:
         return not _fork_verdict["unsafe"]
@@ -334,9 +339,46 @@ def fork_is_safe() -> bool:
     return False
 
 
+def _asleep_alone(pid: int) -> tuple[bool, int] | None:
+    """Whether process ``pid`` has one thread, asleep (state S), and the CPU ticks it has
+    used; None when ``/proc`` cannot tell (it has just ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        threads = len(os.listdir(f"/proc/{pid}/task"))
+    except (OSError, IndexError):
+        return None
+    # after the command's ")": state, ppid, ... utime and stime are the 12th and 13th
+    return fields[0] == "S" and threads == 1, int(fields[11]) + int(fields[12])
+
+
+def _wait_probe(pid: int, pidfd: int) -> bool:
+    """Wait for the probe child to end; False once it is stuck (asleep alone, using no CPU,
+    for FORK_PROBE_STUCK_AFTER) or after FORK_PROBE_TIMEOUT."""
+    start = time.monotonic()
+    asleep_since, ticks = None, None
+    while True:
+        now = time.monotonic()
+        left = start + FORK_PROBE_TIMEOUT - now
+        if left <= 0:
+            return False
+        if select.select([pidfd], [], [], min(0.02, left))[0]:
+            return True
+        seen = _asleep_alone(pid)
+        if seen is not None and seen[0] and seen[1] == ticks:
+            if asleep_since is None:
+                asleep_since = now
+            elif now - asleep_since >= FORK_PROBE_STUCK_AFTER:
+                return False
+        else:
+            asleep_since = None
+        ticks = seen[1] if seen is not None else None
+
+
 def _probe_fork() -> bool:
-    """Fork a child that runs a parallel op; True when it finished in time. Ctrl-C at any
-    moment leaves no child behind (not even a zombie): it is killed and reaped first."""
+    """Fork a child that runs a parallel op; True when it finished, False once it is stuck
+    (see :func:`_wait_probe`). Ctrl-C at any moment leaves no child behind (not even a
+    zombie): it is killed and reaped first."""
     parent = os.getpid()
     pid = pidfd = None
     done = False
@@ -355,7 +397,7 @@ def _probe_fork() -> bool:
                 finally:
                     os._exit(code)
             pidfd = os.pidfd_open(pid)
-        done = bool(select.select([pidfd], [], [], FORK_PROBE_TIMEOUT)[0])
+        done = _wait_probe(pid, pidfd)
     finally:
         with deferred_interrupts():
             if pid:

@@ -7,7 +7,8 @@ rank 0 the rendezvous listener)::
 
     kernel (client, _launch.forkserver)           server (_worker.forkserver)
       <--- Ready() -----------------------------    torch imported, serving
-      ---- Fork(has_listen) + fds ------------->    forks; the child becomes the rank
+      ---- Fork(has_listen, preload) + fds ---->    imports preload (once), forks; the
+                                                    child becomes the rank
       <--- Forked(pid) -------------------------
       <--- Exited(pid, returncode) -------------    it reaps its children (their parent)
       ---- Supervise(run_dir, has_listen) + fds ->  forks a detached run's supervisor,
@@ -34,9 +35,12 @@ class Ready:
 
 @dataclass(frozen=True)
 class Fork:
-    """Start one rank with the fds that come with this frame (rank 0: + the listener)."""
+    """Start one rank with the fds that come with this frame (rank 0: + the listener),
+    after importing ``preload`` in the server (modules the kernel has and the server lacks:
+    the rank then starts with them, as a rank forked by the kernel would)."""
 
     has_listen: bool
+    preload: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

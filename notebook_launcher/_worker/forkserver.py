@@ -50,12 +50,16 @@ PRELOAD = (
 )
 
 
-def _preload() -> None:
-    for name in PRELOAD:
+def _import(names: tuple[str, ...]) -> None:
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - optional modules may be absent
             pass
+
+
+def _preload() -> None:
+    _import(PRELOAD)
     # Every rank applies the kernel's RNG and torch settings; the first time costs ~15 ms
     # (NumPy's global generator, torch's switches): pay it here, once, not in every rank.
     try:
@@ -90,6 +94,7 @@ def serve(sock: socket.socket) -> None:
             except (EOFError, OSError):
                 return
             if isinstance(msg, Fork):
+                _import(msg.preload)  # what the kernel has (see _launch.forkserver.WARM)
                 pid = _fork_worker(sock, fds, has_listen=msg.has_listen, wake=(wake_r, wake_w))
                 for fd in fds:
                     os.close(fd)
