@@ -202,6 +202,27 @@ def test_a_forkserver_rank_starts_with_what_the_kernel_imported_of_warm(
     assert [m.preload for m in sent] == [("zipapp",), (), (), ()]  # the first time only
 
 
+def test_the_forkserver_imports_no_warm_module_that_touches_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The forkserver must never touch CUDA (its ranks could not use it): a module of
+    ``WARM`` is imported in a probe child first, and in the server only if that left CUDA
+    untouched (neither torch's CUDA state nor the driver library loaded)."""
+    import sys
+
+    from notebook_launcher._worker import forkserver as server
+
+    assert not server.cuda_touched()  # this process: no CUDA
+    monkeypatch.setattr(sys.modules["torch"].cuda, "is_initialized", lambda: True)
+    assert server.cuda_touched()
+    for name, touches in (("pyclbr", True), ("tabnanny", False)):
+        assert name not in sys.modules
+        # (the probe child sees the patch: it runs this process's code after the fork)
+        monkeypatch.setattr(server, "cuda_touched", lambda touches=touches: touches)
+        server._warm((name,))
+        assert (name in sys.modules) is not touches, name
+
+
 _RUN_PATH_SCRIPT = """
 import os
 from notebook_launcher import notebook_launcher

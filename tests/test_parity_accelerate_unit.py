@@ -128,7 +128,7 @@ def run_their_tests(
         )
 
 
-#: Seconds the child pytest may take (their tests take 2-5 min here, more on a loaded machine).
+#: Seconds the child pytest may take (their tests take 1-3 min here, more on a loaded machine).
 RUN_TIMEOUT = 840
 #: At most this many failures are run again (more is not noise).
 MAX_RERUNS = 5
