@@ -10,6 +10,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -221,6 +222,54 @@ def socket_inodes() -> set[str]:
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
     return inodes
+
+
+def import_without_cuda(names: tuple[str, ...]) -> None:
+    """Import ``names`` (those not imported yet) in this process, so that the children it
+    forks next start with them -- only where importing them touches no CUDA: a probe child
+    imports them first and says. For processes that fork ranks and must never touch CUDA
+    (the forkserver, a node's agent): a module that does so at import (some do: a
+    ``torch.compile`` at import, a device query) stays the ranks' own to import."""
+    import importlib
+
+    names = tuple(n for n in names if n not in sys.modules)
+    if not names:
+        return
+
+    def load() -> None:
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - optional modules may be absent
+                pass
+
+    pid = quiet_fork()
+    if pid == 0:
+        clean = False
+        try:
+            load()
+            clean = not cuda_touched()
+        finally:
+            os._exit(0 if clean else 1)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) == 0:
+        load()
+
+
+def cuda_touched() -> bool:
+    """This process initialised CUDA, or loaded its driver (``libcuda``): a child forked
+    now could not use CUDA."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return True
+    except Exception:  # noqa: BLE001 - a torch without CUDA support
+        pass
+    try:
+        with open("/proc/self/maps") as f:
+            return "libcuda.so" in f.read()
+    except OSError:
+        return False
 
 
 __all__ = [

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from notebook_launcher._launch import forkserver
 from notebook_launcher._launch.record import RunRecord
 from notebook_launcher._launch.remote import AgentHub, RemoteGroup
 from notebook_launcher._serialization import dumps
@@ -113,6 +114,10 @@ class ProxiedStore:
 
 
 _proxies: list[Any] = []
+
+
+def which_are_imported(*names: str) -> list[bool]:
+    return [name in sys.modules for name in names]
 
 
 def where(x: int) -> tuple[int, int, str]:
@@ -494,6 +499,17 @@ def test_an_agent_cluster_runs_on_agents_started_by_hand(tmp_path: Path) -> None
         assert "does not decode" in summary and "possible tampering" in summary, summary
         with start(num_processes=2, cluster=cluster, dashboard=False) as session:
             assert session.run_cell("rank") == ["0", "1"]
+        # what the kernel has of the forkserver's WARM (torch._dynamo: 1.5-2.5 s in each
+        # rank otherwise) the agents import before they fork (stand-ins: small modules)
+        import zipapp  # noqa: F401 - this kernel has it, not pyclbr
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(forkserver, "WARM", ("zipapp", "pyclbr"))
+            out = notebook_launcher(
+                which_are_imported, ("zipapp", "pyclbr"), num_processes=2, cluster=cluster,
+                dashboard=False,
+            )  # fmt: skip
+        assert out == [[True, False], [True, False]]
         job = cluster.job_key
     finally:
         cluster.close()

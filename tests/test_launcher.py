@@ -205,21 +205,21 @@ def test_a_forkserver_rank_starts_with_what_the_kernel_imported_of_warm(
 def test_the_forkserver_imports_no_warm_module_that_touches_cuda(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The forkserver must never touch CUDA (its ranks could not use it): a module of
-    ``WARM`` is imported in a probe child first, and in the server only if that left CUDA
-    untouched (neither torch's CUDA state nor the driver library loaded)."""
+    """The forkserver (and a node's agent) must never touch CUDA (its ranks could not use
+    it): a module of ``WARM`` is imported in a probe child first, and in the server only if
+    that left CUDA untouched (neither torch's CUDA state nor the driver library loaded)."""
     import sys
 
-    from notebook_launcher._worker import forkserver as server
+    from notebook_launcher import _posix
 
-    assert not server.cuda_touched()  # this process: no CUDA
+    assert not _posix.cuda_touched()  # this process: no CUDA
     monkeypatch.setattr(sys.modules["torch"].cuda, "is_initialized", lambda: True)
-    assert server.cuda_touched()
+    assert _posix.cuda_touched()
     for name, touches in (("pyclbr", True), ("tabnanny", False)):
         assert name not in sys.modules
         # (the probe child sees the patch: it runs this process's code after the fork)
-        monkeypatch.setattr(server, "cuda_touched", lambda touches=touches: touches)
-        server._warm((name,))
+        monkeypatch.setattr(_posix, "cuda_touched", lambda touches=touches: touches)
+        _posix.import_without_cuda((name,))
         assert (name in sys.modules) is not touches, name
 
 

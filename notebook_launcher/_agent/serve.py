@@ -27,7 +27,7 @@ from .._events import MetricsLogged, Output, ProgressUpdate
 from .._launch import preflight, stall
 from .._launch.group import WorkerGroup, WorkerProcess
 from .._launch.plan import FORK_PRELOAD, threads_per_rank
-from .._posix import close_quietly
+from .._posix import close_quietly, import_without_cuda
 from .._wire import agent as wire
 from .._wire.control import Raised, Returned
 from .._wire.store import StoreForwarder
@@ -207,6 +207,7 @@ class Agent:
             )
             return False
         specs = [_on_this_node(s, len(setup.specs), via) for s in setup.specs]
+        import_without_cuda(message.warm)  # (once: what the kernel has, the ranks inherit)
         group = WorkerGroup(
             specs,
             "fork",

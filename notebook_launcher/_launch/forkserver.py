@@ -34,6 +34,11 @@ from ..errors import LaunchError
 WARM = ("torch._dynamo",)
 
 
+def warm_modules() -> tuple[str, ...]:
+    """The modules of :data:`WARM` this kernel has imported."""
+    return tuple(m for m in WARM if m in sys.modules)
+
+
 def child_env() -> dict[str, str]:
     """Environment for a fresh interpreter of ours: the kernel's, able to import this
     package, without pytest's marker (a rank is not a test)."""
@@ -129,7 +134,7 @@ class ForkServer:
     def fork(self, fds: list[int], has_listen: bool) -> int:
         """Start a rank with ``fds`` (control socket, stdout, stderr[, listener]); the
         server imports first the modules of :data:`WARM` this kernel has and it lacks."""
-        preload = tuple(m for m in WARM if m in sys.modules and m not in self._warm)
+        preload = tuple(m for m in warm_modules() if m not in self._warm)
         self._warm.update(preload)
         return self._request(Fork(has_listen, preload), fds, "a worker")
 
@@ -211,4 +216,4 @@ def shutdown() -> None:
             _server = None
 
 
-__all__ = ["WARM", "ForkServer", "child_env", "get", "pid", "shutdown"]
+__all__ = ["WARM", "ForkServer", "child_env", "get", "pid", "shutdown", "warm_modules"]

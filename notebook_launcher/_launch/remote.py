@@ -53,6 +53,7 @@ from .._wire.refusals import Refusals
 from .._wire.store import StoreProxy
 from ..errors import ClusterError, PreflightError, RankFailure
 from . import preflight
+from .forkserver import warm_modules
 from .plan import LaunchPlan, rank_specs
 from .rendezvous import endpoint_text
 
@@ -550,7 +551,7 @@ class RemoteGroup:
                     self._drain_stale(node)
                     specs = tuple(s for s in self.specs if s.node_rank == node.index)
                     setup = wire.NodeSetup(specs, self.attempt, self.grace)
-                    node.link.send(wire.Start(setup, self._task))
+                    node.link.send(wire.Start(setup, self._task, warm_modules()))
                     self._selector.register(node.link.fileno(), selectors.EVENT_READ, node)
         except BaseException as exc:
             if on_abort is not None:

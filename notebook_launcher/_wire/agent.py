@@ -95,6 +95,9 @@ class Start:
 
     setup: NodeSetup
     task: bytes | None = None
+    #: modules the kernel has that torch imports lazily at a cost (``torch._dynamo``):
+    #: the agent imports them before it forks the ranks (as the forkserver does)
+    warm: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

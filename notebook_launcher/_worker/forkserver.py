@@ -31,7 +31,7 @@ import sys
 import time
 
 from .. import _settings
-from .._posix import close_quietly, kill_process_group, quiet_fork
+from .._posix import close_quietly, import_without_cuda, kill_process_group, quiet_fork
 from .._wire.forkserver import Exited, Fork, Forked, Ready, Supervise, recv_request, send
 
 PRELOAD = (
@@ -60,43 +60,6 @@ def _import(names: tuple[str, ...]) -> None:
 
 def _preload() -> None:
     _import(PRELOAD)
-
-
-def _warm(names: tuple[str, ...]) -> None:
-    """Import ``names`` here, so that the ranks forked next start with them -- only where
-    importing them touches no CUDA: a probe child imports them first and says. This
-    server never touches CUDA (its ranks could not use it); a module that does so at
-    import (some do: a ``torch.compile`` at import, a device query) stays the ranks' own
-    to import."""
-    if not names:
-        return
-    pid = quiet_fork()
-    if pid == 0:
-        clean = False
-        try:
-            _import(names)
-            clean = not cuda_touched()
-        finally:
-            os._exit(0 if clean else 1)
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) == 0:
-        _import(names)
-
-
-def cuda_touched() -> bool:
-    """This process initialised CUDA, or loaded its driver (``libcuda``): a child forked
-    now could not use CUDA."""
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return True
-    except Exception:  # noqa: BLE001 - a torch without CUDA support
-        pass
-    try:
-        with open("/proc/self/maps") as f:
-            return "libcuda.so" in f.read()
-    except OSError:
-        return False
     # Every rank applies the kernel's RNG and torch settings; the first time costs ~15 ms
     # (NumPy's global generator, torch's switches): pay it here, once, not in every rank.
     try:
@@ -131,7 +94,9 @@ def serve(sock: socket.socket) -> None:
             except (EOFError, OSError):
                 return
             if isinstance(msg, Fork):
-                _warm(msg.preload)  # what the kernel has (see _launch.forkserver.WARM)
+                import_without_cuda(
+                    msg.preload
+                )  # what the kernel has (see _launch.forkserver.WARM)
                 pid = _fork_worker(sock, fds, has_listen=msg.has_listen, wake=(wake_r, wake_w))
                 for fd in fds:
                     os.close(fd)
