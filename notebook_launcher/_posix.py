@@ -224,36 +224,45 @@ def socket_inodes() -> set[str]:
     return inodes
 
 
+def import_quietly(names: tuple[str, ...]) -> None:
+    """Import ``names``; one that cannot be imported (an optional module, absent) is left
+    to whoever needs it, to fail there with its own error."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - optional modules may be absent
+            pass
+
+
+#: Modules :func:`import_without_cuda` found touching CUDA: never probed again here.
+_touch_cuda: set[str] = set()
+
+
 def import_without_cuda(names: tuple[str, ...]) -> None:
     """Import ``names`` (those not imported yet) in this process, so that the children it
     forks next start with them -- only where importing them touches no CUDA: a probe child
     imports them first and says. For processes that fork ranks and must never touch CUDA
     (the forkserver, a node's agent): a module that does so at import (some do: a
-    ``torch.compile`` at import, a device query) stays the ranks' own to import."""
-    import importlib
-
-    names = tuple(n for n in names if n not in sys.modules)
+    ``torch.compile`` at import, a device query) stays the ranks' own to import, and is
+    not probed again (a probe costs the import)."""
+    names = tuple(n for n in names if n not in sys.modules and n not in _touch_cuda)
     if not names:
         return
-
-    def load() -> None:
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - optional modules may be absent
-                pass
-
     pid = quiet_fork()
     if pid == 0:
         clean = False
         try:
-            load()
+            import_quietly(names)
             clean = not cuda_touched()
         finally:
             os._exit(0 if clean else 1)
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) == 0:
-        load()
+        import_quietly(names)
+    else:
+        _touch_cuda.update(names)
 
 
 def cuda_touched() -> bool:
@@ -275,10 +284,13 @@ def cuda_touched() -> bool:
 __all__ = [
     "become_subreaper",
     "close_quietly",
+    "cuda_touched",
     "deferred_interrupts",
     "descendants",
     "die_with_parent",
     "guard_process_group",
+    "import_quietly",
+    "import_without_cuda",
     "kill_descendants",
     "kill_process_group",
     "lead_own_process_group",

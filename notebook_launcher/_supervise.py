@@ -62,9 +62,9 @@ def main(argv: list[str]) -> None:
 
 
 def in_job(run_dir: str) -> None:
-    """A Slurm run's supervisor inside its own job (``detached.launch_in_job``): the batch
-    script's process on the job's first node. Nothing to fork away from (the job is not
-    the kernel's); its stdout and stderr are the job's output file. It starts the agents
+    """A Slurm run's supervisor inside its own job (``detached._hand_over_to_job``): the
+    batch script's process on the job's first node. Nothing to fork away from (the job is
+    not the kernel's); its stdout and stderr go to the record's ``supervisor.log``. It starts the agents
     as a step of this job (the cluster uses the allocation it runs in), runs the launch,
     and the job ends when it does."""
     from ._launch import detach
@@ -79,14 +79,11 @@ def in_job(run_dir: str) -> None:
 
 
 def preload() -> None:
-    """Import what the supervisor needs (in the forkserver, before it forks one)."""
-    import importlib
+    """Import what the supervisor needs (in the forkserver, before it forks one; what
+    cannot be imported, the supervisor says in its log)."""
+    from ._posix import import_quietly
 
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the supervisor will say it in its log
-            pass
+    import_quietly(PRELOAD)
 
 
 def spare(conn_fd: int) -> NoReturn:
@@ -223,13 +220,12 @@ def _run(run_dir: str, listen_fd: int, in_job: bool = False) -> Any:
         sys.path[:] = payload["sys_path"]  # the kernel's: the function's modules import
         # the kernel's environment and directory now (a warm supervisor has its
         # forkserver's, from when that started): forked ranks inherit them
-        job_env = {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
+        environ = payload["environ"]
+        if in_job:  # the job's SLURM_* variables, not the kernel's
+            environ = {k: v for k, v in environ.items() if not k.startswith("SLURM_")}
+            environ.update((k, v) for k, v in os.environ.items() if k.startswith("SLURM_"))
         os.environ.clear()
-        os.environ.update(payload["environ"])
-        if in_job:
-            for name in [k for k in os.environ if k.startswith("SLURM_")]:
-                del os.environ[name]
-            os.environ.update(job_env)
+        os.environ.update(environ)
         if os.path.isdir(payload["cwd"]):
             os.chdir(payload["cwd"])
         job = _serialization.loads(payload.pop("job"))

@@ -742,11 +742,7 @@ class SlurmCluster(Cluster):
         if self._step is not None:
             what = "srun step started"
         elif self._state is not None:
-            what = f"{self._state.state}" + (
-                f" ({self._state.reason})"
-                if self._state.reason and self._state.reason not in ("None", "(null)")
-                else ""
-            )
+            what = self._state.brief()
         else:
             what = "submitted"
         return NodesWaiting(self.describe(), what, joined, self.num_nodes, time.time())

@@ -153,11 +153,7 @@ def _hand_over_to_job(
     run_dir = job_id = None
     try:
         run_id, run_dir = _new_record(name, ranks, nodes, dumps(job), record.QUEUED)
-        parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        code = (
-            f"import sys; sys.path.insert(0, {parent!r}); "
-            "from notebook_launcher._supervise import in_job; in_job(sys.argv[1])"
-        )
+        code = _supervisor_code("in_job(sys.argv[1])")
         script = os.path.join(run_dir, "job.sh")
         text = slurm.batch_script(
             cluster.sbatch_options, cluster.setup, (), os.path.join(run_dir, "slurm-%j.out"),
@@ -281,12 +277,19 @@ def _start_warm(server: Any, run_dir: str, said: int, log: int, listen_fd: int) 
     return True
 
 
-def _start_cold(run_dir: str, said: int, log: int, listen_fd: int) -> None:
+def _supervisor_code(call: str) -> str:
+    """``python -c`` code that imports this package (from where this one lives) and makes
+    ``call`` of ``_supervise`` (a fresh interpreter's supervisor)."""
     parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = (
+    name = call.split("(", 1)[0]
+    return (
         f"import sys; sys.path.insert(0, {parent!r}); "
-        "from notebook_launcher._supervise import main; main(sys.argv[1:])"
+        f"from notebook_launcher._supervise import {name}; {call}"
     )
+
+
+def _start_cold(run_dir: str, said: int, log: int, listen_fd: int) -> None:
+    code = _supervisor_code("main(sys.argv[1:])")
     proc = subprocess.Popen(
         [sys.executable, "-c", code, run_dir, str(listen_fd)],
         stdin=subprocess.DEVNULL,
@@ -548,10 +551,7 @@ class _Follower:
         what = "submitted"
         with contextlib.suppress(slurm.SlurmError):
             if job is not None:
-                said = slurm.state(job)
-                what = said.state + (
-                    f" ({said.reason})" if said.reason not in ("", "None", "(null)") else ""
-                )
+                what = slurm.state(job).brief()
         if what != self.waiting:
             self.waiting = what
             self.view.handle(

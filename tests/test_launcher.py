@@ -213,6 +213,7 @@ def test_the_forkserver_imports_no_warm_module_that_touches_cuda(
     from notebook_launcher import _posix
 
     assert not _posix.cuda_touched()  # this process: no CUDA
+    monkeypatch.setattr(_posix, "_touch_cuda", set())  # (what this test refuses: its own)
     monkeypatch.setattr(sys.modules["torch"].cuda, "is_initialized", lambda: True)
     assert _posix.cuda_touched()
     for name, touches in (("pyclbr", True), ("tabnanny", False)):
@@ -221,6 +222,13 @@ def test_the_forkserver_imports_no_warm_module_that_touches_cuda(
         monkeypatch.setattr(_posix, "cuda_touched", lambda touches=touches: touches)
         _posix.import_without_cuda((name,))
         assert (name in sys.modules) is not touches, name
+    # one found touching CUDA is not probed again (an agent is asked at every launch, and
+    # each probe costs the import: 1.5-2.5 s for torch._dynamo)
+    probes: list[int] = []
+    fork = _posix.quiet_fork
+    monkeypatch.setattr(_posix, "quiet_fork", lambda: probes.append(1) or fork())
+    _posix.import_without_cuda(("pyclbr", "tabnanny"))
+    assert probes == [] and "pyclbr" not in sys.modules
 
 
 _RUN_PATH_SCRIPT = """

@@ -514,14 +514,9 @@ class EventReader:
     def read(self) -> list[Any]:
         """The events written since the last call (a frame half written waits)."""
         data = self._take()
-        events, at, size = [], 0, len(data)
+        frames, at = _frames(data)
         view = memoryview(data)
-        while at + 4 <= size:
-            (n,) = _FRAME.unpack_from(data, at)
-            if at + 4 + n > size:
-                break
-            events.append(_decode(data, view, at, n))
-            at += 4 + n
+        events = [_decode(data, view, f, _FRAME.unpack_from(data, f)[0]) for f in frames]
         view.release()
         self.buffer = data[at:]
         return events

@@ -95,11 +95,15 @@ class JobState:
     def ended(self) -> bool:
         return self.state in ENDED or self.state == "GONE"
 
+    def brief(self) -> str:
+        """``PENDING (Resources)``: the state, and its reason when Slurm gives one."""
+        if self.reason and self.reason not in ("None", "(null)"):
+            return f"{self.state} ({self.reason})"
+        return self.state
+
     def describe(self) -> str:
         """``Slurm job 12: PENDING (Resources)``; an ended job with what that means."""
-        text = f"Slurm job {self.job_id}: {self.state}"
-        if self.reason and self.reason not in ("None", "(null)"):
-            text += f" ({self.reason})"
+        text = f"Slurm job {self.job_id}: {self.brief()}"
         meaning = MEANING.get(self.state)
         if meaning:
             text += f": {meaning}"
@@ -328,11 +332,11 @@ def batch_script(
     lines = ["#!/bin/bash", *(f"#SBATCH {sbatch_quote(o)}" for o in options)]
     lines.append(f"#SBATCH {sbatch_quote(f'--output={output}')}")
     if supervisor:
-        lines += ["# notebook_launcher: a detached run's supervisor; it runs the agents", *setup]
-        lines.append("exec " + shlex.join(supervisor))
-        return "\n".join(lines) + "\n"
-    lines += ["# notebook_launcher: one agent per node; the kernel drives the ranks", *setup]
-    lines.append("exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 " + shlex.join(agent))
+        what, command = "a detached run's supervisor; it runs the agents", shlex.join(supervisor)
+    else:
+        what = "one agent per node; the kernel drives the ranks"
+        command = "srun --ntasks-per-node=1 --kill-on-bad-exit=0 " + shlex.join(agent)
+    lines += [f"# notebook_launcher: {what}", *setup, f"exec {command}"]
     return "\n".join(lines) + "\n"
 
 

@@ -22,7 +22,6 @@ server), so that a detached run's ranks start about as soon as an attached run's
 
 from __future__ import annotations
 
-import importlib
 import os
 import select
 import signal
@@ -31,7 +30,13 @@ import sys
 import time
 
 from .. import _settings
-from .._posix import close_quietly, import_without_cuda, kill_process_group, quiet_fork
+from .._posix import (
+    close_quietly,
+    import_quietly,
+    import_without_cuda,
+    kill_process_group,
+    quiet_fork,
+)
 from .._wire.forkserver import Exited, Fork, Forked, Ready, Supervise, recv_request, send
 
 PRELOAD = (
@@ -50,16 +55,8 @@ PRELOAD = (
 )
 
 
-def _import(names: tuple[str, ...]) -> None:
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - optional modules may be absent
-            pass
-
-
 def _preload() -> None:
-    _import(PRELOAD)
+    import_quietly(PRELOAD)
     # Every rank applies the kernel's RNG and torch settings; the first time costs ~15 ms
     # (NumPy's global generator, torch's switches): pay it here, once, not in every rank.
     try:
@@ -94,9 +91,8 @@ def serve(sock: socket.socket) -> None:
             except (EOFError, OSError):
                 return
             if isinstance(msg, Fork):
-                import_without_cuda(
-                    msg.preload
-                )  # what the kernel has (see _launch.forkserver.WARM)
+                # what the kernel has (see _launch.forkserver.WARM)
+                import_without_cuda(msg.preload)
                 pid = _fork_worker(sock, fds, has_listen=msg.has_listen, wake=(wake_r, wake_w))
                 for fd in fds:
                     os.close(fd)
@@ -160,9 +156,9 @@ def _fork_supervisor(
     sock: socket.socket, fds: list[int], msg: Supervise, wake: tuple[int, int]
 ) -> int:
     """Hand a detached run to a supervisor forked ahead of need (a *spare*: out of our
-    session and parentage already, waiting for its run), then fork the next spare, so
-    that a kernel's second and later detached runs wait for no fork. The first run's
-    spare is forked for it. Returns the pid of the forked go-between (0: the spare was
+    session and parentage already, waiting for its run); :func:`serve` forks the next one
+    a little later, so that a kernel's second and later detached runs wait for no fork.
+    The first run's spare is forked for it. Returns the pid of the forked go-between (0: the spare was
     ready); no :class:`Exited` follows, a supervisor is not our child."""
     global _spare
     pid = 0
