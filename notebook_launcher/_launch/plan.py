@@ -202,7 +202,7 @@ def plan_launch(
     if supervised:
         method, reason = preflight.resolve_start_method(start_method, False)
         if start_method in (None, "auto"):
-            reason = "from its supervisor, a clean process (no CUDA, none of this kernel's threads)"
+            reason = "from its supervisor, a clean process"  # (no CUDA, none of our threads)
         fork_safe = True
     else:
         cuda_init = preflight.cuda_initialized()
