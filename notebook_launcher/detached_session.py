@@ -284,6 +284,7 @@ class _Server:
             why = self.admit(conn)
             if why is not None:
                 _send(conn, ("refused", why))
+                _hang_up(conn)
                 return
             method, args = _recv(conn)
             if method == "close":  # a task that runs (another kernel's, say) ends first
@@ -523,6 +524,20 @@ def serve(run_dir: str, meta: Meta) -> None:
         if server is not None:
             server.writer.close()
         record.remove(run_dir)
+
+
+def _hang_up(conn: socket.socket) -> None:
+    """End a connection whose peer may still be sending (its call, after a secret that was
+    refused): kept open until the peer closes (within ``SEND_TIMEOUT``), what it sends
+    read and dropped. Closed at once, the peer's send of its call failed (a broken pipe)
+    before it read the refusal already sent, and the kernel said "does not answer"
+    instead of why it was refused."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + SEND_TIMEOUT
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([conn], [], [], left)[0] and not conn.recv(1 << 16):
+                return  # the peer read the refusal and closed
 
 
 def _heartbeat(run_dir: str) -> None:

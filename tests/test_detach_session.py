@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import stat
+import struct
 import threading
 import time
 from pathlib import Path
@@ -176,6 +177,15 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
     intruder._secret = b"0" * 32
     with pytest.raises(SessionRefused, match=f"refused .*not session {session.id}'s"):
         intruder.pull("x")
+    # a refused client that sends its call only after the refusal went out still reads
+    # why: the server used to close at once, and that call's send then failed (the kernel
+    # said "does not answer" instead; a red clean-clone run)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.connect(str(path / SOCKET))
+        raw.sendall(struct.pack("<Q", 32) + b"0" * 32)
+        time.sleep(0.3)  # the server read the secret and refused
+        raw.sendall(struct.pack("<Q", 4) + b"call")
+        assert _recv(raw)[0] == "refused"
     if os.getuid() == 0:  # another user: the directory keeps it out, and were it let in...
         secret = (path / SECRET).read_bytes()
         assert _as_nobody(path, secret) == "PermissionError"
