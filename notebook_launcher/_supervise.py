@@ -173,21 +173,50 @@ def _supervise(run_dir: str, listen_fd: int, handshake: bool = True) -> None:
 #: limit): said in the outcome, which otherwise reads as a stop()
 _terminated: list[bool] = []
 
+#: seconds a supervisor in its Slurm job waits for its own SIGTERM once a node said Slurm is
+#: ending the job: scancel and the time limit signal every step of the job at about the same
+#: time, and the agents' word can come first (the ranks stopped by it are not the cause)
+JOB_END_WAIT = 3.0
+
 
 def _interrupt(signum: int, frame: Any) -> None:
     _terminated.append(True)
     raise KeyboardInterrupt
 
 
+def _noted(signum: int, frame: Any) -> None:
+    """SIGTERM once the run has ended (its cluster closing, its end recorded): noted only."""
+    _terminated.append(True)
+
+
 def _why_terminated(outcome: Any, in_job: bool) -> Any:
-    if not (_terminated and isinstance(outcome, KeyboardInterrupt)):
+    ended_by_slurm = in_job and _slurm_is_ending(outcome)
+    if ended_by_slurm and not _terminated:
+        signal.signal(signal.SIGTERM, _noted)
+        deadline = time.monotonic() + JOB_END_WAIT
+        while not _terminated and time.monotonic() < deadline:
+            time.sleep(0.02)
+    if not _terminated or not (ended_by_slurm or isinstance(outcome, KeyboardInterrupt)):
         return outcome
     if in_job:
         job = os.environ.get("SLURM_JOB_ID", "?")
         who = f"Slurm ended job {job} (scancel, or its time limit: SIGTERM to the run's supervisor)"
     else:
         who = f"the run's supervisor (pid {os.getpid()}) got SIGTERM (kill, or a shutdown)"
+    if ended_by_slurm:  # its agents heard it first: their ranks stopped, none of them failed
+        return KeyboardInterrupt(f"{who}; the job's agents got it too and stopped the ranks")
     return KeyboardInterrupt(f"{who}; {outcome}")
+
+
+def _slurm_is_ending(outcome: Any) -> bool:
+    """A failure that a node explained as Slurm ending the job (its agent got SIGTERM)."""
+    from ._wire.agent import SLURM_ENDING
+
+    return (
+        isinstance(outcome, BaseException)
+        and not isinstance(outcome, KeyboardInterrupt)
+        and SLURM_ENDING in str(outcome)
+    )
 
 
 def _summary(outcome: Any) -> str:
@@ -283,8 +312,9 @@ def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
         return outcome
     finally:
         # the run has ended (or could not start): nothing may stop the job's end half way
+        # (Slurm's SIGTERM now is noted: the outcome says the job was ended)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _noted)
         try:
             cluster.close()
         finally:

@@ -145,7 +145,20 @@ def test_a_cluster_run_outlives_a_killed_kernel_and_ends_its_job(
     assert not jobs.exists() or not any(jobs.iterdir())  # the job's directory went too
 
 
-@pytest.mark.parametrize("end", ["stop", "supervisor killed", "scancel"])
+def _agent_step(job_id: str) -> str:
+    """The job's step that runs its agents (``JOB.0``; the batch step is the supervisor)."""
+    out = subprocess.run(
+        ["squeue", "-h", "-s", "-j", job_id, "-o", "%i"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.split()  # fmt: skip
+    steps = [s for s in out if s.split(".")[-1].isdigit()]
+    assert steps, f"job {job_id} has no agent step: {out}"
+    return steps[0]
+
+
+@pytest.mark.parametrize(
+    "end", ["stop", "supervisor killed", "scancel", "scancel, agents first", "agents' step only"]
+)
 def test_stop_or_a_killed_supervisor_ends_the_job_of_a_detached_cluster_run(
     runs_dir: Path, slurm: SlurmTestCluster, end: str, tmp_path: Path
 ) -> None:
@@ -173,6 +186,23 @@ def test_stop_or_a_killed_supervisor_ends_the_job_of_a_detached_cluster_run(
         subprocess.run(["scancel", job_id], check=True, timeout=30)
         with pytest.raises(KeyboardInterrupt, match=rf"Slurm ended job {job_id} \(scancel"):
             handle.result(timeout=30)
+    elif end == "scancel, agents first":  # the race a scancel can run (seen on CI): the
+        # agents' step hears it first, its ranks stop, then the supervisor's SIGTERM comes.
+        # The job was ended: a cancel, blaming no rank
+        job_id = meta.cluster.split()[2].rstrip(",")
+        step = _agent_step(job_id)
+        subprocess.run(["scancel", "-s", "TERM", step], check=True, timeout=30)
+        wait_until(lambda: agent_processes(slurm_conf=slurm.conf) == [], 30, "the agents to go")
+        subprocess.run(["scancel", job_id], check=True, timeout=30)
+        with pytest.raises(KeyboardInterrupt, match=rf"Slurm ended job {job_id} .*agents got it"):
+            handle.result(timeout=30)
+    elif end == "agents' step only":  # the agents got SIGTERM, the supervisor never did: a
+        # node failure's kind of end, said as the agents said it
+        step = _agent_step(meta.cluster.split()[2].rstrip(","))
+        subprocess.run(["scancel", "-s", "TERM", step], check=True, timeout=30)
+        with pytest.raises(Exception, match="Slurm is ending the job") as failed:
+            handle.result(timeout=30)
+        assert not isinstance(failed.value, KeyboardInterrupt)
     else:  # its agents leave when their connection to its hub drops, and the job ends
         handle.detach()
         os.kill(meta.pid, signal.SIGKILL)

@@ -116,8 +116,7 @@ class Agent:
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.ending = (
-            "its agent got SIGTERM: Slurm is ending the job (the time limit, a scancel, or a "
-            "node failure)"
+            f"its agent got SIGTERM: {wire.SLURM_ENDING}"
             if os.environ.get("SLURM_JOB_ID")
             else "its agent got SIGTERM"
         )

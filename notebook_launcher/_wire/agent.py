@@ -213,6 +213,12 @@ class RanksClosed:
     """Every rank of the node is gone, and reported."""
 
 
+#: what an agent that got Slurm's SIGTERM says (``AgentEnding.why``): the job is ending, every
+#: step of it signalled at about the same time -- a run's supervisor inside the job reads a
+#: failure that says it as the job's end, not a rank's
+SLURM_ENDING = "Slurm is ending the job (the time limit, a scancel, or a node failure)"
+
+
 @dataclass(frozen=True)
 class AgentEnding:
     """The agent is about to exit on its own: ``why`` (Slurm's SIGTERM at the time limit or a
