@@ -14,7 +14,8 @@
    read whole and handled event by event (the ratio). Then **attach -> live**: one more line appended to the log, and the time until
    the view has it.
 2. **detached vs attached**, the same 2-rank CPU function (``--steps`` steps of a matmul and
-   a gloo all_reduce) launched ``--runs`` times each way from this process, plus a blocking
+   a gloo all_reduce; defined in this script, so pickled by value, as a notebook cell's
+   function is) launched ``--runs`` times each way from this process, plus a blocking
    launch from a fresh interpreter (a kernel's first launch): start-up (the call to the last
    rank's first line) and the median step time. A detached run's supervisor is forked by
    the kernel's forkserver (torch imported): the kernel's first detached run starts that

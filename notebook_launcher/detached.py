@@ -92,8 +92,9 @@ def launch(
             return {**job, "plan": plan, "task": task}
 
         run_id = _hand_over(
-            name, len(plan.specs), 1, body, listen.fileno() if listen is not None else -1
-        )
+            name, len(plan.specs), 1, body, listen.fileno() if listen is not None else -1,
+            forks=len(plan.specs),
+        )  # fmt: skip
     finally:
         if listen is not None:
             listen.close()
@@ -192,14 +193,20 @@ def _new_record(name: str, ranks: int, nodes: int, job: bytes, state: str) -> tu
 
 
 def _hand_over(
-    name: str, ranks: int, nodes: int, body: Callable[[], dict[str, Any]], listen_fd: int
+    name: str,
+    ranks: int,
+    nodes: int,
+    body: Callable[[], dict[str, Any]],
+    listen_fd: int,
+    forks: int = 0,
 ) -> str:
     """A new run's record, its task written there (``body()``: what the supervisor's
-    launch needs), and its supervisor started; the run's id."""
+    launch needs), and its supervisor started (``forks``: how many ranks it forks); the
+    run's id."""
     run_dir = None
     try:
         run_id, run_dir = _new_record(name, ranks, nodes, dumps(body()), record.STARTING)
-        _spawn(run_dir, listen_fd)
+        _spawn(run_dir, listen_fd, forks)
     except BaseException:  # Ctrl-C while it starts too: no run left behind, half begun
         if run_dir is not None:
             _abandon(run_dir)
@@ -219,13 +226,14 @@ def _abandon(run_dir: str) -> None:
     record.remove(run_dir)
 
 
-def _spawn(run_dir: str, listen_fd: int) -> int:
+def _spawn(run_dir: str, listen_fd: int, forks: int = 0) -> int:
     """Start the supervisor (see ``_supervise``); its pid, once it runs.
 
     Warm where it can be: forked by this kernel's forkserver (started first if need be,
     then kept for the next runs), which has imported torch and holds none of this
     kernel's memory or fds. Cold where the forkserver cannot be had: a fresh interpreter,
     which imports torch (seconds). The supervisor says its pid on a pipe, then closes it.
+    ``forks``: the ranks it forks (the server's next spare forks as many ahead of its run).
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
     log = os.open(os.path.join(run_dir, record.LOG), flags, 0o600)
@@ -234,7 +242,10 @@ def _spawn(run_dir: str, listen_fd: int) -> int:
         try:
             server = _forkserver()
             with deferred_interrupts():  # a request half sent, a process nobody knows of
-                if server is None or not _start_warm(server, run_dir, said_w, log, listen_fd):
+                warm = server is not None and _start_warm(
+                    server, run_dir, said_w, log, listen_fd, forks
+                )
+                if not warm:
                     _start_cold(run_dir, said_w, log, listen_fd)
         finally:
             os.close(said_w)  # the supervisor holds the only write end left
@@ -265,13 +276,13 @@ def _forkserver() -> Any:
         return None
 
 
-def _start_warm(server: Any, run_dir: str, said: int, log: int, listen_fd: int) -> bool:
+def _start_warm(server: Any, run_dir: str, said: int, log: int, listen_fd: int, forks: int) -> bool:
     """Ask the forkserver to fork the supervisor; False where the request could not be
     sent (the server had died: nothing was forked). A server that dies once it has the
     request raises: a supervisor may be running, so no second one is started."""
     fds = [said, log] + ([listen_fd] if listen_fd >= 0 else [])
     try:
-        server.supervise(run_dir, fds, listen_fd >= 0)
+        server.supervise(run_dir, fds, listen_fd >= 0, forks)
     except OSError:
         return False
     return True

@@ -540,22 +540,38 @@ def test_a_detached_runs_start_method_is_its_supervisors_not_this_kernels(
             plan.close()
 
 
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(") ", 1)[1].split()[1])
+
+
 def _spares(server: int) -> list[int]:
     """Spare supervisors of ``server``: forks of it (the same command line), out of its
-    session and no longer its children, waiting for a detached run."""
+    session and no longer its children, waiting for a detached run (not the ranks they
+    forked ahead: ``_blanks``)."""
     with open(f"/proc/{server}/cmdline", "rb") as f:
         command = f.read()
-    found = []
+    found: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == server:
             continue
         pid = int(name)
         with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
-            with open(f"/proc/{pid}/stat") as stat_file:
-                ppid = int(stat_file.read().rsplit(") ", 1)[1].split()[1])
+            ppid = _parent(pid)
             if f.read() == command and os.getsid(pid) != os.getsid(server) and ppid != server:
-                found.append(pid)
-    return found
+                found[pid] = ppid
+    return [pid for pid, ppid in found.items() if ppid not in found]
+
+
+def _blanks(spare: int) -> list[int]:
+    """The ranks ``spare`` forked ahead (its children), waiting for its run."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                if _parent(int(name)) == spare:
+                    out.append(int(name))
+    return sorted(out)
 
 
 @pytest.mark.timeout(60)
@@ -579,5 +595,93 @@ def test_a_spare_supervisor_waits_for_the_next_run_and_ends_with_the_forkserver(
     _gone(spare, 10, "the second run's supervisor to exit")
     wait_until(lambda: len(_spares(server)) == 1, 10, "the next spare")
     [waiting] = _spares(server)
+    wait_until(lambda: len(_blanks(waiting)) == 2, 10, "the ranks it forks ahead")
+    blanks = _blanks(waiting)
     forkserver.shutdown()  # as when the kernel ends
     _gone(waiting, 5, "the spare to end with its forkserver")
+    for pid in blanks:
+        _gone(pid, 5, "its ranks forked ahead to end with it")
+
+
+def _next_spare(server: int, ranks: int) -> tuple[int, list[int]]:
+    """The spare waiting for the next run, once it has forked ``ranks`` ranks ahead."""
+    wait_until(
+        lambda: len(_spares(server)) == 1 and len(_blanks(_spares(server)[0])) == ranks,
+        15, f"a spare with {ranks} ranks forked ahead",
+    )  # fmt: skip
+    [spare] = _spares(server)
+    return spare, _blanks(spare)
+
+
+@pytest.mark.timeout(120)
+def test_a_detached_runs_ranks_are_forked_ahead_and_take_on_the_kernel_as_it_is_at_launch(
+    runs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spare supervisor forks as many ranks as the kernel's last detached run had,
+    while it waits (so that the next run's start waits for no fork). Those ranks were
+    forked before the run: they take on the kernel's environment, directory and path as
+    they are at the launch. A run with more ranks than were forked ahead, or with a large
+    task (unpickled once in the supervisor, inherited), forks its own, and the blanks it
+    did not take end; a restart forks its attempt's ranks. Nothing is left."""
+    first = notebook_launcher(_steps(1, 0.0), num_processes=2, detach=True, dashboard=False)
+    assert first.result(timeout=50) == [0, 10]
+    server = forkserver.pid()
+    assert server is not None
+    spare, blanks = _next_spare(server, 2)
+
+    monkeypatch.setenv("NL_POOL_PROBE", "set after the spare forked")
+    (tmp_path / "pool_probe_mod.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+
+    def probe(payload: bytes = b"") -> tuple[int, str | None, str, int]:
+        import os
+
+        import pool_probe_mod  # type: ignore[import-not-found]
+
+        return os.getpid(), os.environ.get("NL_POOL_PROBE"), os.getcwd(), pool_probe_mod.VALUE
+
+    run = notebook_launcher(probe, num_processes=2, detach=True, dashboard=False)
+    out = run.result(timeout=50)
+    assert sorted(pid for pid, *_ in out) == blanks  # the ranks forked ahead ran it
+    assert {tuple(rest) for _, *rest in out} == {("set after the spare forked", str(tmp_path), 7)}
+    _gone(spare, 10, "the run's supervisor to exit")
+
+    spare, blanks = _next_spare(server, 2)
+    more = notebook_launcher(probe, num_processes=3, detach=True, dashboard=False)
+    out = more.result(timeout=50)
+    assert len(out) == 3 and not {pid for pid, *_ in out} & set(blanks)  # forked for it
+    for pid in blanks:
+        _gone(pid, 10, "the ranks it did not take to end")
+
+    spare, blanks = _next_spare(server, 3)
+    large = notebook_launcher(
+        probe, args=(b"x" * (2 << 20),), num_processes=3, detach=True, dashboard=False
+    )
+    out = large.result(timeout=50)
+    assert len(out) == 3 and not {pid for pid, *_ in out} & set(blanks)  # inherited
+    for pid in blanks:
+        _gone(pid, 10, "the ranks a large task did not take to end")
+
+    spare, blanks = _next_spare(server, 3)
+    marker = tmp_path / "failed-once"
+
+    def fails_once() -> int:
+        import os
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(3)  # a death: the attempt is restarted
+        return os.getpid()
+
+    again = notebook_launcher(
+        fails_once, num_processes=3, max_restarts=1, detach=True, dashboard=False
+    )
+    out = again.result(timeout=60)
+    assert len(out) == 3 and marker.exists() and not set(out) & set(blanks)  # new ranks
+    _gone(spare, 10, "the run's supervisor to exit")
+    for pid in blanks:
+        _gone(pid, 10, "the first attempt's ranks to end")
+    forkserver.shutdown()

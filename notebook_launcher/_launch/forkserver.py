@@ -138,11 +138,13 @@ class ForkServer:
         self._warm.update(preload)
         return self._request(Fork(has_listen, preload), fds, "a worker")
 
-    def supervise(self, run_dir: str, fds: list[int], has_listen: bool) -> None:
+    def supervise(self, run_dir: str, fds: list[int], has_listen: bool, ranks: int = 0) -> None:
         """Fork the supervisor of the detached run in ``run_dir`` with ``fds`` (its
-        handshake pipe's write end, its log[, the listener]); returns once it is forked
-        (it is not the server's child: the kernel learns its pid from the handshake)."""
-        self._request(Supervise(run_dir, has_listen), fds, "a detached run's supervisor")
+        handshake pipe's write end, its log[, the listener]; ``ranks``: it forks as many);
+        returns once it is forked (it is not the server's child: the kernel learns its pid
+        from the handshake)."""
+        message = Supervise(run_dir, has_listen, ranks)
+        self._request(message, fds, "a detached run's supervisor")
 
     def _request(self, message: Fork | Supervise, fds: list[int], what: str) -> int:
         with self._lock:

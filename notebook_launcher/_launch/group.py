@@ -295,12 +295,16 @@ class WorkerGroup:
         on_exit: Callable[[WorkerProcess], None],
         grace: float = 1.0,
         on_message: Callable[[WorkerProcess, Any], None] | None = None,
+        pool: Any = None,
     ) -> None:
         """``on_message(proc, message)``, when given, receives every control message
         that is not an event (a session's per-task outcomes); without it a rank's one
-        ``Returned``/``Raised`` is kept on its :class:`WorkerProcess`."""
+        ``Returned``/``Raised`` is kept on its :class:`WorkerProcess`. ``pool``: ranks
+        forked ahead (:class:`~notebook_launcher._launch.pool.RankPool`), which get their
+        Setup and Task (pickled) as a forkserver's do."""
         self.specs = specs
         self.start_method = start_method
+        self._pool = pool
         self._task = task
         self._listen = listen_sock
         self._on_event = on_event
@@ -326,7 +330,8 @@ class WorkerGroup:
         ``on_abort(error)`` is told before the ranks started so far are stopped: their
         exits are then the caller's doing, not deaths (see ``RunRecord.abort``).
         """
-        starter = STARTERS[self.start_method]
+        starter = self._pool.start if self._pool is not None else STARTERS[self.start_method]
+        sent = self._pool is not None or self.start_method != "fork"
         try:
             for spec in self.specs:
                 with deferred_interrupts():
@@ -338,9 +343,7 @@ class WorkerGroup:
                         raise
                     self.procs.append(proc)
                     self._watch(proc)
-                if (
-                    self.start_method != "fork"
-                ):  # a fresh process: tell it who it is, and what to do
+                if sent:  # a fresh process (or one forked ahead): who it is, what to do
                     proc.stage = "receiving its task"
                     self.send(proc, Setup(spec))
                     if self._task is not None:  # a session's ranks get theirs later

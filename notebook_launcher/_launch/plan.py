@@ -61,6 +61,8 @@ class LaunchPlan:
     port_note: str | None = None
     #: where the ranks run and why (:func:`notebook_launcher._placement.place`)
     placement: Placement | None = None
+    #: ranks forked ahead of the run (a detached run's supervisor: ``_launch.pool``)
+    pool: Any = None
 
     @property
     def world_size(self) -> int:
@@ -144,8 +146,9 @@ class LaunchPlan:
         from .group import WorkerGroup
 
         return WorkerGroup(
-            specs, self.start_method, task, listen, on_event, on_exit, self.grace_period, on_message
-        )
+            specs, self.start_method, task, listen, on_event, on_exit, self.grace_period,
+            on_message, pool=self.pool,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Release the listening socket if nobody took it (a launch that never started)."""

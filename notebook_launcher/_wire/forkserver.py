@@ -47,10 +47,13 @@ class Fork:
 class Supervise:
     """Fork the supervisor of the detached run recorded in ``run_dir`` (``_supervise``),
     with the fds that come with this frame: the write end of its handshake pipe, its log
-    (``supervisor.log``), and the rendezvous listener when ``has_listen``."""
+    (``supervisor.log``), and the rendezvous listener when ``has_listen``. ``ranks``: how
+    many ranks it starts on this machine (0: none, or not forked by it): the next spare
+    forks as many ahead (``_launch.pool``)."""
 
     run_dir: str
     has_listen: bool
+    ranks: int = 0
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ no CUDA, none of the kernel's memory or fds), where a fresh interpreter would sp
 importing torch. A supervisor leaves at once (``_supervise.spare``: a session of its own,
 one more fork), so that neither this server nor the kernel is its parent; it is forked
 ahead of need (one spare, waiting on a socket to this server for its run, gone with the
-server), so that a detached run's ranks start about as soon as an attached run's.
+server), and it forks its ranks ahead too (as many as the last run had: ``_launch.pool``),
+so that a detached run's ranks start about as soon as an attached run's.
 """
 
 from __future__ import annotations
@@ -73,12 +74,13 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     send(sock, Ready())
     spare_due: float | None = None  # when to fork the next spare supervisor
+    ahead = 0  # the ranks it forks ahead: as many as the last run started
     while True:
         wait = None if spare_due is None else max(0.0, spare_due - time.monotonic())
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [], wait)
         if spare_due is not None and time.monotonic() >= spare_due:
             spare_due = None
-            _fork_spare(sock, (wake_r, wake_w))  # for the next detached run
+            _fork_spare(sock, (wake_r, wake_w), ahead)  # for the next detached run
         if wake_r in readable:
             try:
                 os.read(wake_r, 4096)
@@ -104,6 +106,7 @@ def serve(sock: socket.socket) -> None:
                 send(sock, Forked(pid))
                 # the next spare a little later: not while this run's ranks start
                 spare_due = time.monotonic() + SPARE_DELAY
+                ahead = msg.ranks
 
 
 def _reap(sock: socket.socket) -> None:
@@ -178,8 +181,9 @@ def _fork_supervisor(
     return pid  # (the next spare is forked a little later: serve())
 
 
-def _fork_spare(sock: socket.socket, wake: tuple[int, int]) -> int:
-    """Fork a spare supervisor (``_supervise.spare``); returns once its go-between left."""
+def _fork_spare(sock: socket.socket, wake: tuple[int, int], ahead: int = 0) -> int:
+    """Fork a spare supervisor (``_supervise.spare``; it forks ``ahead`` ranks while it
+    waits); returns once its go-between left."""
     global _spare
     from .. import _supervise  # the first time: its modules, for this one and the next
 
@@ -200,7 +204,7 @@ def _fork_spare(sock: socket.socket, wake: tuple[int, int]) -> int:
         # the fds of a request being served (a handshake pipe) end when their run says
         os.closerange(3, keep)
         os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
-        _supervise.spare(keep)
+        _supervise.spare(keep, ahead)
     finally:
         os._exit(1)  # (spare() never returns)
 

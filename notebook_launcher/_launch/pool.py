@@ -1,0 +1,142 @@
+"""Ranks forked ahead of their run: a detached run's spare supervisor (``_supervise.spare``)
+forks them while it waits for its run, so that the run's start does not wait for a fork per
+rank (each one a copy of a process that imported torch: 5-10 ms, one after the other).
+
+A *blank* rank is a child of the supervisor that holds its ends of a rank's channels (the
+control socket, stdout, stderr) and waits on the socket for its go: one byte, with the
+rendezvous listener for rank 0 (SCM_RIGHTS). It then runs the rank's entry as a forkserver's
+rank does: its :class:`~notebook_launcher._wire.control.Setup` (who it is, the kernel's
+environment, directory and path) and :class:`~notebook_launcher._wire.control.Task` (the
+function, pickled) come down the socket. It dies with its supervisor (a parent-death
+signal), before and after its go; blanks nobody took are killed and reaped by
+:meth:`RankPool.close`.
+
+Used by a run whose task is small (:data:`MAX_TASK`): a large one is unpickled once in the
+supervisor and its ranks inherit it (fork), rather than once per rank.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from .._posix import close_quietly, die_with_parent, quiet_fork
+from .._wire.control import Channel
+
+#: Largest pickled task the pool's ranks each unpickle themselves (bytes); a larger one is
+#: unpickled once, in the supervisor, and forked ranks inherit it.
+MAX_TASK = 1 << 20
+
+
+@dataclass
+class Blank:
+    """A rank forked ahead, waiting for its go: the supervisor's ends of its channels."""
+
+    pid: int
+    sock: socket.socket
+    out_r: int
+    err_r: int
+
+    def close(self) -> None:
+        self.sock.close()
+        close_quietly(self.out_r, self.err_r)
+
+
+class RankPool:
+    """The blank ranks of one supervisor (see the module's docstring)."""
+
+    def __init__(self, close_in_child: tuple[int, ...] = ()) -> None:
+        #: fds of the supervisor a blank closes first (its link to the forkserver)
+        self.close_in_child = close_in_child
+        self.blanks: list[Blank] = []
+
+    def prefork(self, count: int) -> None:
+        for _ in range(count):
+            self.blanks.append(self._fork())
+
+    def covers(self, ranks: int) -> bool:
+        return len(self.blanks) >= ranks
+
+    def _fork(self) -> Blank:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        parent = os.getpid()
+        pid = quiet_fork()
+        if pid == 0:
+            try:
+                close_quietly(ours.detach(), out_r, err_r, *self.close_in_child)
+                for blank in self.blanks:  # its siblings' ends
+                    close_quietly(blank.sock.detach(), blank.out_r, blank.err_r)
+                _wait_for_go(theirs, out_w, err_w, parent)
+            finally:
+                os._exit(1)
+        theirs.close()
+        close_quietly(out_w, err_w)
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        return Blank(pid, ours, out_r, err_r)
+
+    def start(self, req: Any, parent_fds: list[int]) -> Any:
+        """A starter of :class:`~notebook_launcher._launch.group.WorkerGroup`: the rank of
+        ``req`` is a blank (one forked now if none is left: a restart's ranks), given its
+        go; the group then sends its Setup and Task."""
+        from .group import WorkerProcess
+
+        req.close()  # the fresh ends made for it: a blank has its own
+        while True:
+            blank = self.blanks.pop(0) if self.blanks else self._fork()
+            fds = [req.listen_fd] if req.listen_fd is not None else []
+            try:
+                socket.send_fds(blank.sock, [b"L" if fds else b"N"], fds)
+                break
+            except OSError:  # it died while it waited: the next one
+                self._kill(blank)
+        blank.sock.setblocking(True)
+        from multiprocessing.connection import Connection
+
+        return WorkerProcess(
+            rank=req.spec.rank,
+            pid=blank.pid,
+            channel=Channel(Connection(blank.sock.detach())),
+            pipes={"stdout": blank.out_r, "stderr": blank.err_r},
+            pidfd=os.pidfd_open(blank.pid),
+        )
+
+    def trim(self, keep: int) -> None:
+        """Kill and reap the blanks beyond the first ``keep``."""
+        while len(self.blanks) > keep:
+            self._kill(self.blanks.pop())
+
+    def close(self) -> None:
+        """Kill and reap the blanks nobody took."""
+        while self.blanks:
+            self._kill(self.blanks.pop())
+
+    @staticmethod
+    def _kill(blank: Blank) -> None:
+        try:
+            os.kill(blank.pid, signal.SIGKILL)
+            os.waitpid(blank.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        blank.close()
+
+
+def _wait_for_go(sock: socket.socket, out_w: int, err_w: int, parent: int) -> NoReturn:
+    """A blank rank: wait for the go, then be the rank (``_worker.entry.run``)."""
+    die_with_parent(parent)
+    try:
+        go, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    except OSError:
+        os._exit(0)
+    if not go:  # the supervisor closed it: no run for this one
+        os._exit(0)
+    from multiprocessing.connection import Connection
+
+    from .._worker import entry  # a forked rank's one crossing to the rank side
+
+    entry.run(Connection(sock.detach()), out_w, err_w, fds[0] if fds else None, parent)
