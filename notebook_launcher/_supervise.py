@@ -266,17 +266,7 @@ def _run(run_dir: str, listen_fd: int, in_job: bool = False, pool: RankPool | No
         with open(path, "rb") as f:
             payload = pickle.loads(f.read())
         os.unlink(path)  # the task (and what its arguments hold) stays no longer than needed
-        sys.path[:] = payload["sys_path"]  # the kernel's: the function's modules import
-        # the kernel's environment and directory now (a warm supervisor has its
-        # forkserver's, from when that started): forked ranks inherit them
-        environ = payload["environ"]
-        if in_job:  # the job's SLURM_* variables, not the kernel's
-            environ = {k: v for k, v in environ.items() if not k.startswith("SLURM_")}
-            environ.update((k, v) for k, v in os.environ.items() if k.startswith("SLURM_"))
-        os.environ.clear()
-        os.environ.update(environ)
-        if os.path.isdir(payload["cwd"]):
-            os.chdir(payload["cwd"])
+        detach.take_on(payload["kernel"], in_job)  # forked ranks inherit it
         job = _serialization.loads(payload.pop("job"))
         del payload
         if "cluster" in job:

@@ -181,10 +181,7 @@ def _new_record(name: str, ranks: int, nodes: int, job: bytes, state: str) -> tu
     run_id, run_dir = record.new_run(name)
     try:
         record.write_meta(run_dir, Meta(run_id, name, time.time(), ranks, state, nodes=nodes))
-        payload = pickle.dumps(
-            {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd(),
-             "job": job}
-        )  # fmt: skip
+        payload = pickle.dumps({"kernel": record.the_kernel(), "job": job})
         record.write_private(os.path.join(run_dir, record.TASK), payload)
     except BaseException:
         record.remove(run_dir)

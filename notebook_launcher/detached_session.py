@@ -504,8 +504,8 @@ def serve(run_dir: str, meta: Meta) -> None:
         listener.listen(16)
         try:
             task = os.path.join(run_dir, record.TASK)
-            with open(task, "rb") as f:
-                sys.path[:] = pickle.loads(f.read())["sys_path"]  # the kernel's
+            with open(task, "rb") as f:  # the kernel's path, environment and directory
+                record.take_on(pickle.loads(f.read())["kernel"])
             os.unlink(task)
         except OSError:
             pass
@@ -854,7 +854,7 @@ def start_detached(
         record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(SECRET_BYTES))
         meta = Meta(run_id, "session", time.time(), num_processes or 0, kind="session")
         record.write_meta(run_dir, meta)
-        payload_file = pickle.dumps({"sys_path": list(sys.path)})
+        payload_file = pickle.dumps({"kernel": record.the_kernel()})
         record.write_private(os.path.join(run_dir, record.TASK), payload_file)
         pid = _spawn(run_dir, -1)
         session = DetachedSession(run_id, run_dir, dashboard)

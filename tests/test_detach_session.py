@@ -228,6 +228,35 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
         attach(session.id)
 
 
+@pytest.mark.timeout(90)
+def test_a_detached_sessions_ranks_take_on_the_kernel_as_it_is_at_start(
+    runs_dir: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session's supervisor is warm: forked by the kernel's forkserver, which started with
+    the kernel's environment of then. Its ranks see the kernel's environment, directory
+    and path as they are when the session starts (they saw the forkserver's)."""
+    from notebook_launcher._launch import forkserver
+
+    forkserver.get()  # started before the kernel's changes below, as in a kernel that
+    # launched before
+    monkeypatch.setenv("NL_SESSION_PROBE", "set after the forkserver started")
+    (tmp_path / "session_probe_mod.py").write_text("VALUE = 9\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    session = start(num_processes=2, detach=True, dashboard=False)
+    try:
+        session.run_cell(
+            "import os, session_probe_mod\n"
+            "seen = (os.environ.get('NL_SESSION_PROBE'), os.getcwd(), session_probe_mod.VALUE)"
+        )
+        assert session.pull("seen") == [("set after the forkserver started", str(tmp_path), 9)] * 2
+    finally:
+        session.stop()
+        forkserver.shutdown()
+
+
 def test_frames_are_read_whole_whatever_the_chunks() -> None:
     """The client's reader (``_Frames``): a frame cut anywhere waits for its rest; a wait
     without a frame says None; the end of the stream is an error, never a half frame; a

@@ -211,6 +211,32 @@ def write_private(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def the_kernel() -> dict[str, Any]:
+    """What a supervisor takes on from the kernel that started it (:func:`take_on`): its
+    path, environment and working directory as they are now (a warm supervisor has its
+    forkserver's, from when that started)."""
+    import sys
+
+    return {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd()}
+
+
+def take_on(kernel: dict[str, Any], in_job: bool = False) -> None:
+    """Become the kernel of :func:`the_kernel` (ranks forked here inherit it). ``in_job``:
+    inside the run's Slurm job, whose ``SLURM_*`` variables (the allocation a cluster starts
+    its agents in) stand over the kernel's."""
+    import sys
+
+    sys.path[:] = kernel["sys_path"]  # the function's modules import
+    environ = kernel["environ"]
+    if in_job:
+        environ = {k: v for k, v in environ.items() if not k.startswith("SLURM_")}
+        environ.update((k, v) for k, v in os.environ.items() if k.startswith("SLURM_"))
+    os.environ.clear()
+    os.environ.update(environ)
+    if os.path.isdir(kernel["cwd"]):
+        os.chdir(kernel["cwd"])
+
+
 def write_meta(run_dir: str, meta: Meta) -> None:
     write_private(os.path.join(run_dir, META), json.dumps(asdict(meta)).encode())
 
