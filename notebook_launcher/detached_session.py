@@ -220,6 +220,8 @@ class _Server:
         with open(os.path.join(run_dir, SECRET), "rb") as f:
             self.secret = f.read()
         self.session: Session | None = None
+        #: the session's cluster, started here (its job is this supervisor's)
+        self.cluster: Any = None
         self.jobs: queue.Queue[_Job] = queue.Queue()
         self.finished = False
         self.lock = threading.Lock()
@@ -391,8 +393,11 @@ class _Server:
             from .session import start
 
             options = loads(args[0])
+            self.cluster = options.get("cluster")  # (ended with the session: serve())
             self.session = start(dashboard=self, **options)
             self.meta.ranks = self.session.world_size
+            if self.cluster is not None:
+                self.meta.cluster = self.cluster.describe()
             record.write_meta(self.run_dir, self.meta)
             return self.session.status()
         session = self.session
@@ -494,14 +499,19 @@ def serve(run_dir: str, meta: Meta) -> None:
     try:
         signal.signal(signal.SIGTERM, _terminate)
         path = os.path.join(run_dir, SOCKET)
-        with _bindable(path) as address:
+        # bound under another name, listening, then renamed into place: a kernel that sees
+        # the socket can connect (one that connected between the bind and listen() was
+        # refused, and said the supervisor "does not answer": a loaded machine's test)
+        bound = path + ".new"
+        with _bindable(bound) as address:
             old = os.umask(0o177)
             try:
                 listener.bind(address)
             finally:
                 os.umask(old)
-        os.chmod(path, 0o600)
+        os.chmod(bound, 0o600)
         listener.listen(16)
+        os.rename(bound, path)
         try:
             task = os.path.join(run_dir, record.TASK)
             with open(task, "rb") as f:  # the kernel's path, environment and directory
@@ -519,11 +529,15 @@ def serve(run_dir: str, meta: Meta) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         listener.close()
-        if server is not None and server.session is not None:
-            server.session.close()
-        if server is not None:
-            server.writer.close()
-        record.remove(run_dir)
+        try:
+            if server is not None and server.session is not None:
+                server.session.close()
+        finally:
+            if server is not None and server.cluster is not None:
+                server.cluster.close()  # its job ends with the session (or its failed start)
+            if server is not None:
+                server.writer.close()
+            record.remove(run_dir)
 
 
 def _hang_up(conn: socket.socket) -> None:
@@ -844,15 +858,29 @@ class DetachedSession(Session):
 def start_detached(
     num_processes: int | None, dashboard: bool | str | View, **options: Any
 ) -> DetachedSession:
-    """``start(..., detach=True)``: a supervisor of its own, its ranks started there."""
+    """``start(..., detach=True)``: a supervisor of its own, its ranks started there. On a
+    cluster (``options["cluster"]``, not started) that supervisor, on this host, starts the
+    cluster (submits its Slurm job, holds its hub: the agents connect to it) and ends it
+    with the session."""
     from .detached import _abandon, _spawn
 
+    cluster = options.get("cluster")
+    nodes = 1
+    if cluster is not None:  # what can be checked without the nodes: here, before sbatch
+        from ._launch import preflight
+        from ._launch.remote import cluster_ranks
+
+        preflight.check_cluster(cluster)
+        nodes = cluster.num_nodes
+        cluster_ranks(
+            num_processes, nodes, cluster.gpus_per_node, devices=options.get("devices", "auto")
+        )
     payload = dumps_checked({"num_processes": num_processes, **options}, "the session's options")
     record.sweep()
     run_id, run_dir = record.new_run("session")
     try:
         record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(SECRET_BYTES))
-        meta = Meta(run_id, "session", time.time(), num_processes or 0, kind="session")
+        meta = Meta(run_id, "session", time.time(), num_processes or 0, kind="session", nodes=nodes)
         record.write_meta(run_dir, meta)
         payload_file = pickle.dumps({"kernel": record.the_kernel()})
         record.write_private(os.path.join(run_dir, record.TASK), payload_file)
@@ -863,10 +891,12 @@ def start_detached(
     except BaseException:  # a failed start, Ctrl-C: no supervisor, no record left
         _abandon(run_dir)
         raise
+    where = f" on {nodes} node(s), its supervisor here owning the cluster's job" if cluster else ""
     print(
-        f"notebook_launcher: session {run_id} detached ({status.world_size} ranks): it goes "
-        f"on without this kernel. notebook_launcher.attach({run_id!r}) (or %dist attach "
-        f"{run_id}) uses it from any kernel of yours on this machine; .stop() ends it.",
+        f"notebook_launcher: session {run_id} detached ({status.world_size} ranks{where}): it "
+        f"goes on without this kernel. notebook_launcher.attach({run_id!r}) (or %dist attach "
+        f"{run_id}) uses it from any kernel of yours on this machine; .stop() ends it"
+        + (" and the job." if cluster else "."),
         flush=True,
     )
     return session

@@ -107,6 +107,7 @@ def start(
             grace_period=grace_period,
             stall_after=stall_after,
             devices=devices,
+            cluster=cluster,
         )
     return Session(
         num_processes,

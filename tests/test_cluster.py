@@ -145,7 +145,7 @@ def test_a_detached_run_is_checked_here_and_refuses_a_cluster_this_kernel_starte
     """``detach=True`` on a cluster: the kernel's preflight runs before any supervisor or
     job starts; a cluster this kernel started (its job is the kernel's) is refused, naming
     the fix."""
-    from notebook_launcher import PreflightError
+    from notebook_launcher import PreflightError, start
     from notebook_launcher._launch import detach as record
 
     monkeypatch.setenv(record.ROOT_ENV, str(tmp_path / "runs"))
@@ -158,6 +158,8 @@ def test_a_detached_run_is_checked_here_and_refuses_a_cluster_this_kernel_starte
     assert started.running
     with pytest.raises(PreflightError, match=r"a cluster this kernel started .*Pass a new"):
         notebook_launcher(sleeps, num_processes=1, cluster=started, detach=True, dashboard=False)
+    with pytest.raises(PreflightError, match=r"started .*the detached session's supervisor"):
+        start(1, cluster=started, detach=True, dashboard=False)
     assert cluster_clean.jobs() == before and not (tmp_path / "runs").exists()
 
 

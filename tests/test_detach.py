@@ -338,11 +338,17 @@ def test_what_cannot_be_detached_is_refused_before_anything_starts(
     assert not runs_dir.exists()
 
 
-def test_a_detached_session_on_a_cluster_is_refused_naming_what_works(runs_dir: Path) -> None:
+def test_a_detached_session_on_a_cluster_is_checked_before_anything_starts(
+    runs_dir: Path,
+) -> None:
+    """What can be checked without the nodes is checked in the kernel: no record, no
+    supervisor, no job (the session on a real cluster: ``test_detach_cluster.py``)."""
     from notebook_launcher import SlurmCluster, start
 
-    with pytest.raises(PreflightError, match=r"detach=True, cluster=...\): not yet.*Leave detach"):
-        start(2, cluster=SlurmCluster(nodes=2), detach=True, dashboard=False)
+    with pytest.raises(PreflightError, match="num_processes=3 does not split evenly"):
+        start(3, cluster=SlurmCluster(nodes=2), detach=True, dashboard=False)
+    with pytest.raises(PreflightError, match="is not a cluster"):
+        start(2, cluster="slurm", detach=True, dashboard=False)  # type: ignore[arg-type]
     assert not runs_dir.exists()
 
 

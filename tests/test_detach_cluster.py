@@ -213,6 +213,65 @@ def test_stop_or_a_killed_supervisor_ends_the_job_of_a_detached_cluster_run(
     wait_until(lambda: agent_processes(slurm_conf=slurm.conf) == [], 30, "the agents to end")
 
 
+def test_a_detached_session_on_a_cluster_outlives_a_killed_kernel_and_stop_ends_its_job(
+    runs_dir: Path, slurm: SlurmTestCluster, tmp_path: Path
+) -> None:
+    """``start(..., cluster=SlurmCluster(...), detach=True)`` from a kernel that is then
+    SIGKILLed: the session's supervisor (on the kernel's host) submitted the job and holds
+    its hub, so the ranks on the job's nodes and their variables live on; this process
+    attaches and uses them, and ``stop()`` ends the ranks, the agents and the job."""
+    jobs = tmp_path / "jobs"
+    code = textwrap.dedent(
+        f"""
+        import time
+        from notebook_launcher import SlurmCluster, start
+
+        cluster = SlurmCluster(nodes=2, job_dir={str(jobs)!r})
+        session = start(num_processes=2, cluster=cluster, detach=True, dashboard=False)
+        assert not cluster.running  # the supervisor's job, not this kernel's
+        session.run_cell("weights = [rank * 10] * 3")
+        print("ID", session.id, flush=True)
+        time.sleep(600)
+        """
+    )
+    env = {**kernel_env(), "PYTHONPATH": str(ROOT), record.ROOT_ENV: str(runs_dir)}
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, cwd=str(ROOT), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert kernel.stdout is not None
+        line = ""
+        while "ID " not in line:
+            line = kernel.stdout.readline()
+            assert line, "the kernel ended before it printed the session's id"
+        session_id = line.split("ID ")[1].strip()
+        meta = record.read_meta(record.find(session_id))
+        assert meta.kind == "session" and meta.nodes == 2 and meta.ranks == 2, meta
+        assert meta.cluster.startswith("Slurm job "), meta
+        job_id = meta.cluster.split()[2].rstrip(",")
+        assert slurm.jobs() == [job_id]
+        [info] = runs()
+        assert (info.id, info.state, info.nodes) == (session_id, "running", 2)
+        kernel.kill()  # SIGKILL, with the session's variables on the job's nodes
+        kernel.wait()
+    finally:
+        kernel.kill()
+        kernel.wait()
+        if kernel.stdout is not None:
+            kernel.stdout.close()
+    assert meta.pid is not None and record.supervisor_alive(meta)
+    session = attach(session_id, dashboard=False)
+    assert session.pull("weights") == [[0, 0, 0], [10, 10, 10]]  # still there
+    session.run_cell("weights = [w + 1 for w in weights]")
+    assert session.pull("weights") == [[1, 1, 1], [11, 11, 11]]
+    assert slurm.jobs() == [job_id]
+    session.stop()
+    wait_until(lambda: not record.running(meta.pid), 20, "the supervisor to exit")
+    wait_until(lambda: slurm.jobs() == [], 30, "the session's job to end with it")
+    wait_until(lambda: agent_processes(slurm_conf=slurm.conf) == [], 30, "the agents to end")
+    assert runs() == []
+
+
 def test_a_detached_agent_cluster_shows_its_agents_command_and_runs(runs_dir: Path) -> None:
     """An :class:`AgentCluster` detached: its hub is the supervisor's, so the command that
     starts an agent (``agent_command``) is shown in the run's dashboard, recorded as

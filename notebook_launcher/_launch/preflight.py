@@ -571,29 +571,23 @@ def check_dashboard(dashboard: Any) -> None:
 
 
 def check_detach(detach: Any, cluster: Any, num_nodes: Any, session: bool = False) -> None:
-    """A detached run is one machine's ranks under a supervisor there, or a cluster's job
-    that the supervisor starts and owns (not one node of a launch across machines, nor a
-    cluster this kernel already drives); a detached session, one machine's ranks."""
+    """A detached run or session is one machine's ranks under a supervisor there, or a
+    cluster's job that the supervisor starts and owns (not one node of a launch across
+    machines, nor a cluster this kernel already drives)."""
     if not isinstance(detach, bool):
         raise PreflightError(f"detach must be True or False, got {detach!r}.")
     if not detach:
         return
-    if cluster is not None and session:
-        raise PreflightError(
-            "start(..., detach=True, cluster=...): not yet; a detached session has this "
-            "machine's ranks only. Leave detach out for a session on the cluster (it lives "
-            "as long as this kernel), or launch on it with notebook_launcher(fn, "
-            "cluster=..., detach=True), which outlives the kernel."
-        )
     if cluster is not None:
         if getattr(cluster, "running", False):
             describe = getattr(cluster, "describe", lambda: "its job")
+            what = "session" if session else "run"
             raise PreflightError(
                 f"detach=True with a cluster this kernel started ({describe()}): its job "
                 "belongs to this kernel and ends with it, so it cannot outlive it. Pass a "
                 "new cluster object, not started (e.g. SlurmCluster(nodes=2, ...)): the "
-                "detached run's supervisor submits a job of its own. Or leave detach out "
-                "to run on this one."
+                f"detached {what}'s supervisor submits a job of its own. Or leave detach "
+                "out to use this one."
             )
         return  # num_nodes and the rest: checked as for any launch on a cluster
     if num_nodes != 1:
