@@ -611,12 +611,15 @@ def test_a_spare_supervisor_waits_for_the_next_run_and_ends_with_the_forkserver(
 
 def _next_spare(server: int, ranks: int) -> tuple[int, list[int]]:
     """The spare waiting for the next run, once it has forked ``ranks`` ranks ahead."""
-    wait_until(
-        lambda: len(_spares(server)) == 1 and len(_blanks(_spares(server)[0])) == ranks,
-        15, f"a spare with {ranks} ranks forked ahead",
-    )  # fmt: skip
-    [spare] = _spares(server)
-    return spare, _blanks(spare)
+    found: list[tuple[int, list[int]]] = []
+
+    def ready() -> bool:
+        spares = _spares(server)  # (once: the last run's supervisor may be leaving)
+        found[:] = [(spares[0], _blanks(spares[0]))] if len(spares) == 1 else []
+        return bool(found) and len(found[0][1]) == ranks
+
+    wait_until(ready, 15, f"a spare with {ranks} ranks forked ahead")
+    return found[0]
 
 
 @pytest.mark.timeout(120)
