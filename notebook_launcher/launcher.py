@@ -177,7 +177,9 @@ def notebook_launcher(
     ``notebook_launcher.runs()`` lists the runs (``notebook_launcher.detached``). With
     ``cluster=`` (a cluster not started in this kernel): the supervisor starts the cluster
     (submits the Slurm job, holds its agents' hub and the store), runs the launch there
-    and ends the job when the run ends, is stopped, or the supervisor dies.
+    and ends the job when the run ends, is stopped, or the supervisor dies. With
+    ``num_nodes > 1`` (a launch across machines started by hand): this node's ranks, under
+    this machine's supervisor, which meets the other nodes as the kernel would have.
 
     Example::
 
@@ -194,7 +196,7 @@ def notebook_launcher(
     """
     __tracebackhide__ = True  # IPython and pytest show the caller's frames, then the rank's
     watch_after = stall.check_stall_after(stall_after)
-    preflight.check_detach(detach, cluster, num_nodes)
+    preflight.check_detach(detach, cluster)
     if cluster is not None:
         launch = _on_cluster(
             cluster, function, args, kwargs, num_processes, mixed_precision, max_restarts,

@@ -92,7 +92,7 @@ def start(
         session.run_cell("model = load_model()")     # still there after a kernel restart
     """
     __tracebackhide__ = True  # a preflight error reads as raised by the caller's line
-    preflight.check_detach(detach, cluster, 1, session=True)
+    preflight.check_detach(detach, cluster, session=True)
     if detach:
         from .detached_session import start_detached
 

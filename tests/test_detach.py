@@ -326,7 +326,6 @@ def test_a_kernel_on_another_host_follows_and_stops_the_run_through_its_record(
     ("options", "message"),
     [
         ({"detach": "yes"}, "detach must be True or False"),
-        ({"detach": True, "num_nodes": 2, "node_rank": 0}, "num_nodes=2: not yet"),
         ({"detach": True, "cluster": object()}, "is not a cluster: pass a SlurmCluster"),
     ],
 )

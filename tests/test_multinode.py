@@ -211,6 +211,62 @@ def test_cancel_on_one_node_stops_both(tmp_path: Path) -> None:
     assert "the launch was interrupted on node 0" in theirs["error"]["message"]
 
 
+DETACHED_NODE = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from notebook_launcher import notebook_launcher
+from tests._node_script import work
+handle = notebook_launcher(work, ("gather",), num_processes=2, dashboard=False, detach=True,
+                           **{options!r})
+print("ID", handle.id, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_detached_node_outlives_its_kernel_and_meets_the_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch across machines started by hand, detached on node 0: its kernel is
+    SIGKILLed while the node waits for the other; the other node comes afterwards, the four
+    ranks gather across both, and this process attaches to node 0's run for its result.
+    Nothing of it is left."""
+    from notebook_launcher import attach
+    from notebook_launcher._launch import detach as record
+
+    runs = tmp_path / "runs"
+    monkeypatch.setenv(record.ROOT_ENV, str(runs))
+    port = _free_port()
+    code = DETACHED_NODE.format(repo=str(REPO), options=_options("c10d", port, 0))
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert kernel.stdout is not None
+        line = ""
+        while "ID " not in line:
+            line = kernel.stdout.readline()
+            assert line, "the kernel ended before it printed the run's id"
+    finally:
+        kernel.kill()  # SIGKILL, while node 0 waits for node 1
+        kernel.wait()
+        if kernel.stdout is not None:
+            kernel.stdout.close()
+    run_id = line.split("ID ")[1].strip()
+    meta = record.read_meta(record.find(run_id))
+    assert meta.pid is not None and record.supervisor_alive(meta)
+    other = OtherNode(tmp_path, {"mode": "gather", **_options("c10d", port, 1)})
+    mine = attach(run_id, dashboard=False).result(timeout=60)
+    theirs = other.result()["results"]
+    assert [r["rank"] for r in mine] == [0, 1] and [r["rank"] for r in theirs] == [2, 3]
+    expected = [[0, "test"], [1, "test"], [2, "other"], [3, "other"]]
+    assert all(r["seen"] == expected and r["world"] == 4 for r in mine + theirs)
+    deadline = time.monotonic() + 10
+    while record.running(meta.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not record.running(meta.pid) and not any(runs.iterdir())
+
+
 @pytest.mark.timeout(60)
 def test_a_node_whose_kernel_dies_is_noticed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -570,10 +570,10 @@ def check_dashboard(dashboard: Any) -> None:
         )
 
 
-def check_detach(detach: Any, cluster: Any, num_nodes: Any, session: bool = False) -> None:
-    """A detached run or session is one machine's ranks under a supervisor there, or a
-    cluster's job that the supervisor starts and owns (not one node of a launch across
-    machines, nor a cluster this kernel already drives)."""
+def check_detach(detach: Any, cluster: Any, session: bool = False) -> None:
+    """A detached run or session is one machine's ranks under a supervisor there (one node
+    of a launch across machines too), or a cluster's job that the supervisor starts and
+    owns (not a cluster this kernel already drives)."""
     if not isinstance(detach, bool):
         raise PreflightError(f"detach must be True or False, got {detach!r}.")
     if not detach:
@@ -590,12 +590,6 @@ def check_detach(detach: Any, cluster: Any, num_nodes: Any, session: bool = Fals
                 "out to use this one."
             )
         return  # num_nodes and the rest: checked as for any launch on a cluster
-    if num_nodes != 1:
-        raise PreflightError(
-            f"detach=True with num_nodes={num_nodes}: not yet; a detached run has this "
-            "machine's ranks only, or a cluster's (cluster=SlurmCluster(...)). Leave "
-            "detach out for a launch across machines started by hand."
-        )
 
 
 def check_master_addr(master_addr: Any) -> None:
