@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +50,42 @@ def started_kernel(**env: str) -> Iterator[Any]:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+class PlainKernel:
+    """A plain interpreter standing for a kernel: it runs ``code`` (from this checkout's
+    root, with ``env``), which prints ``ID <id>`` once it has started a detached run or
+    session and then sleeps. ``id`` is that id; ``kill()`` is the kernel's SIGKILL (done on
+    leaving the ``with`` too)."""
+
+    def __init__(self, code: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        self.id = ""
+
+    def __enter__(self) -> PlainKernel:
+        try:
+            assert self.proc.stdout is not None
+            line = ""
+            while "ID " not in line:
+                line = self.proc.stdout.readline()
+                assert line, "the kernel ended before it printed the id"
+            self.id = line.split("ID ")[1].strip()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
 
 
 class Kept:

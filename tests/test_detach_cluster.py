@@ -18,7 +18,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -31,7 +30,15 @@ from notebook_launcher._events import LaunchFinished, NodesWaiting, Output
 from notebook_launcher._launch import detach as record
 from notebook_launcher.errors import LaunchError
 
-from .helpers import ROOT, Recorder, SlurmTestCluster, agent_processes, kernel_env, wait_until
+from .helpers import (
+    ROOT,
+    PlainKernel,
+    Recorder,
+    SlurmTestCluster,
+    agent_processes,
+    kernel_env,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(150)]
 
@@ -102,16 +109,8 @@ def test_a_cluster_run_outlives_a_killed_kernel_and_ends_its_job(
         """
     )
     env = {**kernel_env(), "PYTHONPATH": str(ROOT), record.ROOT_ENV: str(runs_dir)}
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, cwd=str(ROOT), stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert kernel.stdout is not None
-        line = ""
-        while "ID " not in line:
-            line = kernel.stdout.readline()
-            assert line, "the kernel ended before it printed the run's id"
-        run_id = line.split("ID ")[1].strip()
+    with PlainKernel(code, env) as kernel:
+        run_id = kernel.id
         meta = _started(run_id)
         assert meta.cluster.startswith("Slurm job ") and meta.nodes == 2, meta
         job_id = meta.cluster.split()[2].rstrip(",")
@@ -124,13 +123,7 @@ def test_a_cluster_run_outlives_a_killed_kernel_and_ends_its_job(
         [info] = runs()
         assert (info.id, info.state, info.ranks, info.nodes) == (run_id, "running", 2, 2)
         assert f"2 ranks on 2 nodes  train (Slurm job {job_id}" in str(info)
-        kernel.kill()  # mid-run: SIGKILL
-        kernel.wait()
-    finally:
-        kernel.kill()
-        kernel.wait()
-        if kernel.stdout is not None:
-            kernel.stdout.close()
+    # the kernel SIGKILLed, mid-run
     assert meta.pid is not None and record.supervisor_alive(meta)  # the run goes on
     view = Recorder()
     handle = attach(run_id, dashboard=view)
@@ -235,16 +228,8 @@ def test_a_detached_session_on_a_cluster_outlives_a_killed_kernel_and_stop_ends_
         """
     )
     env = {**kernel_env(), "PYTHONPATH": str(ROOT), record.ROOT_ENV: str(runs_dir)}
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", code], env=env, cwd=str(ROOT), stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert kernel.stdout is not None
-        line = ""
-        while "ID " not in line:
-            line = kernel.stdout.readline()
-            assert line, "the kernel ended before it printed the session's id"
-        session_id = line.split("ID ")[1].strip()
+    with PlainKernel(code, env) as kernel:
+        session_id = kernel.id
         meta = record.read_meta(record.find(session_id))
         assert meta.kind == "session" and meta.nodes == 2 and meta.ranks == 2, meta
         assert meta.cluster.startswith("Slurm job "), meta
@@ -252,13 +237,7 @@ def test_a_detached_session_on_a_cluster_outlives_a_killed_kernel_and_stop_ends_
         assert slurm.jobs() == [job_id]
         [info] = runs()
         assert (info.id, info.state, info.nodes) == (session_id, "running", 2)
-        kernel.kill()  # SIGKILL, with the session's variables on the job's nodes
-        kernel.wait()
-    finally:
-        kernel.kill()
-        kernel.wait()
-        if kernel.stdout is not None:
-            kernel.stdout.close()
+    # the kernel SIGKILLed, with the session's variables on the job's nodes
     assert meta.pid is not None and record.supervisor_alive(meta)
     session = attach(session_id, dashboard=False)
     assert session.pull("weights") == [[0, 0, 0], [10, 10, 10]]  # still there

@@ -40,7 +40,7 @@ from notebook_launcher.errors import RendezvousError
 from notebook_launcher.state import first_host, launch_env
 
 from ._node_script import NODE_ENV, work
-from .helpers import Recorder
+from .helpers import PlainKernel, Recorder
 
 pytestmark = pytest.mark.multiprocess
 
@@ -238,21 +238,8 @@ def test_a_detached_node_outlives_its_kernel_and_meets_the_other(
     monkeypatch.setenv(record.ROOT_ENV, str(runs))
     port = _free_port()
     code = DETACHED_NODE.format(repo=str(REPO), options=_options("c10d", port, 0))
-    kernel = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=REPO, env=_env(), stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert kernel.stdout is not None
-        line = ""
-        while "ID " not in line:
-            line = kernel.stdout.readline()
-            assert line, "the kernel ended before it printed the run's id"
-    finally:
-        kernel.kill()  # SIGKILL, while node 0 waits for node 1
-        kernel.wait()
-        if kernel.stdout is not None:
-            kernel.stdout.close()
-    run_id = line.split("ID ")[1].strip()
+    with PlainKernel(code, _env()) as kernel:  # SIGKILLed, while node 0 waits for node 1
+        run_id = kernel.id
     meta = record.read_meta(record.find(run_id))
     assert meta.pid is not None and record.supervisor_alive(meta)
     other = OtherNode(tmp_path, {"mode": "gather", **_options("c10d", port, 1)})
