@@ -119,6 +119,7 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
             pool.close()
             os._exit(0)  # no run came: the server (and its kernel) ended
         link.close()
+        pool.close_in_child = ()  # (its number may name another fd now: a restart's blank)
         null = os.open(os.devnull, os.O_RDONLY)
         for src, dst in ((null, 0), (fds[0], 1), (fds[1], 2)):
             os.dup2(src, dst)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -60,7 +61,9 @@ class RankPool:
     def covers(self, ranks: int) -> bool:
         return len(self.blanks) >= ranks
 
-    def _fork(self) -> Blank:
+    def _fork(self, stale: Sequence[int] = ()) -> Blank:
+        """A blank, forked now; it closes ``stale`` first (a running group's fds: its
+        other ranks' ends, the listener) besides :attr:`close_in_child`."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -68,7 +71,7 @@ class RankPool:
         pid = quiet_fork()
         if pid == 0:
             try:
-                close_quietly(ours.detach(), out_r, err_r, *self.close_in_child)
+                close_quietly(ours.detach(), out_r, err_r, *self.close_in_child, *stale)
                 for blank in self.blanks:  # its siblings' ends
                     close_quietly(blank.sock.detach(), blank.out_r, blank.err_r)
                 _wait_for_go(theirs, out_w, err_w, parent)
@@ -86,15 +89,20 @@ class RankPool:
         go; the group then sends its Setup and Task."""
         from .group import WorkerProcess
 
-        req.close()  # the fresh ends made for it: a blank has its own
+        # a blank forked now leaves the group's fds and the ends made for this rank (still
+        # open: closed below, once it has its own, so that no number is reused meanwhile)
+        stale = [*parent_fds, req.child_conn.fileno(), req.out_w, req.err_w]
+        if req.listen_fd is not None:  # (rank 0's copy comes with its go)
+            stale.append(req.listen_fd)
         while True:
-            blank = self.blanks.pop(0) if self.blanks else self._fork()
+            blank = self.blanks.pop(0) if self.blanks else self._fork(stale)
             fds = [req.listen_fd] if req.listen_fd is not None else []
             try:
                 socket.send_fds(blank.sock, [b"L" if fds else b"N"], fds)
                 break
             except OSError:  # it died while it waited: the next one
                 self._kill(blank)
+        req.close()  # the fresh ends made for it: a blank has its own
         blank.sock.setblocking(True)
         from multiprocessing.connection import Connection
 
