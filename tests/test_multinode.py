@@ -237,12 +237,12 @@ def test_a_detached_node_outlives_its_kernel_and_meets_the_other(
     runs = tmp_path / "runs"
     monkeypatch.setenv(record.ROOT_ENV, str(runs))
     port = _free_port()
-    code = DETACHED_NODE.format(repo=str(REPO), options=_options("c10d", port, 0))
+    code = DETACHED_NODE.format(repo=str(REPO), options=_options("static", port, 0))
     with PlainKernel(code, _env()) as kernel:  # SIGKILLed, while node 0 waits for node 1
         run_id = kernel.id
     meta = record.read_meta(record.find(run_id))
     assert meta.pid is not None and record.supervisor_alive(meta)
-    other = OtherNode(tmp_path, {"mode": "gather", **_options("c10d", port, 1)})
+    other = OtherNode(tmp_path, {"mode": "gather", **_options("static", port, 1)})
     mine = attach(run_id, dashboard=False).result(timeout=60)
     theirs = other.result()["results"]
     assert [r["rank"] for r in mine] == [0, 1] and [r["rank"] for r in theirs] == [2, 3]
