@@ -242,10 +242,31 @@ class SlurmTestCluster:
             timeout=60,
             check=False,
         )
+        self._kill_step_daemons()
         if self._old_conf is None:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = self._old_conf
+
+    def _kill_step_daemons(self) -> None:
+        """The ``slurmstepd`` of a step still running when the daemons were stopped (after
+        a failed test) outlives them, waiting for its slurmd: killed too (found by its
+        working directory, under this cluster's)."""
+        import signal
+
+        root = os.path.realpath(self.dir)
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/comm") as f:
+                    if f.read().strip() != "slurmstepd":
+                        continue
+                cwd = os.readlink(f"/proc/{name}/cwd").removesuffix(" (deleted)")
+                if cwd == root or cwd.startswith(root + os.sep):
+                    os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
 
     def jobs(self) -> list[str]:
         """The ids of the jobs Slurm still holds (pending, running or completing)."""
