@@ -271,13 +271,15 @@ def _run(run_dir: str, listen_fd: int, in_job: bool = False, pool: RankPool | No
         job = _serialization.loads(payload.pop("job"))
         del payload
         if "cluster" in job:
+            if pool is not None:
+                pool.close()  # (its ranks are the nodes' agents')
             return _run_on_cluster(run_dir, job)
         plan = job["plan"]
         plan.listen, listen = listen, None
         task = job["task"]
-        if plan.start_method == "fork" and _pooled(plan, task, pool):
-            pass  # each rank unpickles the task (and imports what it needs) in parallel
-        elif plan.start_method == "fork":  # the ranks inherit the objects themselves
+        # pooled: each rank unpickles the task (and imports what it needs) in parallel;
+        # else, forked here: the ranks inherit the objects themselves
+        if not _pooled(plan, task, pool) and plan.start_method == "fork":
             function, args, kwargs = _serialization.loads(task)
             task = prepare_task(function, args, kwargs, "fork")
         writer = detach.EventWriter(run_dir, detach.DIGEST_INTERVAL)
@@ -299,8 +301,8 @@ def _run(run_dir: str, listen_fd: int, in_job: bool = False, pool: RankPool | No
 
 
 def _pooled(plan: Any, task: bytes, pool: RankPool | None) -> bool:
-    """Whether ``plan`` starts its ranks from ``pool`` (then set so): enough of them were
-    forked ahead and the task is small. Its specs then carry the environment whole (the
+    """Whether ``plan`` starts its ranks from ``pool`` (then set so): its ranks are forked
+    here, enough of them were forked ahead and the task is small. Its specs then carry the environment whole (the
     kernel's: a blank was forked before this process took it on). The blanks it does not
     take are ended now. (A function of a module of the user's is then imported by each
     rank, at once, rather than here before the forks: 1.4-1.6x an attached start against
@@ -311,7 +313,8 @@ def _pooled(plan: Any, task: bytes, pool: RankPool | None) -> bool:
 
     if pool is None:
         return False
-    if not pool.covers(len(plan.specs)) or len(task) > MAX_TASK:
+    usable = plan.start_method == "fork" and len(task) <= MAX_TASK
+    if not usable or not pool.covers(len(plan.specs)):
         pool.close()
         return False
     pool.trim(len(plan.specs))

@@ -530,14 +530,23 @@ def serve(run_dir: str, meta: Meta) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         listener.close()
         try:
-            if server is not None and server.session is not None:
-                server.session.close()
-        finally:
-            if server is not None and server.cluster is not None:
-                server.cluster.close()  # its job ends with the session (or its failed start)
             if server is not None:
-                server.writer.close()
+                _end(server)
+        finally:
             record.remove(run_dir)
+
+
+def _end(server: _Server) -> None:
+    """The session's ranks, then its cluster's job (a failed start's too), then its log."""
+    try:
+        if server.session is not None:
+            server.session.close()
+    finally:
+        try:
+            if server.cluster is not None:
+                server.cluster.close()
+        finally:
+            server.writer.close()
 
 
 def _hang_up(conn: socket.socket) -> None:

@@ -631,7 +631,8 @@ def test_a_detached_runs_ranks_are_forked_ahead_and_take_on_the_kernel_as_it_is_
     forked before the run: they take on the kernel's environment, directory and path as
     they are at the launch. A run with more ranks than were forked ahead, or with a large
     task (unpickled once in the supervisor, inherited), forks its own, and the blanks it
-    did not take end; a restart forks its attempt's ranks. Nothing is left."""
+    did not take end; a restart forks its attempt's ranks; a run that spawns its ranks ends
+    the blanks as it starts. Nothing is left."""
     first = notebook_launcher(_steps(1, 0.0), num_processes=2, detach=True, dashboard=False)
     assert first.result(timeout=50) == [0, 10]
     server = forkserver.pid()
@@ -703,4 +704,25 @@ def test_a_detached_runs_ranks_are_forked_ahead_and_take_on_the_kernel_as_it_is_
     _gone(spare, 10, "the run's supervisor to exit")
     for pid in blanks:
         _gone(pid, 10, "the first attempt's ranks to end")
+
+    spare, blanks = _next_spare(server, 3)
+    go = tmp_path / "go"
+
+    def waits() -> int:
+        import os
+        import time
+
+        while not os.path.exists(go):
+            time.sleep(0.05)
+        return os.getpid()
+
+    spawned = notebook_launcher(
+        waits, num_processes=3, start_method="spawn", detach=True, dashboard=False
+    )
+    for pid in blanks:  # spawned ranks: the forked ones go at once, not with the run
+        _gone(pid, 30, "the ranks a spawn run does not use to end while it runs")
+    assert not spawned.done()
+    go.touch()
+    assert len(spawned.result(timeout=60)) == 3
+    _gone(spare, 10, "the spawn run's supervisor to exit")
     forkserver.shutdown()

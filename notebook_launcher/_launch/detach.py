@@ -56,6 +56,7 @@ import secrets
 import shutil
 import stat
 import struct
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -215,8 +216,6 @@ def the_kernel() -> dict[str, Any]:
     """What a supervisor takes on from the kernel that started it (:func:`take_on`): its
     path, environment and working directory as they are now (a warm supervisor has its
     forkserver's, from when that started)."""
-    import sys
-
     return {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd()}
 
 
@@ -224,8 +223,6 @@ def take_on(kernel: dict[str, Any], in_job: bool = False) -> None:
     """Become the kernel of :func:`the_kernel` (ranks forked here inherit it). ``in_job``:
     inside the run's Slurm job, whose ``SLURM_*`` variables (the allocation a cluster starts
     its agents in) stand over the kernel's."""
-    import sys
-
     sys.path[:] = kernel["sys_path"]  # the function's modules import
     environ = kernel["environ"]
     if in_job:

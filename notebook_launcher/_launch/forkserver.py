@@ -138,12 +138,12 @@ class ForkServer:
         self._warm.update(preload)
         return self._request(Fork(has_listen, preload), fds, "a worker")
 
-    def supervise(self, run_dir: str, fds: list[int], has_listen: bool, ranks: int = 0) -> None:
+    def supervise(self, run_dir: str, fds: list[int], has_listen: bool, forks: int = 0) -> None:
         """Fork the supervisor of the detached run in ``run_dir`` with ``fds`` (its
-        handshake pipe's write end, its log[, the listener]; ``ranks``: it forks as many);
+        handshake pipe's write end, its log[, the listener]; ``forks``: the ranks it forks);
         returns once it is forked (it is not the server's child: the kernel learns its pid
         from the handshake)."""
-        message = Supervise(run_dir, has_listen, ranks)
+        message = Supervise(run_dir, has_listen, forks)
         self._request(message, fds, "a detached run's supervisor")
 
     def _request(self, message: Fork | Supervise, fds: list[int], what: str) -> int:

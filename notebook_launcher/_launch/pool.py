@@ -22,10 +22,13 @@ import signal
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .._posix import close_quietly, die_with_parent, quiet_fork
 from .._wire.control import Channel
+
+if TYPE_CHECKING:
+    from .group import StartRequest, WorkerProcess
 
 #: Largest pickled task the pool's ranks each unpickle themselves (bytes); a larger one is
 #: unpickled once, in the supervisor, and forked ranks inherit it.
@@ -83,7 +86,7 @@ class RankPool:
             os.set_blocking(fd, False)
         return Blank(pid, ours, out_r, err_r)
 
-    def start(self, req: Any, parent_fds: list[int]) -> Any:
+    def start(self, req: StartRequest, parent_fds: list[int]) -> WorkerProcess:
         """A starter of :class:`~notebook_launcher._launch.group.WorkerGroup`: the rank of
         ``req`` is a blank (one forked now if none is left: a restart's ranks), given its
         go; the group then sends its Setup and Task."""
@@ -121,8 +124,7 @@ class RankPool:
 
     def close(self) -> None:
         """Kill and reap the blanks nobody took."""
-        while self.blanks:
-            self._kill(self.blanks.pop())
+        self.trim(0)
 
     @staticmethod
     def _kill(blank: Blank) -> None:

@@ -47,13 +47,13 @@ class Fork:
 class Supervise:
     """Fork the supervisor of the detached run recorded in ``run_dir`` (``_supervise``),
     with the fds that come with this frame: the write end of its handshake pipe, its log
-    (``supervisor.log``), and the rendezvous listener when ``has_listen``. ``ranks``: how
-    many ranks it starts on this machine (0: none, or not forked by it): the next spare
-    forks as many ahead (``_launch.pool``)."""
+    (``supervisor.log``), and the rendezvous listener when ``has_listen``. ``forks``: how
+    many ranks it forks on this machine (0: none, a session's or a cluster's): the next
+    spare forks as many ahead (``_launch.pool``)."""
 
     run_dir: str
     has_listen: bool
-    ranks: int = 0
+    forks: int = 0
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def serve(sock: socket.socket) -> None:
                 send(sock, Forked(pid))
                 # the next spare a little later: not while this run's ranks start
                 spare_due = time.monotonic() + SPARE_DELAY
-                ahead = msg.ranks
+                ahead = msg.forks
 
 
 def _reap(sock: socket.socket) -> None:
