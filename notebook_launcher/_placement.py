@@ -3,26 +3,37 @@
 Three questions, answered here and nowhere else:
 
 * **What does this machine (or node) have?** :func:`inventory` lists the GPUs this process
-  may use *without reaching the CUDA runtime*: NVML (``libnvidia-ml``) when it can answer,
-  a throwaway child interpreter when it cannot (MIG instances, a ROCm build), nothing at all
-  when there is no NVIDIA driver or torch was built without CUDA. ``cudaGetDeviceCount``
-  (what ``torch.cuda.is_available()`` calls) initialises the driver, and a process that
-  forks after that hands its children a CUDA they cannot use ("Cannot re-initialize CUDA in
+  may use *without reaching the CUDA runtime*: NVML (``libnvidia-ml``), asked in a throwaway
+  forked child (a broken driver library crashes that child, not the kernel), when it can
+  answer; a throwaway child interpreter when it cannot (MIG instances, a ROCm build, an NVML
+  that failed); nothing at all when there is no NVIDIA driver or torch was built without
+  CUDA. ``cudaGetDeviceCount`` (what ``torch.cuda.is_available()`` calls without NVML)
+  initialises the driver and registers torch's CUDA fork handler, and a process that forks
+  after that hands its children a CUDA they cannot use ("Cannot re-initialize CUDA in
   forked subprocess"), while ``torch.cuda.is_initialized()`` still says False.
+  ``CUDA_VISIBLE_DEVICES`` is read as CUDA reads it (:func:`visible_devices`).
 * **Is the driver already initialised here?** :func:`driver_initialized` asks the driver
   itself when ``libcuda`` is loaded (``cuDeviceGetCount`` answers ``NOT_INITIALIZED``
   before ``cuInit``; it initialises nothing), so a user's cell, bitsandbytes or any library
-  that called ``cuInit`` is seen, not only torch's own flag.
+  that called ``cuInit`` is seen, not only torch's own flag. (Whether a *forked child*
+  could use CUDA -- torch's fork handler registered, which nothing in the process shows --
+  is :func:`notebook_launcher._posix.cuda_unusable_in_fork`'s question: a canary child.)
 * **Where does each rank go?** :func:`place` turns an inventory, a rank count and the
   user's ``devices=`` into a :class:`Placement`: each local rank's device, the backend,
   what the ranks may see, whether there is a process group at all, and one line saying why.
 
+Nothing here calls into CUDA's runtime in this process: the architectures torch was built
+for (``torch._C._cuda_getArchFlags``, which registers the fork handler) are asked in a
+throwaway forked child, once per torch build (:func:`arch_flags`).
+
 Importing the package calls :func:`make_cuda_checks_fork_safe`, as Lightning does on
 import: ``torch.cuda.is_available()`` then counts devices through NVML, so the user's own
 ``is_available()``, ``autocast("cuda")`` and ``GradScaler("cuda")`` in the kernel no longer
-poison the next launch.
+poison the next launch. (``torch.cuda.get_arch_list()``, a bf16 autocast, a CUDA tensor
+still do: the launcher sees it and starts the ranks from its forkserver.)
 
-Bottom layer: imports nothing of ours but :mod:`.errors`, and torch only inside functions.
+Bottom layer: imports nothing of ours but :mod:`.errors` and :mod:`._posix`, and torch only
+inside functions.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._posix import fork_answer
 from .errors import PreflightError
 
 #: torch counts devices through NVML when this is "1" (no driver initialisation).
@@ -142,27 +154,28 @@ def inventory(environ: Mapping[str, str] | None = None, *, fresh: bool = False) 
 
 
 def _take_inventory(env: Mapping[str, str]) -> Inventory:
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and _visible_entries(visible) == []:
+    visible = visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
+    if visible == []:
         return Inventory((), "CUDA_VISIBLE_DEVICES")
     if not _cuda_build():
         return Inventory((), "no CUDA build")
-    if not _nvidia_driver_present():
-        if _hip_build():  # ROCm: no NVML, its own driver; a child asks
-            return _probe(env, "a ROCm build")
+    if _hip_build():  # ROCm: no NVML, its own driver; a child asks
+        return _probe(env, "a ROCm build")
+    answer = _nvml_in_a_child()
+    if answer.get("absent"):
         return Inventory((), "no NVIDIA driver")
-    try:
-        devices = _nvml_devices()
-    except OSError as exc:
-        return _probe(env, f"NVML could not answer ({exc})")
+    if "error" in answer:
+        return _probe(env, f"NVML could not answer ({answer['error']})")
+    devices = [(Inventory.from_json({"gpus": [d]}).gpus[0], bool(d["mig"])) for d in answer["gpus"]]
     if any(mig for _, mig in devices):
         return _probe(env, "MIG is enabled on a GPU")
     gpus = [gpu for gpu, _ in devices]
     if visible is None:
         return Inventory(tuple(gpus), "nvml")
-    picked = _apply_visible(gpus, _visible_entries(visible))
+    picked = _apply_visible(gpus, visible)
     if picked is None:
-        return _probe(env, f"CUDA_VISIBLE_DEVICES={visible!r} names devices NVML cannot map")
+        shown = env.get("CUDA_VISIBLE_DEVICES")
+        return _probe(env, f"CUDA_VISIBLE_DEVICES={shown!r} names devices NVML cannot map")
     return Inventory(tuple(picked), "nvml")
 
 
@@ -179,39 +192,73 @@ def _hip_build() -> bool:
     return bool(getattr(torch.version, "hip", None))
 
 
-def _nvidia_driver_present() -> bool:
-    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl")
+def visible_devices(value: str | None) -> list[int] | list[str] | None:
+    """``CUDA_VISIBLE_DEVICES`` as CUDA reads it (torch's ``_parse_visible_devices`` follows
+    the same rules): None when unset (every device); else the ordinals or UUID prefixes it
+    selects, in order.
 
+    Ordinals are read like ``strtoul``: each entry's leading digits (``"1gpu2"`` is 1,
+    ``"0,1x"`` is 0 and 1); an entry without digits or a negative one ends the list; a
+    repeated ordinal selects *no* device. A value that starts with ``GPU-`` (or ``MIG-``)
+    is a list of UUID prefixes, ending at the first entry without that prefix; a repeat
+    again selects none.
 
-def _visible_entries(value: str) -> list[str]:
-    """CUDA_VISIBLE_DEVICES as CUDA reads it: up to the first empty or negative entry."""
-    out = []
-    for raw in value.split(","):
-        item = raw.strip()
-        if not item or item.startswith("-"):
+    >>> visible_devices("1,0"), visible_devices("0,0"), visible_devices("1gpu2,x,3")
+    ([1, 0], [], [1])
+    >>> visible_devices("GPU-8f2,GPU-1a"), visible_devices(None) is None
+    (['GPU-8f2', 'GPU-1a'], True)
+    """
+    if value is None:
+        return None
+    for prefix in ("GPU-", "MIG-"):
+        if value.startswith(prefix):
+            uuids: list[str] = []
+            for entry in value.split(","):
+                if entry in uuids:
+                    return []
+                if not entry.startswith(prefix):
+                    break
+                uuids.append(entry)
+            return uuids
+    ordinals: list[int] = []
+    for entry in value.split(","):
+        number = _leading_integer(entry.strip())
+        if number in ordinals:
+            return []
+        if number is None or number < 0:
             break
-        out.append(item)
-    return out
+        ordinals.append(number)
+    return ordinals
 
 
-def _apply_visible(gpus: list[Gpu], entries: list[str]) -> list[Gpu] | None:
-    """The GPUs ``entries`` select, renumbered from 0 as CUDA does; None when an entry is
-    one NVML cannot map (a MIG instance); CUDA stops at the first entry it cannot find."""
+def _leading_integer(text: str) -> int | None:
+    """``strtoul``'s reading: an optional sign and the digits that follow, else None."""
+    end = 1 if text[:1] in ("+", "-") else 0
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    digits = text[:end]
+    return int(digits) if digits.lstrip("+-") else None
+
+
+def _apply_visible(gpus: list[Gpu], visible: list[int] | list[str]) -> list[Gpu] | None:
+    """The GPUs ``visible`` selects, renumbered from 0 as CUDA does; None when an entry is
+    one NVML cannot map (a MIG instance). CUDA stops at the first entry it cannot find (an
+    ordinal past the last GPU, a UUID prefix that matches none or several); a UUID that
+    selects one GPU twice selects none."""
     picked: list[Gpu] = []
-    for entry in entries:
-        if entry.startswith("MIG-"):
+    for entry in visible:
+        if isinstance(entry, int):
+            match = [g for g in gpus if g.index == entry]
+        elif entry.startswith("MIG-"):
             return None
-        if entry.isdigit():
-            match = [g for g in gpus if g.index == int(entry)]
         else:
             match = [g for g in gpus if g.uuid and g.uuid.startswith(entry)]
-        if len(match) != 1 or any(g.index == match[0].index for g in picked):
+        if len(match) != 1:
             break
+        if any(g.index == match[0].index for g in picked):
+            return []
         picked.append(match[0])
-    out = []
-    for i, g in enumerate(picked):
-        out.append(Gpu(i, g.name, g.uuid, g.memory_bytes, g.capability))
-    return out
+    return [Gpu(i, g.name, g.uuid, g.memory_bytes, g.capability) for i, g in enumerate(picked)]
 
 
 class _NvmlMemory(ctypes.Structure):
@@ -222,48 +269,103 @@ class _NvmlMemory(ctypes.Structure):
     ]
 
 
+#: More GPUs than any machine has: an NVML that says so is broken (a count of 100,000,000
+#: would loop for minutes), and the probe is asked instead.
+MAX_GPUS = 1024
+#: NVML's "the driver is not loaded" (nvmlInit on a machine whose library outlived its driver)
+_NVML_ERROR_DRIVER_NOT_LOADED = 9
+#: Seconds NVML may take (in its child) before the child is killed and the probe asked.
+NVML_TIMEOUT = 20.0
+#: The management library's name (loaded in a child only: :func:`_nvml_in_a_child`).
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
+def _nvml_in_a_child() -> dict[str, Any]:
+    """Ask NVML in a throwaway forked child: a driver library that crashes (SIGSEGV), hangs
+    or answers nonsense takes the child with it, never the kernel. ``{"gpus": [...]}``,
+    ``{"absent": True}`` (no library, or no driver behind it) or ``{"error": "why"}``."""
+    answer = fork_answer(_nvml_answer, timeout=NVML_TIMEOUT)
+    if answer is None:
+        return {"error": "it crashed or hung in a child process"}
+    try:
+        return dict(json.loads(answer))
+    except ValueError:
+        return {"error": "its answer could not be read"}
+
+
+def _nvml_answer() -> bytes:
+    """What :func:`_nvml_in_a_child`'s child sends back (JSON)."""
+    try:
+        gpus = [{**gpu.__dict__, "mig": mig} for gpu, mig in _nvml_devices()]
+        reply: dict[str, Any] = {"gpus": gpus}
+    except _NvmlAbsent:
+        reply = {"absent": True}
+    except OSError as exc:
+        reply = {"error": str(exc)}
+    return json.dumps(reply).encode()
+
+
+class _NvmlAbsent(OSError):
+    """No NVIDIA driver here: NVML's library is missing, or has no driver behind it."""
+
+
 def _nvml_devices() -> list[tuple[Gpu, bool]]:
     """Every GPU NVML sees (index, name, uuid, memory, capability) and whether MIG is on.
-    NVML is the management library: it never initialises CUDA. Raises OSError when it is
-    missing or answers with an error."""
-    lib = ctypes.CDLL("libnvidia-ml.so.1")
+    NVML is the management library: it never initialises CUDA. Raises :class:`_NvmlAbsent`
+    without a driver, OSError when it answers with an error, lacks a function (drivers
+    before R450 have no ``nvmlDeviceGetMigMode``) or reports an impossible count."""
+    try:
+        lib = ctypes.CDLL(NVML_LIBRARY)
+    except OSError as exc:
+        raise _NvmlAbsent(str(exc)) from None
 
     def check(result: int, what: str) -> None:
         if result != 0:
             raise OSError(f"{what} returned NVML error {result}")
 
-    check(lib.nvmlInit_v2(), "nvmlInit")
+    try:
+        init, get_count = lib.nvmlInit_v2, lib.nvmlDeviceGetCount_v2
+        get_handle, get_name, get_uuid = (
+            lib.nvmlDeviceGetHandleByIndex_v2,
+            lib.nvmlDeviceGetName,
+            lib.nvmlDeviceGetUUID,
+        )
+        get_memory, get_capability = (
+            lib.nvmlDeviceGetMemoryInfo,
+            lib.nvmlDeviceGetCudaComputeCapability,
+        )
+        get_mig = lib.nvmlDeviceGetMigMode
+    except AttributeError as exc:  # an old driver's NVML
+        raise OSError(f"NVML lacks a function ({exc})") from None
+    result = init()
+    if result == _NVML_ERROR_DRIVER_NOT_LOADED:
+        raise _NvmlAbsent("NVML: the NVIDIA driver is not loaded")
+    check(result, "nvmlInit")
     try:
         count = ctypes.c_uint()
-        check(lib.nvmlDeviceGetCount_v2(ctypes.byref(count)), "nvmlDeviceGetCount")
+        check(get_count(ctypes.byref(count)), "nvmlDeviceGetCount")
+        if count.value > MAX_GPUS:
+            raise OSError(f"nvmlDeviceGetCount said {count.value} GPUs")
         out = []
         for i in range(count.value):
             handle = ctypes.c_void_p()
-            check(lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)), "GetHandle")
+            check(get_handle(i, ctypes.byref(handle)), "GetHandle")
             name = ctypes.create_string_buffer(96)
             uuid = ctypes.create_string_buffer(96)
-            lib.nvmlDeviceGetName(handle, name, 96)
-            lib.nvmlDeviceGetUUID(handle, uuid, 96)
+            get_name(handle, name, 96)
+            get_uuid(handle, uuid, 96)
             memory = _NvmlMemory()
-            lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
+            get_memory(handle, ctypes.byref(memory))
             major, minor = ctypes.c_int(), ctypes.c_int()
             cap: tuple[int, int] | None = None
-            if (
-                lib.nvmlDeviceGetCudaComputeCapability(
-                    handle, ctypes.byref(major), ctypes.byref(minor)
-                )
-                == 0
-            ):
+            if get_capability(handle, ctypes.byref(major), ctypes.byref(minor)) == 0:
                 cap = (major.value, minor.value)
             current, pending = ctypes.c_uint(), ctypes.c_uint()
-            mig = (
-                lib.nvmlDeviceGetMigMode(handle, ctypes.byref(current), ctypes.byref(pending)) == 0
-                and current.value == 1
+            mig = get_mig(handle, ctypes.byref(current), ctypes.byref(pending)) == 0 and (
+                current.value == 1
             )
-            gpu = Gpu(
-                i, name.value.decode(errors="replace"), uuid.value.decode(), memory.total, cap
-            )
-            out.append((gpu, mig))
+            text = (name.value.decode(errors="replace"), uuid.value.decode(errors="replace"))
+            out.append((Gpu(i, text[0], text[1], memory.total, cap), mig))
         return out
     finally:
         lib.nvmlShutdown()
@@ -293,10 +395,28 @@ def _probe(env: Mapping[str, str], why: str) -> Inventory:
             timeout=120,
             stdin=subprocess.DEVNULL,
         )
-        data = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         return Inventory((), "probe", f"{why}; the probe failed: {exc}")
+    lines = done.stdout.strip().splitlines()
+    try:
+        data = json.loads(lines[-1])
+    except (ValueError, IndexError):
+        if done.returncode < 0:
+            failed = f"it was killed by {_signal_name(-done.returncode)}"
+        else:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            failed = f"it exited with {done.returncode}: {last}"
+        return Inventory((), "probe", f"{why}; the probe failed ({failed}): no GPU counted")
     return dataclasses.replace(Inventory.from_json(data, "probe"), note=why)
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def set_inventory_for_tests(found: Inventory | None) -> None:
@@ -501,20 +621,17 @@ def _shared(found: Inventory, num_processes: int, hint: str) -> Placement:
 # ---- checks that need the inventory ------------------------------------------------------
 
 
-def unsupported_gpus(found: Inventory, arch_flags: str | None = None) -> list[str]:
+def unsupported_gpus(found: Inventory, arch_flags: str | None) -> list[str]:
     """The GPUs the installed torch was not built for (Kaggle's P100 on CUDA 13 wheels),
-    each as "cuda:0 (Tesla P100, sm_60)"; asked without initialising CUDA."""
-    if arch_flags is None:
-        import torch
-
-        getter = getattr(torch._C, "_cuda_getArchFlags", None)
-        arch_flags = getter() if callable(getter) else None
+    each as "cuda:0 (Tesla P100, sm_60)", given torch's architecture flags
+    (:func:`arch_flags`; None or empty: nothing known, nothing refused)."""
     if not arch_flags:
         return []
     binary: list[tuple[int, int]] = []
     ptx: list[tuple[int, int]] = []
     for flag in arch_flags.split():
         kind, _, num = flag.partition("_")
+        num = num.rstrip("af")  # sm_90a, sm_100f: the family-specific variants
         if not num.isdigit():
             continue
         cap = (int(num[:-1]), int(num[-1]))
@@ -530,6 +647,34 @@ def unsupported_gpus(found: Inventory, arch_flags: str | None = None) -> list[st
         if not ok:
             bad.append(f"cuda:{gpu.index} ({gpu.name or 'GPU'}, sm_{major}{minor})")
     return bad
+
+
+_ARCH_FLAGS: dict[tuple[str, str], str | None] = {}
+
+
+def arch_flags() -> str | None:
+    """The GPU architectures the installed torch was built for ("sm_80 sm_90 ...";
+    ``torch.cuda.get_arch_list()``), None when it cannot tell. Asked in a throwaway forked
+    child, once per torch build: ``torch._C._cuda_getArchFlags`` registers CUDA's fork
+    handler in the process that calls it (``torch/csrc/cuda/Module.cpp``), and every rank
+    forked after that would be unable to use CUDA."""
+    import torch
+
+    key = (str(torch.__version__), str(getattr(torch, "__file__", "")))
+    if key not in _ARCH_FLAGS:
+        if not hasattr(torch._C, "_cuda_getArchFlags"):
+            _ARCH_FLAGS[key] = None
+        else:
+            answer = fork_answer(_arch_flags_here, timeout=20.0)
+            _ARCH_FLAGS[key] = answer.decode(errors="replace") if answer else None
+    return _ARCH_FLAGS[key]
+
+
+def _arch_flags_here() -> bytes:
+    """In :func:`arch_flags`'s child (where registering the fork handler harms nothing)."""
+    import torch
+
+    return str(torch._C._cuda_getArchFlags() or "").encode()
 
 
 def shm_bytes(path: str = "/dev/shm") -> int | None:
@@ -548,6 +693,7 @@ __all__ = [
     "Gpu",
     "Inventory",
     "Placement",
+    "arch_flags",
     "check_devices",
     "driver_initialized",
     "inventory",
@@ -557,4 +703,5 @@ __all__ = [
     "set_inventory_for_tests",
     "shm_bytes",
     "unsupported_gpus",
+    "visible_devices",
 ]

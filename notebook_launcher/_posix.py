@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -245,8 +247,8 @@ def import_without_cuda(names: tuple[str, ...]) -> None:
     forks next start with them -- only where importing them touches no CUDA: a probe child
     imports them first and says. For processes that fork ranks and must never touch CUDA
     (the forkserver, a node's agent): a module that does so at import (some do: a
-    ``torch.compile`` at import, a device query) stays the ranks' own to import, and is
-    not probed again (a probe costs the import)."""
+    ``torch.compile`` at import, a device query, a ``get_arch_list()``) stays the ranks' own
+    to import, and is not probed again (a probe costs the import)."""
     names = tuple(n for n in names if n not in sys.modules and n not in _touch_cuda)
     if not names:
         return
@@ -266,19 +268,156 @@ def import_without_cuda(names: tuple[str, ...]) -> None:
 
 
 def cuda_touched() -> bool:
-    """This process initialised CUDA, or loaded its driver (``libcuda``): a child forked
-    now could not use CUDA."""
+    """This process initialised CUDA, loaded its driver (``libcuda``), or registered
+    torch's CUDA fork handler: a child forked now could not use CUDA. For the package's own
+    processes that fork ranks (a probe of what the forkserver or an agent may import)."""
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_initialized():
             return True
     except Exception:  # noqa: BLE001 - a torch without CUDA support
         pass
+    return _maps_libcuda() or fork_handler_registered() is not False
+
+
+#: Whether torch's CUDA fork handler is registered here, once it is (it never goes away).
+_registered: list[bool] = []
+
+
+def fork_handler_registered() -> bool | None:
+    """Whether torch's CUDA fork handler is registered in this process: then every child
+    forked from it is a "bad fork", where the first CUDA call raises "Cannot re-initialize
+    CUDA in forked subprocess" -- whatever registered it (``torch.cuda.get_arch_list()``,
+    ``is_available()`` without NVML, ``torch._C._cuda_getDeviceCount()``, CUDA's
+    initialisation; ``torch/csrc/cuda/Module.cpp``'s ``poison_fork``), and although
+    ``torch.cuda.is_initialized()`` may still say False. Nothing in the process shows it:
+    a throwaway child (a canary, a few ms: one fork) reads torch's own flag,
+    ``torch.cuda._is_in_bad_fork()``. None when the canary did not answer (stuck or
+    killed); False without torch's CUDA module loaded (nothing could have registered it)."""
+    if _registered:
+        return True
+    if sys.modules.get("torch.cuda") is None:
+        return False
+    answer = fork_answer(_bad_fork_here, timeout=CANARY_TIMEOUT)
+    if answer == b"bad":
+        _registered.append(True)
+        return True
+    return False if answer == b"ok" else None
+
+
+#: Seconds a canary child may take (it reads one flag; it is stuck if it takes this long).
+CANARY_TIMEOUT = 5.0
+
+
+def _bad_fork_here() -> bytes:
+    """In a forked child: whether CUDA would refuse this process (torch's own flag)."""
+    cuda = sys.modules.get("torch.cuda")
+    is_bad = getattr(cuda, "_is_in_bad_fork", None)
+    return b"bad" if callable(is_bad) and is_bad() else b"ok"
+
+
+def _maps_libcuda() -> bool:
     try:
         with open("/proc/self/maps") as f:
             return "libcuda.so" in f.read()
     except OSError:
         return False
+
+
+def fork_answer(ask: Any, timeout: float) -> bytes | None:
+    """Fork a throwaway child that runs ``ask()`` (returning bytes) and sends that back;
+    what it sent, or None when it failed, crashed or took longer than ``timeout`` seconds
+    (then it is killed). For questions only a child can answer, or that may crash the
+    asker (a broken driver library).
+
+    The answer is read as soon as the child has written it: the child's exit (tearing down
+    a copy of a kernel's address space: milliseconds for a large one) is waited for by a
+    reaper thread, not by the caller. Ctrl-C at any moment leaves no child behind: it is
+    killed and reaped first."""
+    parent = os.getpid()
+    read_end, write_end = os.pipe()
+    pid = None
+    data = b""
+    answered = False
+    try:
+        with deferred_interrupts():  # the child and its reaping, or neither
+            pid = quiet_fork()
+            if pid == 0:
+                try:
+                    os.close(read_end)
+                    die_with_parent(parent)
+                    out = ask()
+                    out = len(out).to_bytes(8, "little") + out
+                    while out:
+                        out = out[os.write(write_end, out) :]
+                    os.close(write_end)  # the answer is whole: the parent need not wait more
+                finally:
+                    os._exit(0)
+        os.close(write_end)
+        write_end = -1
+        data = _read_to_end(read_end, time.monotonic() + timeout)
+        answered = len(data) >= 8 and int.from_bytes(data[:8], "little") == len(data) - 8
+    finally:
+        with deferred_interrupts():
+            close_quietly(read_end, *([write_end] if write_end >= 0 else []))
+            if pid and answered:
+                _reap_later(pid)
+            elif pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.waitpid(pid, 0)
+    return data[8:] if answered else None
+
+
+def _read_to_end(fd: int, deadline: float) -> bytes:
+    """What ``fd`` gives until its end, or until ``deadline`` (then what came so far)."""
+    chunks = []
+    while (left := deadline - time.monotonic()) > 0 and select.select([fd], [], [], left)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+#: The reaper thread's name as the OS knows it (``/proc/self/task/*/comm``): the fork-safety
+#: check, which counts threads Python did not start, leaves it out.
+REAPER_NAME = "nl-reaper"
+_PR_SET_NAME = 15
+_reaper: dict[str, Any] = {}
+
+
+def _reap_later(pid: int) -> None:
+    """Reap child ``pid`` (which is ending) in this process's reaper thread: a daemon,
+    started at the first such child and waiting for the next one after (a thread per child
+    would cost its start, and a fork-safety probe for each new thread id)."""
+    if _reaper.get("pid") != os.getpid():  # the first here (a forked child starts afresh)
+        wanted = threading.Condition()
+        _reaper.update(pid=os.getpid(), wanted=wanted, pids=[])
+        thread = threading.Thread(target=_reap, args=(wanted, _reaper["pids"]), daemon=True)
+        thread.name = "notebook-launcher-reaper"
+        thread.start()
+    with _reaper["wanted"]:
+        _reaper["pids"].append(pid)
+        _reaper["wanted"].notify()
+
+
+def _reap(wanted: threading.Condition, pids: list[int]) -> None:
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, REAPER_NAME.encode(), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    while True:
+        with wanted:
+            while not pids:
+                wanted.wait()
+            pid = pids.pop(0)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped already (someone waited on every child)
+            pass
 
 
 __all__ = [
@@ -287,6 +426,8 @@ __all__ = [
     "cuda_touched",
     "deferred_interrupts",
     "descendants",
+    "fork_answer",
+    "fork_handler_registered",
     "die_with_parent",
     "guard_process_group",
     "import_quietly",

@@ -59,7 +59,9 @@ def info_lines() -> list[str]:
         )
         if ok
     ]
-    method, reason = preflight.resolve_start_method(None, preflight.cuda_initialized())
+    method, reason = preflight.resolve_start_method(
+        None, preflight.cuda_unusable_in_fork(found.count > 0)
+    )
     if found.count:
         devices = f"{found.count} CUDA device(s): " + ", ".join(
             g.name or f"cuda:{g.index}" for g in found.gpus

@@ -167,7 +167,6 @@ def test_the_users_cuda_checks_in_the_kernel_do_not_poison_fork() -> None:
         + """
     import notebook_launcher  # sets PYTORCH_NVML_BASED_CUDA_CHECK, as Lightning does
     assert torch.cuda.is_available()
-    torch.cuda.get_arch_list()
     torch.autocast("cuda")
     torch.amp.GradScaler("cuda")
     assert not torch.cuda.is_initialized()
@@ -177,6 +176,23 @@ def test_the_users_cuda_checks_in_the_kernel_do_not_poison_fork() -> None:
     )
     assert "RESULT [1.0]" in out
     assert "METHOD fork" in out
+
+
+def test_a_kernel_poisoned_by_get_arch_list_is_seen_and_launches_from_the_forkserver() -> None:
+    """``torch.cuda.get_arch_list()`` registers CUDA's fork handler without initialising
+    anything (``torch._C._cuda_getArchFlags``): the driver cannot tell; the canary child
+    can, and the ranks start from the forkserver, saying why."""
+    out = _in_fresh_kernel(
+        PRELUDE
+        + """
+    torch.cuda.get_arch_list()
+    assert not torch.cuda.is_initialized()
+    print("RESULT", notebook_launcher(f, (), 1, dashboard=Keep()))
+    print("METHOD", method())
+    """
+    )
+    assert "RESULT [1.0]" in out
+    assert "METHOD forkserver | a rank forked from this kernel could not use CUDA" in out
 
 
 def test_cuda_initialised_in_parent_uses_forkserver_and_refuses_fork() -> None:

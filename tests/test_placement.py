@@ -116,30 +116,57 @@ def test_devices_refused(given: object) -> None:
 # CUDA_VISIBLE_DEVICES as CUDA reads it
 NVML = [P.Gpu(i, "GPU", f"GPU-{i}{i}{i}-uuid", 1, (8, 0)) for i in range(4)]
 
+#: (value, what CUDA selects of the four GPUs above). The parsing follows CUDA's rules as torch
+#: writes them down (torch/cuda/__init__.py: _parse_visible_devices, which test_visible_devices_
+#: parse_as_torch_does checks against), the mapping onto devices torch's _device_count_nvml and
+#: _transform_uuid_to_ordinals.
+VISIBLE = [
+    ("", []),
+    ("-1", []),
+    ("2", [2]),
+    ("3,1", [3, 1]),
+    (" 1, 2", [1, 2]),
+    ("0,7,1", [0]),  # CUDA stops at the first device it cannot find
+    ("1,-1,2", [1]),  # ... and at a negative entry
+    ("1,,2", [1]),  # ... and at an empty one
+    ("0,x,1", [0]),  # ... and at one without digits
+    ("1,1", []),  # a repeated ordinal selects no device at all
+    ("0,0", []),
+    ("1gpu2", [1]),  # strtoul: an entry's leading digits
+    ("0,1x", [0, 1]),
+    ("+1", [1]),
+    ("GPU-222", [2]),  # a UUID prefix
+    ("GPU-333-uuid,0", [3]),  # a UUID list ends at the first entry that is not one
+    ("GPU-1,GPU-1", []),  # a repeated UUID selects none
+    ("GPU-111,GPU-111-uuid", []),  # ... as do two prefixes of one GPU
+    ("GPU-111,GPU-9", [1]),  # a prefix that matches no GPU ends the list
+    ("GPU-", []),  # ... and so does one that matches several
+]
 
-@pytest.mark.parametrize(
-    ("visible", "indices"),
-    [
-        ("", []),
-        ("-1", []),
-        ("2", [2]),
-        ("3,1", [3, 1]),
-        ("0,7,1", [0]),  # CUDA stops at the first device it cannot find
-        ("1,1", [1]),  # ... and at a repeat
-        ("1,-1,2", [1]),  # ... and at a negative entry
-        ("GPU-222", [2]),  # a UUID prefix
-        ("GPU-333-uuid,0", [3, 0]),
-    ],
-)
+
+@pytest.mark.parametrize(("visible", "indices"), VISIBLE)
 def test_visible_devices_as_cuda_reads_them(visible: str, indices: list[int]) -> None:
-    picked = P._apply_visible(NVML, P._visible_entries(visible))
+    picked = P._apply_visible(NVML, P.visible_devices(visible) or [])
     assert picked is not None
     assert [g.uuid for g in picked] == [NVML[i].uuid for i in indices]
     assert [g.index for g in picked] == list(range(len(indices)))  # renumbered from 0
 
 
+@pytest.mark.parametrize("visible", [v for v, _ in VISIBLE] + ["MIG-a,MIG-b", "MIG-a,0"])
+def test_visible_devices_parse_as_torch_does(visible: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's own reading (the one its NVML device count uses) is the reference."""
+    import torch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert P.visible_devices(visible) == torch.cuda._parse_visible_devices()
+
+
 def test_a_mig_instance_needs_the_probe() -> None:
     assert P._apply_visible(NVML, ["MIG-abc"]) is None
+
+
+def test_unset_visible_devices_are_all_of_them() -> None:
+    assert P.visible_devices(None) is None
 
 
 @pytest.mark.parametrize(
@@ -150,6 +177,7 @@ def test_a_mig_instance_needs_the_probe() -> None:
         ("sm_80 sm_90", (8, 9), True),  # sm_80 code runs on an sm_89 (same major)
         ("sm_80 compute_80", (9, 0), True),  # PTX is compiled for newer GPUs
         ("sm_80", (9, 0), False),
+        ("sm_90a sm_100f", (9, 0), True),  # the family-specific variants
         ("", (6, 0), True),  # nothing known: nothing refused
     ],
 )
@@ -169,7 +197,7 @@ def test_inventory_without_cuda_build_or_with_gpus_hidden(monkeypatch: pytest.Mo
 
 def test_inventory_reads_nvml_and_applies_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(P, "_cuda_build", lambda: True)
-    monkeypatch.setattr(P, "_nvidia_driver_present", lambda: True)
+    # (asked in a forked child, which runs this process's code: the patch included)
     monkeypatch.setattr(P, "_nvml_devices", lambda: [(g, False) for g in NVML])
     assert P.inventory({}, fresh=True).count == 4
     found = P.inventory({"CUDA_VISIBLE_DEVICES": "2,0"}, fresh=True)
@@ -180,7 +208,6 @@ def test_inventory_reads_nvml_and_applies_visible_devices(monkeypatch: pytest.Mo
 def test_inventory_asks_a_child_when_nvml_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
     """MIG, or NVML failing: a throwaway interpreter answers (here: the CPU build, 0)."""
     monkeypatch.setattr(P, "_cuda_build", lambda: True)
-    monkeypatch.setattr(P, "_nvidia_driver_present", lambda: True)
     monkeypatch.setattr(P, "_nvml_devices", lambda: [(NVML[0], True)])
     found = P.inventory({"PATH": "/usr/bin:/bin"}, fresh=True)
     assert (found.source, found.count, found.note) == ("probe", 0, "MIG is enabled on a GPU")
@@ -257,9 +284,10 @@ def test_a_plan_of_cpu_ranks_on_a_gpu_machine(machine) -> None:  # type: ignore[
 
 def test_a_plan_refuses_a_gpu_torch_was_not_built_for(machine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     machine(gpus(1, (6, 0), "Tesla P100-PCIE-16GB"))
-    monkeypatch.setattr(P, "unsupported_gpus", lambda found: ["cuda:0 (Tesla P100, sm_60)"])
-    monkeypatch.setattr(preflight, "_arch_flags", lambda: ["sm_75", "sm_120"])
-    with pytest.raises(PreflightError, match=r"cuda:0 \(Tesla P100, sm_60\).*devices='cpu'"):
+    monkeypatch.setattr(P, "arch_flags", lambda: "sm_75 sm_120 compute_120")
+    with pytest.raises(
+        PreflightError, match=r"cuda:0 \(Tesla P100-PCIE-16GB, sm_60\).*sm_75 sm_120.*devices='cpu'"
+    ):
         _plan(1)
 
 
@@ -344,3 +372,21 @@ def test_a_rank_takes_its_gpu_before_anything_else(monkeypatch: pytest.MonkeyPat
     entry._take_device(spec("cuda:3"))
     entry._take_device(spec("cuda:0", 0.475))
     assert calls == [("set_device", 3), ("set_device", 0), ("fraction", (0.475, 0))]
+
+
+def test_the_fork_canary_is_asked_for_gpu_ranks_only(machine, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A canary child (one fork of the kernel) says whether torch's CUDA fork handler is
+    registered: asked before forking ranks that will use a GPU, never for CPU ranks."""
+    asked: list[int] = []
+    monkeypatch.setattr(preflight, "fork_handler_registered", lambda: asked.append(1) or False)
+    machine(gpus(0))
+    assert _plan(2).start_method == "fork" and asked == []
+    machine(gpus(2))
+    assert _plan(2, devices="cpu").start_method == "fork" and asked == []
+    assert _plan(2, start_method="spawn").start_method == "spawn" and asked == []
+    assert _plan(2).start_method == "fork" and asked == [1]
+    monkeypatch.setattr(preflight, "fork_handler_registered", lambda: True)
+    plan = _plan(2)
+    assert plan.start_method == "forkserver" and "fork handler is registered" in plan.reason
+    with pytest.raises(PreflightError, match="start_method='fork' was asked for, but a rank"):
+        _plan(2, start_method="fork")

@@ -208,11 +208,12 @@ def plan_launch(
             reason = "from its supervisor, a clean process"  # (no CUDA, none of our threads)
         fork_safe = True
     else:
-        cuda_init = preflight.cuda_initialized()
-        wants_fork = start_method in (None, "auto", "fork") and not cuda_init
+        may_fork = start_method in (None, "auto", "fork")
+        cuda = preflight.cuda_unusable_in_fork(where.on_gpu) if may_fork else None  # a canary
+        wants_fork = may_fork and not cuda
         fork_safe = preflight.fork_is_safe() if wants_fork else True  # may fork a probe
         busy = preflight.busy_threads() if wants_fork else []
-        method, reason = preflight.resolve_start_method(start_method, cuda_init, fork_safe, busy)
+        method, reason = preflight.resolve_start_method(start_method, cuda, fork_safe, busy)
     listen = None
     try:  # the socket is the plan's once made; until then (Ctrl-C included) ours to close
         if rendezvous is None:

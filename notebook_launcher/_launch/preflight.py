@@ -16,7 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _placement
-from .._posix import deferred_interrupts, die_with_parent, quiet_fork
+from .._posix import (
+    REAPER_NAME,
+    deferred_interrupts,
+    die_with_parent,
+    fork_handler_registered,
+    quiet_fork,
+)
 from .._spec import LAUNCHER_ENV
 from ..errors import PreflightError
 from ..utils.constants import FP16_ON_CPU_WARNING, parse_mixed_precision
@@ -48,6 +54,43 @@ def cuda_initialized() -> bool:
     """Whether the CUDA driver is initialised in this kernel (by torch or by anything else):
     then a forked rank cannot use CUDA (see :func:`notebook_launcher._placement.driver_initialized`)."""
     return _placement.driver_initialized()
+
+
+#: What the views say when CUDA is initialised in the kernel (tests and users match on it).
+CUDA_INITIALISED = "CUDA is initialised in this kernel"
+
+
+def cuda_unusable_in_fork(on_gpu: bool) -> str | None:
+    """Why a rank forked from this kernel now could not use CUDA (the cause, as far as it
+    can be named), or None when it could.
+
+    The driver is asked first (0.3 ms; :func:`cuda_initialized`). For ranks that will use
+    a GPU, a canary child then says whether torch's CUDA fork handler is registered here,
+    which the driver does not show (:func:`notebook_launcher._posix.fork_handler_registered`:
+    one fork, a few ms; once it says yes it is not asked again). CPU ranks never ask it:
+    a forked CPU rank does not use CUDA."""
+    import sys
+
+    if cuda_initialized():
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return CUDA_INITIALISED
+        return (
+            f"{CUDA_INITIALISED} (its driver, by something other than torch: bitsandbytes, "
+            "CuPy, numba, a cuInit)"
+        )
+    if not on_gpu:
+        return None
+    registered = fork_handler_registered()
+    if registered:
+        return (
+            "a rank forked from this kernel could not use CUDA: torch's CUDA fork handler is "
+            "registered here (by torch.cuda.get_arch_list(), torch.cuda.is_available() without "
+            "PYTORCH_NVML_BASED_CUDA_CHECK=1, or another call into CUDA's runtime)"
+        )
+    if registered is None:
+        return "a canary child did not say whether a forked rank could use CUDA here"
+    return None
 
 
 def resolve_num_processes(num_processes: Any, gpus: int, where: str = "python") -> int:
@@ -83,13 +126,14 @@ def check_placement(placement: _placement.Placement, found: _placement.Inventory
     if not used:
         return
     in_use = _placement.Inventory(tuple(g for g in found.gpus if g.index in used), found.source)
-    bad = _placement.unsupported_gpus(in_use)
+    flags = _placement.arch_flags()
+    bad = _placement.unsupported_gpus(in_use, flags)
     if bad:
         import torch
 
         raise PreflightError(
             f"{', '.join(bad)}: this torch ({torch.__version__}) was not built for that GPU "
-            f"architecture (it has {' '.join(_arch_flags())}). Install a torch build for it "
+            f"architecture (it has {flags}). Install a torch build for it "
             "(e.g. wheels for an older CUDA from pytorch.org), or run CPU ranks with "
             "devices='cpu'."
         )
@@ -104,13 +148,6 @@ def check_placement(placement: _placement.Placement, found: _placement.Inventory
                 UserWarning,
                 stacklevel=4,
             )
-
-
-def _arch_flags() -> list[str]:
-    import torch
-
-    getter = getattr(torch._C, "_cuda_getArchFlags", None)
-    return str(getter() if callable(getter) else "").split()
 
 
 def check_mixed_precision(mixed_precision: Any, on_gpu: bool | int) -> str:
@@ -302,7 +339,7 @@ def _unknown_native_threads() -> frozenset[int]:
             continue
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().startswith("ZMQbg"):
+                if f.read().startswith(("ZMQbg", REAPER_NAME)):
                     continue
         except OSError:
             continue
@@ -459,22 +496,25 @@ def busy_threads() -> list[str]:
 
 def resolve_start_method(
     requested: str | None,
-    cuda_is_initialized: bool,
+    cuda_unusable: str | bool | None,
     fork_safe: bool = True,
     busy: list[str] | None = None,
 ) -> tuple[str, str]:
-    """(method, one-line reason). ``fork_safe=False``: this kernel's OpenMP pool runs;
-    ``busy``: threads running user code (see :func:`busy_threads`)."""
+    """(method, one-line reason). ``cuda_unusable``: why a forked rank could not use CUDA
+    (:func:`cuda_unusable_in_fork`; True: CUDA is initialised here), or None;
+    ``fork_safe=False``: this kernel's OpenMP pool runs; ``busy``: threads running user
+    code (see :func:`busy_threads`)."""
     if requested not in (None, "auto", *START_METHODS):
         raise PreflightError(
             f"start_method={requested!r} is not one of 'fork', 'spawn', 'forkserver' (or None)."
         )
-    if requested == "fork" and cuda_is_initialized:
+    why_not_cuda = CUDA_INITIALISED if cuda_unusable is True else (cuda_unusable or None)
+    if requested == "fork" and why_not_cuda:
         raise PreflightError(
-            "start_method='fork' was asked for, but CUDA is already initialised in this "
-            "kernel and a forked child cannot use it. Either restart the kernel and do not "
-            "touch CUDA (no .cuda(), no torch.cuda calls) before launching, or use "
-            "start_method='forkserver' (the default once CUDA is initialised)."
+            f"start_method='fork' was asked for, but {why_not_cuda}, and a forked "
+            "child cannot use CUDA then. Either restart the kernel and do not touch CUDA "
+            "(no .cuda(), no torch.cuda calls) before launching, or use "
+            "start_method='forkserver' (the default then)."
         )
     threads = ", ".join(repr(name) for name in (busy or [])[:3])
     if requested in START_METHODS:
@@ -487,8 +527,10 @@ def resolve_start_method(
                 "at the fork would hang a rank that takes it"
             )
         return requested, "asked for"
-    if cuda_is_initialized:
-        return "forkserver", "CUDA is initialised in this kernel, so fork is unsafe"
+    if why_not_cuda == CUDA_INITIALISED:
+        return "forkserver", f"{CUDA_INITIALISED}, so fork is unsafe"
+    if why_not_cuda:
+        return "forkserver", why_not_cuda
     unsafe = []
     if not fork_safe:
         unsafe.append(
