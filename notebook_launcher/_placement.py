@@ -520,6 +520,7 @@ def place(
     *,
     world_size: int | None = None,
     hint_num_processes: str = "num_processes",
+    given: Any = None,
 ) -> Placement:
     """Decide every local rank's device for ``num_processes`` ranks on this machine (or on
     one node of a job of ``world_size`` ranks).
@@ -534,7 +535,13 @@ def place(
     (('cuda:0', 'cuda:0'), 'gloo', 0.475)
     >>> place(Inventory.of_count(1), 1).backend
     'gloo'
+
+    ``given``: ``devices`` as the user wrote it (``'cuda'`` for ``'gpu'``), for the errors.
     """
+    shown = (
+        given if given is not None else (list(devices) if isinstance(devices, tuple) else devices)
+    )
+    said = f"devices={shown!r}"
     world = num_processes if world_size is None else world_size
     # One rank on its own is not a distributed job (Accelerate: distributed_type NO): it
     # gets a gloo group of one (milliseconds; torch.distributed calls still work), not an
@@ -554,28 +561,27 @@ def place(
         missing = [i for i in devices if i >= found.count]
         if missing:
             raise PreflightError(
-                f"devices={list(devices)} names GPU(s) {missing}, but this machine has "
-                f"{found.describe()} (cuda:0..cuda:{max(found.count - 1, 0)}). Pass indices "
-                "that exist, or devices='cpu' for CPU ranks."
+                f"{said} names GPU(s) {missing}, but {_gpus_here(found)}. Pass indices that "
+                "exist, or devices='cpu' for CPU ranks."
             )
         if num_processes != len(devices):
             raise PreflightError(
-                f"devices={list(devices)} is one rank per listed GPU, but {hint_num_processes}="
+                f"{said} is one rank per listed GPU, but {hint_num_processes}="
                 f"{num_processes}. Leave {hint_num_processes} out, or list "
                 f"{num_processes} GPU(s)."
             )
         chosen = [f"cuda:{i}" for i in devices]
     elif not found.count:  # devices == "gpu"
         raise PreflightError(
-            f"devices='gpu' asks for one rank per GPU, and {found.describe()} is visible here. "
-            "Use devices='cpu' (or leave devices out) to run CPU ranks."
+            f"{said} asks for one rank per GPU, and {_gpus_here(found)}. Use devices='cpu' (or "
+            "leave devices out) to run CPU ranks."
         )
     elif num_processes <= found.count:
         chosen = [f"cuda:{i}" for i in range(num_processes)]
     elif devices == "gpu":
         raise PreflightError(
             f"{hint_num_processes}={num_processes} but only {found.count} GPU(s) are visible, "
-            f"and devices='gpu' asks for one rank per GPU. Use {hint_num_processes}<="
+            f"and {said} asks for one rank per GPU. Use {hint_num_processes}<="
             f"{found.count}; or devices='auto' to let {num_processes} ranks share the "
             "GPU(s) over gloo; or devices='cpu' for CPU ranks."
         )
@@ -594,6 +600,16 @@ def place(
         None,
         f"{num_processes} rank(s), one per GPU ({', '.join(chosen)}), on NCCL",
     )
+
+
+def _gpus_here(found: Inventory) -> str:
+    """What GPUs there are, for an error: "this machine has 2 GPU(s) (...) (cuda:0..cuda:1)",
+    "no GPU is visible here (CUDA_VISIBLE_DEVICES)"."""
+    if not found.count:
+        why = {"nvml": "", "given": ""}.get(found.source, f" ({found.source})")
+        return f"no GPU is visible here{why}"
+    names = "cuda:0" if found.count == 1 else f"cuda:0..cuda:{found.count - 1}"
+    return f"this machine has {found.describe()} ({names})"
 
 
 def _shared(found: Inventory, num_processes: int, hint: str) -> Placement:

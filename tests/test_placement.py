@@ -390,3 +390,47 @@ def test_the_fork_canary_is_asked_for_gpu_ranks_only(machine, monkeypatch) -> No
     assert plan.start_method == "forkserver" and "fork handler is registered" in plan.reason
     with pytest.raises(PreflightError, match="start_method='fork' was asked for, but a rank"):
         _plan(2, start_method="fork")
+
+
+@pytest.mark.parametrize(
+    ("found", "devices", "given", "n", "says"),
+    [
+        (
+            P.Inventory((), "no CUDA build"),
+            (0,),
+            [0],
+            1,
+            "devices=[0] names GPU(s) [0], but no GPU is visible here (no CUDA build)",
+        ),
+        (
+            P.Inventory((), "no NVIDIA driver"),
+            (0, 1),
+            None,
+            2,
+            "devices=[0, 1] names GPU(s) [0, 1], but no GPU is visible here (no NVIDIA driver)",
+        ),
+        (
+            gpus(1),
+            (0, 3),
+            None,
+            2,
+            "names GPU(s) [3], but this machine has 1 GPU(s) (NVIDIA H100) (cuda:0).",
+        ),
+        (gpus(2), (0, 3), None, 2, "(cuda:0..cuda:1)"),
+        (
+            P.Inventory((), "no NVIDIA driver"),
+            "gpu",
+            "cuda",
+            1,
+            "devices='cuda' asks for one rank per GPU, and no GPU",
+        ),
+        (gpus(2), "gpu", "cuda", 3, "and devices='cuda' asks for one rank per GPU"),
+    ],
+)
+def test_a_devices_refusal_says_what_the_user_wrote_and_what_is_here(
+    found: P.Inventory, devices: object, given: object, n: int, says: str
+) -> None:
+    with pytest.raises(PreflightError) as info:
+        P.place(found, n, devices, given=given)  # type: ignore[arg-type]
+    assert says in str(info.value)
+    assert "cuda:0..cuda:0" not in str(info.value)

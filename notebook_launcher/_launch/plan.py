@@ -196,7 +196,7 @@ def plan_launch(
         num_processes, _placement.num_processes_for(wanted, found) or 0
     )
     preflight.check_capacity(nprocs)
-    where = _placement.place(found, nprocs, wanted, world_size=nprocs * num_nodes)
+    where = _placement.place(found, nprocs, wanted, world_size=nprocs * num_nodes, given=devices)
     preflight.check_placement(where, found)
     precision = preflight.check_mixed_precision(mixed_precision, where.on_gpu)
     preflight.check_no_process_group_in_parent()

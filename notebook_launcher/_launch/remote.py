@@ -982,6 +982,7 @@ def plan_cluster(
         per_node,
         wanted,
         world_size=total,
+        given=devices,
     )
     precision = preflight.check_mixed_precision(mixed_precision, where.on_gpu)
     prefix = f"{store_key}/l{launch_no}/a0/pg"  # each launch and session: a group of its own
