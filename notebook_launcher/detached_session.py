@@ -24,7 +24,8 @@ record (``_launch.detach``). The socket's protocol, client and server, is this m
 
 Every event is appended to the record's ``events.log`` as well, and sent to the connection
 whose call runs: a kernel that dies mid-cell loses neither the session nor the cell's
-output. The supervisor keeps the events of a task whose kernel went away; the next
+output, however it ends (a kernel shut down or restarted politely is interrupted first by
+jupyter_client: that Ctrl-C is not sent on, see ``_kernel_ending``). The supervisor keeps the events of a task whose kernel went away; the next
 ``attach`` (its "follow" call) shows them, then follows that task live to its end, and
 says how it ended. The ranks die with the supervisor (their parent-death signal); a
 supervisor that died is said on the next call or attach.
@@ -85,6 +86,10 @@ BESIDE = ("interrupt", "stacks", "status")
 KEPT_EVENTS = 100_000
 #: Tasks whose kernel went away that the supervisor keeps for the next attach to show.
 KEPT_TASKS = 10
+
+#: Seconds a Ctrl-C in a session's cell waits, in a Jupyter kernel, for the kernel's
+#: shutdown that may follow it (``_kernel_ending``): the task is interrupted after that.
+SHUTDOWN_WINDOW = 0.5
 
 #: The length of a session's secret.
 SECRET_BYTES = 32
@@ -157,6 +162,28 @@ class _Frames:
                 chunk = self.sock.recv(1 << 20)
                 self.buffer += chunk
                 self.eof = not chunk
+
+
+def _kernel_ending(window: float = SHUTDOWN_WINDOW) -> bool:
+    """Whether the Ctrl-C just caught opens this Jupyter kernel's end rather than comes
+    from the user: jupyter_client's shutdown and restart (JupyterLab's Kernel -> Restart,
+    Shut Down, closing the notebook) interrupt the kernel first, then send it a
+    ``shutdown_request``, which ipykernel's control thread answers by setting the shell's
+    ``exit_now`` while this (the main) thread still waits. Watched for ``window`` seconds;
+    False at once outside an ipykernel, and on a second Ctrl-C meanwhile (the user's)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False
+    deadline = time.monotonic() + window
+    try:
+        while not getattr(shell, "exit_now", False):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+    except KeyboardInterrupt:  # pressed again: the user's, and meant
+        return False
+    return True
 
 
 def _peer_gone(sock: socket.socket) -> bool:
@@ -684,6 +711,11 @@ class DetachedSession(Session):
             except KeyboardInterrupt:
                 if not interrupts:
                     raise
+                if _kernel_ending():  # not the user's: the task goes on without this kernel
+                    raise KeyboardInterrupt(
+                        f"the kernel is shutting down: the task goes on in session {self.id}; "
+                        f"notebook_launcher.attach({self.id!r}) shows it from the next kernel"
+                    ) from None
                 with contextlib.suppress(OSError):
                     _send(sock, ("interrupt",))
                 continue
