@@ -61,8 +61,10 @@ from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
 from ._launch.session import TaskHandle
+from .detached import attach, runs
 from .errors import LaunchError, PreflightError, interrupted
 from .session import start as start_session
+from .tracking import log
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
 from .ui.stall import Stacks
@@ -697,9 +699,13 @@ class _Launch:
         return value
 
 
-# ``from notebook_launcher import notebook_launcher``, then ``notebook_launcher.start(...)``:
-# the function carries the package's ``start`` (sessions) too, so the cell reads the same
-# whether the name is the package or the function.
+# ``from notebook_launcher import notebook_launcher``, then ``notebook_launcher.runs()``: the
+# function carries the package's verbs (sessions, detached runs, metrics), so a cell reads
+# the same whether the name is the package or the function (the package is callable as the
+# function too: ``notebook_launcher/__init__.py``).
 notebook_launcher.start = start_session  # type: ignore[attr-defined]
+notebook_launcher.runs = runs  # type: ignore[attr-defined]
+notebook_launcher.attach = attach  # type: ignore[attr-defined]
+notebook_launcher.log = log  # type: ignore[attr-defined]
 
 __all__ = ["notebook_launcher"]

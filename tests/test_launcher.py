@@ -516,3 +516,17 @@ def test_leak_guard_sees_a_listening_port() -> None:
         assert sock.getsockname()[1] in listening_ports()
     finally:
         sock.close()
+
+
+def test_the_package_launches_as_the_function_does() -> None:
+    """The README's detach example did ``from notebook_launcher import notebook_launcher``,
+    then ``import notebook_launcher; notebook_launcher.runs()`` in the same kernel: the
+    name became the package, and the next ``notebook_launcher(fn, num_processes=2)`` raised
+    "TypeError: 'module' object is not callable" (issue 33, item 2). It launches."""
+    import notebook_launcher as package
+
+    rec = Recorder()
+    assert package(abs, args=(-3,), num_processes=2, dashboard=rec) == [3, 3]
+    assert len(rec.of(LaunchFinished)) == 1
+    with pytest.raises(PreflightError, match="num_processes"):  # its errors are the function's
+        package(abs, args=(-3,), num_processes=0, dashboard=False)
