@@ -540,8 +540,7 @@ class _Follower:
             silent = f" (no heartbeat for over {record.HEARTBEAT_STALE:.0f} s)" if where else ""
             why = (
                 f"the supervisor (pid {meta.pid}{where}) of run {meta.id} died before the "
-                f"run ended{silent}: its ranks were ended with it. Its own log may say "
-                f"why: {os.path.join(self.run_dir, record.LOG)}"
+                f"run ended{silent}: its ranks were ended with it. " + record.log_said(self.run_dir)
             )
             wall = time.time() - meta.started
             self.view.handle(LaunchFinished(False, why, None, wall, time.time()))

@@ -794,8 +794,8 @@ class DetachedSession(Session):
         if not record.supervisor_alive(meta):
             return LaunchError(
                 f"the supervisor (pid {meta.pid}) of session {self.id} died: its ranks were "
-                "ended with it and their variables are lost. Its own log may say why: "
-                f"{os.path.join(self.path, record.LOG)}. Start a new session."
+                "ended with it and their variables are lost; start a new session. "
+                + record.log_said(self.path)
             )
         return LaunchError(
             f"session {self.id}'s supervisor (pid {meta.pid}) does not answer at "

@@ -224,8 +224,10 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
     for pid in pids:
         _gone(pid, 2, f"rank pid {pid} to die with its supervisor")
     assert [r.state for r in runs()] == [record.DIED]
-    with pytest.raises(LaunchError, match=rf"the supervisor \(pid {meta.pid}\) .* died"):
+    with pytest.raises(LaunchError, match=rf"the supervisor \(pid {meta.pid}\) .* died") as e:
         attach(session.id)
+    assert "The last lines of its own log:\n    supervisor: " in str(e.value)  # not a path
+    assert session.path not in str(e.value)
 
 
 @pytest.mark.timeout(90)
