@@ -67,7 +67,7 @@ from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dump_exception, dumps, dumps_checked, loads, rebuild_exception
 from .errors import LaunchError, interrupted
-from .session import Session, SessionStatus
+from .session import Session, SessionStatus, let_go, make_current
 from .ui import View
 from .ui.stall import Stacks
 
@@ -863,6 +863,7 @@ class DetachedSession(Session):
             meta = record.read_meta(self.path)
         except OSError:
             self._closed = True
+            let_go(self)
             return
         try:
             self._call("close")
@@ -870,6 +871,7 @@ class DetachedSession(Session):
             if meta.pid is not None and record.supervisor_alive(meta):
                 os.kill(meta.pid, signal.SIGTERM)
         self._closed = True
+        let_go(self)
         deadline = time.monotonic() + 10
         while meta.pid is not None and record.supervisor_alive(meta):
             if time.monotonic() > deadline:
@@ -885,6 +887,7 @@ class DetachedSession(Session):
     def detach(self) -> None:
         """Stop using the session here: it goes on; ``attach(id)`` uses it again."""
         self._detached = True
+        let_go(self)
 
     def __del__(self) -> None:
         pass  # it lives on without this kernel
@@ -972,6 +975,7 @@ def attach_session(run_id: str, run_dir: str, dashboard: bool | str | View) -> D
     status = session.status()  # refused, or gone: said now
     print(f"notebook_launcher: attached to session {run_id}: {status}", flush=True)
     session._follow()
+    make_current(session)  # the magics' session from now on
     return session
 
 
