@@ -48,7 +48,7 @@ from ._events import Event, NodesWaiting
 from ._launch import slurm
 from ._launch.remote import AgentHub, ClusterPlan, RemoteNode, cluster_ranks, plan_cluster
 from ._wire.store import StoreProxy
-from .errors import ClusterError, PreflightError
+from .errors import ClusterError, PreflightError, at_callers_line
 
 #: Seconds the agents have to join once the scheduler started them.
 DEFAULT_JOIN_TIMEOUT = 120.0
@@ -77,9 +77,11 @@ class Cluster:
         join_timeout: float = DEFAULT_JOIN_TIMEOUT,
     ) -> None:
         if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-            raise ValueError(f"nodes must be a positive int, got {nodes!r}")
+            raise at_callers_line(ValueError(f"nodes must be a positive int, got {nodes!r}"))
         if not isinstance(gpus_per_node, int) or gpus_per_node < 0:
-            raise ValueError(f"gpus_per_node must be an int >= 0, got {gpus_per_node!r}")
+            raise at_callers_line(
+                ValueError(f"gpus_per_node must be an int >= 0, got {gpus_per_node!r}")
+            )
         self.num_nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.host = host

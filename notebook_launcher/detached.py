@@ -64,7 +64,7 @@ from ._launch.plan import LaunchPlan
 from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dumps, dumps_checked
-from .errors import LaunchError
+from .errors import LaunchError, at_callers_line
 from .ui import View, history_lines, replay
 
 #: Seconds between two looks at a followed run's log (the live dashboard's latency).
@@ -430,9 +430,11 @@ class RunHandle(TaskHandle):
     def result(self, timeout: float | None = None) -> Any:
         __tracebackhide__ = True  # the caller's frames, then the rank's
         if self.detached:
-            raise RuntimeError(
-                f"this kernel stopped following run {self.id}: "
-                f"notebook_launcher.attach({self.id!r}) follows it again"
+            raise at_callers_line(
+                RuntimeError(
+                    f"this kernel stopped following run {self.id}: "
+                    f"notebook_launcher.attach({self.id!r}) follows it again"
+                )
             )
         try:
             exc = Future.exception(self, timeout)

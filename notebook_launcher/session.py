@@ -476,12 +476,16 @@ class Session:
         """
         __tracebackhide__ = True
         if not names:
-            raise ValueError("compare(): name at least one variable, e.g. compare('model')")
+            raise at_callers_line(
+                ValueError("compare(): name at least one variable, e.g. compare('model')")
+            )
         odd = [n for n in names if not isinstance(n, str) or not n.strip()]
         if odd:
-            raise TypeError(
-                f"compare(): variables are named by strings, e.g. compare('model', 'rng'); "
-                f"got {odd[0]!r} ({type(odd[0]).__name__})"
+            raise at_callers_line(
+                TypeError(
+                    f"compare(): variables are named by strings, e.g. compare('model', 'rng'); "
+                    f"got {odd[0]!r} ({type(odd[0]).__name__})"
+                )
             )
         asked = sorted(self._ranks(ranks))
         rows = self.run(rank_compare.digests, list(names), ranks=asked)
