@@ -106,12 +106,21 @@ def notebook_launcher(
     devices: str | list[int] | tuple[int, ...] = "auto",
     detach: bool = False,
 ) -> Any:
-    """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
+    """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return their results.
 
     Accelerate's signature and meaning, so existing notebooks keep working. Each rank
     runs in its own process with ``torch.distributed`` initialised (NCCL, one GPU per
     rank, when GPUs are visible; gloo on CPU otherwise) and the usual env
     (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...).
+
+    ``args`` (a tuple) and ``kwargs`` (a dict, keyword only; Accelerate's launcher has no
+    such argument) are what every rank calls ``function`` with:
+    ``notebook_launcher(train, args=(model,), kwargs={"lr": 1e-3}, num_processes=2)``.
+    Ranks that are not forked get them pickled (cloudpickle), as they get ``function``.
+    ``mixed_precision`` (``"no"``, ``"fp16"``, ``"bf16"``) is Accelerate's;
+    ``use_port`` and ``master_addr`` are the rendezvous (a busy port is replaced by a free
+    one, said in the launch line; ``"auto"``: a free one); ``monitor_interval`` is accepted
+    and unused (the launcher waits on the ranks' exits instead of polling them).
 
     Returns the list of per-rank return values (index = rank on this node). If a rank
     fails, the caller gets that rank's own exception (with its traceback), or
@@ -161,7 +170,7 @@ def notebook_launcher(
     * ``"cpu"``: CPU ranks on gloo, the GPUs hidden from them.
     * ``[0, 2]``: those GPUs, one rank each (``num_processes`` may be left out).
 
-    Extras beyond Accelerate: ``kwargs`` for the function, ``start_method``
+    Extras beyond Accelerate: ``kwargs`` (above), ``start_method``
     (``None`` chooses: fork unless CUDA is initialised here, then a forkserver),
     ``dashboard`` (``"auto"``, ``True``, ``False``, or any object with the
     ``notebook_launcher.ui.View`` methods, which then receives every event), ``grace_period`` (seconds between

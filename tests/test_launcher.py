@@ -530,3 +530,16 @@ def test_the_package_launches_as_the_function_does() -> None:
     assert len(rec.of(LaunchFinished)) == 1
     with pytest.raises(PreflightError, match="num_processes"):  # its errors are the function's
         package(abs, args=(-3,), num_processes=0, dashboard=False)
+
+
+def test_every_argument_is_documented() -> None:
+    """``kwargs=`` was in the signature and nowhere said (issue 33, item 7): every argument
+    of ``notebook_launcher()`` is named in its docstring, and the README says ``kwargs=``."""
+    import inspect
+
+    doc = notebook_launcher.__doc__ or ""
+    for name in inspect.signature(notebook_launcher).parameters:
+        assert f"``{name}``" in doc or f"``{name}=" in doc, name
+    assert doc.startswith("Run ``function(*args, **kwargs)``")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "kwargs={" in readme
