@@ -309,12 +309,27 @@ class DistMagics:
             self._need_session().restart()  # says that the variables are lost
             return None
         if command == "stop":
-            if self.session is not None:
-                self.session.close()  # (no longer the current session)
+            said = []
+            session = self.session
+            if session is not None:
+                try:
+                    ranks = f"{session.world_size} ranks"
+                except LaunchError:  # no ranks to count (a restart that failed, a dead one)
+                    ranks = "its ranks"
+                session.close()  # (no longer the current session)
+                detached = getattr(session, "id", None)
+                said.append(
+                    f"session {detached} stopped: {ranks} and its supervisor ended, its "
+                    "record removed"
+                    if detached
+                    else f"session stopped: {ranks} ended"
+                )
             if self.cluster is not None:  # the job %dist start --slurm submitted ends
                 self.cluster.close()
                 self.cluster = None
+                said.append("the Slurm job %dist start --slurm submitted ended")
             self.auto_mode(False)
+            print("; ".join(said) if said else "no session to stop")
             return None
         if command == "auto":
             if args.names not in ([], ["on"], ["off"]):

@@ -346,4 +346,5 @@ def test_a_detached_sessions_cell_outlives_a_polite_end_of_its_kernel(
     for rank in (0, 1):
         assert f"[rank{rank}] step 39" in out, out
     assert f"whose kernel went away, ran on in session {run_id}: it returned" in out, out
+    assert f"session {run_id} stopped: 2 ranks and its supervisor ended" in out, out
     assert runs() == []

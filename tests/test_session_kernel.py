@@ -327,8 +327,11 @@ def test_dist_stop_leaves_no_rank() -> None:
         kernel.execute("%load_ext notebook_launcher")
         kernel.execute("%dist start -n 2 --start-method forkserver --dashboard False --port auto")
         pids = rank_pids(kernel)
-        assert kernel.execute("%dist stop").status == "ok"
+        stopped = kernel.execute("%dist stop")
+        assert stopped.status == "ok"
+        assert stopped.text == "session stopped: 2 ranks ended\n", stopped  # (issue 33, item 7)
         assert wait_gone(pids)
+        assert kernel.execute("%dist stop").text == "no session to stop\n"
         assert kernel.execute("%dist status").result == "'no session'"
         out = kernel.execute("%%distributed\nrank")
         assert (out.status, out.ename) == ("error", "UsageError")
