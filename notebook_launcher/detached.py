@@ -697,7 +697,8 @@ def runs() -> Runs:
     state (running, ok, failed, stopped, or "supervisor died": its supervisor ended
     without a word, killed or crashed, and its ranks with it), ranks, nodes (and a
     cluster run's job), where its record lives. Records of ended runs whose result nobody took go after
-    ``NOTEBOOK_LAUNCHER_RUN_RETENTION`` seconds (7 days).
+    ``NOTEBOOK_LAUNCHER_RUN_RETENTION`` seconds (7 days); that of a session whose supervisor
+    died, as soon as ``attach(id)`` said so (nothing of it can be had again).
 
     Example::
 
@@ -716,9 +717,14 @@ def runs() -> Runs:
         if meta.state == record.QUEUED and not meta.cluster:  # (its supervisor names it)
             meta.cluster = f"Slurm job {record.job_of(path)}, {meta.nodes} node(s)"
         info = RunInfo(meta.id, meta.function, meta.started, state, meta.ranks, path)
+        summary = meta.summary
+        if meta.kind == "session" and state == record.DIED:  # nothing of it can be had
+            summary = (
+                f"its ranks and variables are lost: attach({meta.id!r}) says why, and clears it"
+            )
         found.append(
             dataclasses.replace(
-                info, summary=meta.summary, kind=meta.kind, nodes=meta.nodes,
+                info, summary=summary, kind=meta.kind, nodes=meta.nodes,
                 cluster=meta.cluster, host=meta.host,
             )
         )  # fmt: skip

@@ -970,8 +970,10 @@ def attach_session(run_id: str, run_dir: str, dashboard: bool | str | View) -> D
             f"host. Attach from a kernel there: notebook_launcher.attach({run_id!r})"
         )
     session = DetachedSession(run_id, run_dir, dashboard)
-    if record.state_of(meta) == record.DIED:
-        raise session._gone()
+    if record.state_of(meta) == record.DIED:  # (on this host: the pid says it for sure)
+        error = session._gone()
+        record.remove(run_dir)  # said: nothing of it can be had again (no result, no ranks)
+        raise LaunchError(f"{error} Its record is cleared: runs() lists it no more.")
     status = session.status()  # refused, or gone: said now
     print(f"notebook_launcher: attached to session {run_id}: {status}", flush=True)
     session._follow()

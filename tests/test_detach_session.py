@@ -224,10 +224,15 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
     for pid in pids:
         _gone(pid, 2, f"rank pid {pid} to die with its supervisor")
     assert [r.state for r in runs()] == [record.DIED]
+    assert f"attach({session.id!r}) says why, and clears it" in str(runs())
     with pytest.raises(LaunchError, match=rf"the supervisor \(pid {meta.pid}\) .* died") as e:
         attach(session.id)
     assert "The last lines of its own log:\n    supervisor: " in str(e.value)  # not a path
     assert session.path not in str(e.value)
+    # said once, its record goes: nothing of a dead session can be had again, and runs()
+    # listed it for 7 days (issue 33, item 7)
+    assert "Its record is cleared" in str(e.value)
+    assert runs() == []
 
 
 @pytest.mark.timeout(90)
