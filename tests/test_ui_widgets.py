@@ -634,3 +634,28 @@ def test_a_long_history_read_to_its_latest_lines_draws_as_the_whole_log(
     assert shown[0] == shown[1]  # every line each buffer keeps, and the counts
     assert "earlier line(s) not kept" in shown[1][1]
     assert (1, "stderr", "started finished") in shown[1][0][2][0]  # rank 1 keeps it
+
+
+def test_the_barrier_table_never_blames_a_rank_the_launcher_stopped(log: Log) -> None:
+    """A barrier the run was stopped in: rank 0 waited, rank 1 was stopped before it came
+    (an interrupt; or collateral of rank 2's failure). The table said "rank 1 was stopped"
+    in red, a leftover blame (issue 33, item 7); it says why the barrier was not passed:
+    the rank that left by itself, or that the run was stopped."""
+    from notebook_launcher._events import BarrierEnter, LaunchFinished, WorkerFailed, WorkerStopped
+
+    def table(fail: bool) -> str:
+        log.clear()
+        events: list[Event] = [started(3), *[WorkerStarted(r, r, r, "cpu", T0) for r in range(3)]]
+        events.append(BarrierEnter(rank=0, index=0, location="a.py:4", kind="barrier", time=T0 + 1))
+        if fail:
+            events.append(WorkerFailed(2, "KeyError", "k", "", False, T0 + 2))
+        events += [WorkerStopped(rank=r, reason="interrupted", time=T0 + 3) for r in (0, 1, 2)]
+        events.append(LaunchFinished(False, "interrupted", None, 3.0, T0 + 3, interrupted=not fail))
+        view = run(events)
+        return text(value(frontend(log), view.barriers))
+
+    interrupted, failed = table(fail=False), table(fail=True)
+    for table_text in (interrupted, failed):
+        assert "rank 1 was stopped" not in table_text, table_text
+    assert interrupted.endswith("not passed: the run was stopped"), interrupted
+    assert failed.endswith("rank 2 raised KeyError"), failed

@@ -32,6 +32,7 @@ from .model import (
     RUNNING,
     STARTING,
     STOPPED,
+    STOPPED_REASON,
     WAITING,
     BarState,
     LaunchModel,
@@ -396,9 +397,11 @@ def barriers(m: LaunchModel, now: float, keep: int = 8, clock: Clock = fmt_durat
         took = rec.took()
         if rec.completed is not None:
             state = f"passed ({fmt_duration(took)})" if took is not None else "passed"
-        elif rec.left:
-            colour = RED
-            state = "; ".join(f"rank {r} {why}" for r, why in sorted(rec.left.items()))
+        elif rec.left:  # a rank the launcher stopped did not leave by its own doing
+            own = sorted((r, why) for r, why in rec.left.items() if why != STOPPED_REASON)
+            colour = RED if own else GREY
+            state = "; ".join(f"rank {r} {why}" for r, why in own)
+            state = state or "not passed: the run was stopped"
         elif rec.waiting():
             colour = WAITING_RING
             since = min(rec.arrived[r] for r in rec.waiting())
