@@ -397,7 +397,7 @@ def _cluster_launch(
     on its nodes; a detached run's supervisor does the same (``_supervise``)."""
     __tracebackhide__ = True
     try:
-        plan = cluster.plan(view.handle, num_processes, **options)
+        plan = cluster.plan(view.handle, num_processes, tick=view.tick, **options)
     except BaseException as exc:  # the nodes could not be had: said, then raised
         never = RunEnd("launch", (), 0, start_error=exc)
         view.handle(finished_event(never, decide(never)))

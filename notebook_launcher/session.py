@@ -289,6 +289,7 @@ class Session:
             session=True,
             devices=options.get("devices", "auto"),
             renew=renew,
+            tick=view.tick,
         )
 
     def _view(self, dashboard: Any = None) -> View:
