@@ -111,6 +111,9 @@ PHASES = {
 RUNNING_PHASES = {
     "wrapping": "wrapping the model in DDP",
 }
+#: A running rank's phase that starts with this is said as it is: ``importing transformers``
+#: (``_worker.doing``: the imports of a task's first seconds).
+IMPORTING = "importing "
 
 
 @dataclass(frozen=True)

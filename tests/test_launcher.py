@@ -6,6 +6,7 @@ import os
 import runpy
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -543,3 +544,50 @@ def test_every_argument_is_documented() -> None:
     assert doc.startswith("Run ``function(*args, **kwargs)``")
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "kwargs={" in readme
+
+
+def _imports_the_slow_module() -> int:
+    import nl_slow_import  # noqa: F401 - its import waits for the test's flag
+
+    return 1
+
+
+def test_a_rank_says_what_it_imports_in_its_first_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lesson 06's ranks read "running" for 15 s while they imported transformers (issue 33,
+    item 7): a rank inside an import says so ("importing nl_slow_import"), and that it is
+    over. The import here lasts until the test saw both ranks say it."""
+    from notebook_launcher._events import WorkerPhase
+    from notebook_launcher.ui.model import LaunchModel
+
+    from .helpers import wait_until
+
+    flag = tmp_path / "go"
+    (tmp_path / "nl_slow_import").mkdir()
+    (tmp_path / "nl_slow_import" / "__init__.py").write_text(
+        f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.02)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = Recorder()
+    handle = notebook_launcher(
+        _imports_the_slow_module, num_processes=2, dashboard=rec, block=False, start_method="fork"
+    )
+    try:
+
+        def said() -> set[int]:
+            return {e.rank for e in rec.of(WorkerPhase) if e.phase == "importing nl_slow_import"}
+
+        wait_until(lambda: said() == {0, 1}, 30, "both ranks to say what they import")
+        model = LaunchModel()
+        for event in list(rec.events):
+            model.apply(event)
+        assert [model.ranks[r].status_text(time.time()) for r in (0, 1)] == [
+            "importing nl_slow_import"
+        ] * 2
+    finally:
+        flag.write_text("")
+    assert handle.result(timeout=30) == [1, 1]
+    for rank in (0, 1):  # then that it is over
+        phases = [e.phase for e in rec.of(WorkerPhase) if e.rank == rank]
+        assert phases[-2:] == ["importing nl_slow_import", ""], phases

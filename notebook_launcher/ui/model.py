@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._events import (
+    IMPORTING,
     PHASES,
     RUNNING_PHASES,
     BarrierEnter,
@@ -394,8 +395,8 @@ class RankState:
     #: (joining) how many ranks have come to the group so far: ``3/8 joined``
     phase: str = ""
     phase_since: float | None = None
-    #: while it runs: a :data:`~notebook_launcher._events.RUNNING_PHASES` key ("" for the
-    #: user's own code)
+    #: while it runs: a :data:`~notebook_launcher._events.RUNNING_PHASES` key, or what it
+    #: imports (``importing transformers``); "" for the user's own code
     activity: str = ""
     joined: str = ""
     started: float | None = None
@@ -479,7 +480,7 @@ class RankState:
         if self.status == STARTING and self.phase:
             return PHASES.get(self.phase, self.phase) + self.joined_note()
         if self.status == RUNNING and self.activity:
-            return RUNNING_PHASES[self.activity]
+            return RUNNING_PHASES.get(self.activity, self.activity)  # or "importing x"
         return self.status
 
     def joined_note(self) -> str:
@@ -761,7 +762,9 @@ class LaunchModel:
 
     def _on_WorkerPhase(self, e: WorkerPhase) -> list[Change]:
         s = self.rank(e.rank)
-        if s.status in (RUNNING, WAITING) and (e.phase in RUNNING_PHASES or not e.phase):
+        if s.status in (RUNNING, WAITING) and (
+            e.phase in RUNNING_PHASES or not e.phase or e.phase.startswith(IMPORTING)
+        ):
             s.activity = e.phase  # e.g. wrapping the model in DDP; "" once done
             return [("rank", e.rank)]
         if s.status != STARTING:  # it started (or ended) already: nothing to show
