@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._events import (
+    FollowingStopped,
     LaunchFinished,
     LaunchRestarting,
     LaunchStarted,
@@ -507,8 +508,9 @@ class _Follower:
     def follow(self) -> None:
         try:
             while not self.ended:
-                if self.handle.detached:
+                if self.handle.detached:  # what it shows stays, and says so
                     self.reader.close()
+                    self.view.handle(FollowingStopped(time.time()))
                     self.view.close()
                     return
                 time.sleep(POLL)

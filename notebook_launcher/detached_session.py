@@ -61,6 +61,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ._events import FollowingStopped, LaunchStarted
 from ._launch import detach as record
 from ._launch.detach import Meta
 from ._launch.session import TaskHandle
@@ -724,7 +725,7 @@ class DetachedSession(Session):
                     view.tick()
             elif frame[0] == "event":
                 if view is not None:
-                    view.handle(frame[1])
+                    view.handle(self._named(frame[1]))
             else:
                 return frame
 
@@ -742,6 +743,8 @@ class DetachedSession(Session):
                 try:
                     frame = frames.next(TICK)
                 except KeyboardInterrupt:
+                    if view is not None:  # what it shows stays, and says so
+                        view.handle(FollowingStopped(time.time()))
                     raise KeyboardInterrupt(
                         f"stopped following the task that runs in session {self.id} (it goes "
                         f"on): notebook_launcher.attach({self.id!r}) follows it again"
@@ -752,12 +755,12 @@ class DetachedSession(Session):
                 elif frame[0] == "event":
                     if view is None:
                         view = self._view()
-                    view.handle(frame[1])
+                    view.handle(self._named(frame[1]))
                 elif frame[0] == "missed":
                     _, label, events, summary = frame
                     shown = self._view()
                     for event in events:
-                        shown.handle(event)
+                        shown.handle(self._named(event))
                     shown.close()
                     print(self._while_away(label, summary), flush=True)
                 elif frame[0] == "refused":
@@ -775,6 +778,13 @@ class DetachedSession(Session):
             sock.close()
             if view is not None:
                 view.close()
+
+    def _named(self, event: Any) -> Any:
+        """``event``, a task's start naming this session (a view left behind says which
+        session to attach to)."""
+        if isinstance(event, LaunchStarted) and not event.detached:
+            return dataclasses.replace(event, detached=self.id)
+        return event
 
     def _while_away(self, label: str, summary: str) -> str:
         return (

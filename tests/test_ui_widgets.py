@@ -659,3 +659,34 @@ def test_the_barrier_table_never_blames_a_rank_the_launcher_stopped(log: Log) ->
         assert "rank 1 was stopped" not in table_text, table_text
     assert interrupted.endswith("not passed: the run was stopped"), interrupted
     assert failed.endswith("rank 2 raised KeyError"), failed
+
+
+def test_a_view_that_stopped_following_says_what_it_is(log: Log) -> None:
+    """Ctrl-C in a detached run's ``result()``: the run goes on, its view stops following.
+    Its static copy froze at "running 32.0s" (issue 33, item 4); it says what it is. A live
+    view carries the same words, hidden until its widgets lose their kernel (a restart):
+    then ipywidgets marks them ``jupyter-widgets-disconnected``, which shows them instead of
+    the clock (tests/test_browser.py sees it in JupyterLab)."""
+    import dataclasses
+    import time
+
+    from notebook_launcher._events import FollowingStopped, LaunchStarted
+
+    events = [dataclasses.replace(e, detached="3fa9c1") if isinstance(e, LaunchStarted) else e
+              for e in script(2)[:6]]  # fmt: skip
+    shown = Shown()
+    view = run([*events, FollowingStopped(T0 + 7)], display=shown)
+    snapshot = text(shown.calls[-1][0]["text/html"])
+    when = time.strftime("%H:%M:%S", time.localtime(T0 + 7))
+    note = f"detached run 3fa9c1 · this view stopped following at {when} · attach('3fa9c1')"
+    assert note in snapshot and "stopped following after 7.0s" in snapshot, snapshot
+    assert "running 7" not in snapshot, snapshot
+    live = WidgetView(clock=Clock(T0 + 3), display=False)
+    for event in events:
+        live.handle(event)
+    live.flush(T0 + 3)
+    head = value(frontend(log), live.header)
+    assert "class='nl-clock'" in head and "class='nl-orphan' style='display:none" in head, head
+    assert "detached run 3fa9c1 · this view stopped following at " in text(head), head
+    assert ".jupyter-widgets-disconnected .nl-orphan{display:block!important}" in head
+    assert view.model.stopped_following == T0 + 7

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import string
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from .._events import (
     BarrierEnter,
     BarrierExit,
     Event,
+    FollowingStopped,
     LaunchFinished,
     LaunchRestarting,
     LaunchStarted,
@@ -510,6 +512,8 @@ class LaunchModel:
         self.rendezvous: RendezvousStarted | None = None
         #: a launch on a cluster: what the kernel last heard while it waited for the nodes
         self.nodes_waiting: NodesWaiting | None = None
+        #: when this view stopped following the run (which goes on without it)
+        self.stopped_following: float | None = None
         #: ``max_restarts``: every restart so far, oldest first
         self.restarts: list[LaunchRestarting] = []
         self.ranks: dict[int, RankState] = {}
@@ -664,6 +668,18 @@ class LaunchModel:
             return f"{head}: failed: rank {cause.rank} {cause.outcome()}"
         return f"{head}: failed: {self.finished.summary}"
 
+    def left_behind(self, at: float) -> str:
+        """What a view says of itself once it no longer follows its run (``at``: since
+        when): ``detached run 3fa9c1 · this view stopped following at 12:03:07 ·
+        attach('3fa9c1')``; the kernel's own ranks end with the kernel instead."""
+        when = time.strftime("%H:%M:%S", time.localtime(at))
+        s = self.started
+        if s is not None and s.detached:
+            run = s.detached
+            what = f"detached session {run} ({s.task})" if s.task else f"detached run {run}"
+            return f"{what} \u00b7 this view stopped following at {when} \u00b7 attach({run!r})"
+        return f"this view stopped at {when}: its kernel went away, and its ranks with it"
+
     def restart_text(self) -> str:
         """``restart 2 of 3 (rank 1 (pid 12) died: killed by SIGKILL(-9))``; empty before
         any restart."""
@@ -728,6 +744,11 @@ class LaunchModel:
         self.rendezvous = e
         if self.start_time is None:
             self.start_time = e.time
+        return [("launch",)]
+
+    def _on_FollowingStopped(self, e: FollowingStopped) -> list[Change]:
+        if self.finished is None:  # (an end seen first is the end)
+            self.stopped_following = e.time
         return [("launch",)]
 
     def _on_NodesWaiting(self, e: NodesWaiting) -> list[Change]:
@@ -1038,6 +1059,7 @@ class LaunchModel:
 HANDLERS: dict[type, Callable[[LaunchModel, Any], list[Change]]] = {
     RendezvousStarted: LaunchModel._on_RendezvousStarted,
     NodesWaiting: LaunchModel._on_NodesWaiting,
+    FollowingStopped: LaunchModel._on_FollowingStopped,
     LaunchStarted: LaunchModel._on_LaunchStarted,
     LaunchRestarting: LaunchModel._on_LaunchRestarting,
     WorkerPhase: LaunchModel._on_WorkerPhase,
