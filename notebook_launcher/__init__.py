@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
@@ -107,6 +108,26 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # after importing: the submodule import rebinds nothing here
     return value
+
+
+class _Package(types.ModuleType):
+    """The package, callable as its function.
+
+    ``from notebook_launcher import notebook_launcher`` names the function; a later
+    ``import notebook_launcher`` (for ``notebook_launcher.runs()``, say) rebinds that name
+    to the package, and the next ``notebook_launcher(train, num_processes=2)`` would raise
+    "'module' object is not callable". Either name does what the other does: the package
+    calls the function, and the function carries the package's verbs (``start``,
+    ``runs``, ``attach``, ``log``: ``launcher.py``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # the caller's line, then the ranks', as the function's
+        return self.notebook_launcher(*args, **kwargs)
+
+
+# (the documented way to give a module behaviour of a class: the data model's
+# "Customizing module attribute access"; nothing else of the module changes)
+sys.modules[__name__].__class__ = _Package
 
 
 def load_ipython_extension(ip: Any) -> None:

@@ -111,6 +111,9 @@ PHASES = {
 RUNNING_PHASES = {
     "wrapping": "wrapping the model in DDP",
 }
+#: A running rank's phase that starts with this is said as it is: ``importing transformers``
+#: (``_worker.doing``: the imports of a task's first seconds).
+IMPORTING = "importing "
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,14 @@ class StallOver:
     time: float
 
 
+@dataclass(frozen=True)
+class FollowingStopped:
+    """This view stopped following its run, which goes on without it (Ctrl-C in a detached
+    run's ``result()``, a session task's follow): what it shows stays, and says so."""
+
+    time: float
+
+
 Event = (
     RendezvousStarted
     | NodesWaiting
@@ -355,12 +366,15 @@ Event = (
     | StacksTaken
     | StallOver
     | LaunchFinished
+    | FollowingStopped
 )
 
 __all__ = [
     "BarrierEnter",
     "BarrierExit",
     "Event",
+    "FollowingStopped",
+    "IMPORTING",
     "LaunchFinished",
     "LaunchRestarting",
     "LaunchStarted",

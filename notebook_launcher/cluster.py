@@ -48,7 +48,7 @@ from ._events import Event, NodesWaiting
 from ._launch import slurm
 from ._launch.remote import AgentHub, ClusterPlan, RemoteNode, cluster_ranks, plan_cluster
 from ._wire.store import StoreProxy
-from .errors import ClusterError, PreflightError
+from .errors import ClusterError, PreflightError, at_callers_line
 
 #: Seconds the agents have to join once the scheduler started them.
 DEFAULT_JOIN_TIMEOUT = 120.0
@@ -77,9 +77,11 @@ class Cluster:
         join_timeout: float = DEFAULT_JOIN_TIMEOUT,
     ) -> None:
         if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-            raise ValueError(f"nodes must be a positive int, got {nodes!r}")
+            raise at_callers_line(ValueError(f"nodes must be a positive int, got {nodes!r}"))
         if not isinstance(gpus_per_node, int) or gpus_per_node < 0:
-            raise ValueError(f"gpus_per_node must be an int >= 0, got {gpus_per_node!r}")
+            raise at_callers_line(
+                ValueError(f"gpus_per_node must be an int >= 0, got {gpus_per_node!r}")
+            )
         self.num_nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.host = host
@@ -124,9 +126,15 @@ class Cluster:
     def running(self) -> bool:
         return self._hub is not None
 
-    def start(self, report: Callable[[Event], None] | None = None) -> None:
+    def start(
+        self,
+        report: Callable[[Event], None] | None = None,
+        tick: Callable[[], None] | None = None,
+    ) -> None:
         """Start the agents and wait until every node's agent joined (idempotent). Ctrl-C
-        while waiting cancels what was started (a queued Slurm job is cancelled)."""
+        while waiting cancels what was started (a queued Slurm job is cancelled).
+        ``report`` is told of the wait whenever it changes; ``tick`` is called every half
+        second of it (a view's clock: nothing else moves while the job waits)."""
         if self.running:
             return
         tell = report or (lambda event: None)
@@ -136,15 +144,17 @@ class Cluster:
             self._start_agents(hub, tell)
             last: list[Any] = [None]
 
-            def tick() -> None:
+            def waited() -> None:
                 event = self._waiting(len(hub.nodes))
                 key = (event.state, event.joined)
                 if key != last[0]:
                     last[0] = key
                     tell(event)
+                if tick is not None:
+                    tick()
 
-            tick()
-            nodes = hub.wait_for(self.num_nodes, self._join_budget(), self._check, tick)
+            waited()
+            nodes = hub.wait_for(self.num_nodes, self._join_budget(), self._check, waited)
             self._check_nodes(nodes)
             self._nodes = nodes
             self._store = _store_server()
@@ -254,13 +264,15 @@ class Cluster:
         num_processes: int | None,
         *,
         renew: bool = False,
+        tick: Callable[[], None] | None = None,
         **options: Any,
     ) -> ClusterPlan:
         """The plan of a launch or a session (``options``: ``plan_cluster``'s) on this
         cluster's nodes, started if need be (``report`` is told of the wait). What can be
         checked without the nodes is checked first: no job is submitted for a launch that
         could not run. ``renew``: a cluster that lost nodes starts again on fresh ones,
-        saying so (what a session's ``restart()`` asks for), instead of raising."""
+        saying so (what a session's ``restart()`` asks for), instead of raising. ``tick``:
+        called all along the wait for the nodes (see :meth:`start`)."""
         __tracebackhide__ = True
         cluster_ranks(
             num_processes,
@@ -269,7 +281,7 @@ class Cluster:
             devices=options.get("devices", "auto"),
         )
         return plan_cluster(
-            self.nodes_for_launch(report, renew=renew),
+            self.nodes_for_launch(report, renew=renew, tick=tick),
             self.store_address,
             self._store_key,
             self.launches,
@@ -280,12 +292,16 @@ class Cluster:
         )
 
     def nodes_for_launch(
-        self, report: Callable[[Event], None] | None = None, *, renew: bool = False
+        self,
+        report: Callable[[Event], None] | None = None,
+        *,
+        renew: bool = False,
+        tick: Callable[[], None] | None = None,
     ) -> list[RemoteNode]:
         """The nodes, started if needed; :class:`ClusterError` when one is gone (saying why,
         with what the scheduler says of the job) -- or, with ``renew``, the nodes of the
         cluster started again."""
-        self.start(report)
+        self.start(report, tick)
         for node in self._nodes:
             _notice_gone(node)
         gone = [n for n in self._nodes if n.gone is not None]
@@ -305,7 +321,7 @@ class Cluster:
                 "starting it again on fresh nodes",
                 file=sys.stderr,
             )
-            self.start(report)
+            self.start(report, tick)
         self.launches += 1
         return list(self._nodes)
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._events import (
+    FollowingStopped,
     LaunchFinished,
     LaunchRestarting,
     LaunchStarted,
@@ -64,7 +65,7 @@ from ._launch.plan import LaunchPlan
 from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dumps, dumps_checked
-from .errors import LaunchError
+from .errors import LaunchError, at_callers_line
 from .ui import View, history_lines, replay
 
 #: Seconds between two looks at a followed run's log (the live dashboard's latency).
@@ -430,9 +431,11 @@ class RunHandle(TaskHandle):
     def result(self, timeout: float | None = None) -> Any:
         __tracebackhide__ = True  # the caller's frames, then the rank's
         if self.detached:
-            raise RuntimeError(
-                f"this kernel stopped following run {self.id}: "
-                f"notebook_launcher.attach({self.id!r}) follows it again"
+            raise at_callers_line(
+                RuntimeError(
+                    f"this kernel stopped following run {self.id}: "
+                    f"notebook_launcher.attach({self.id!r}) follows it again"
+                )
             )
         try:
             exc = Future.exception(self, timeout)
@@ -505,8 +508,9 @@ class _Follower:
     def follow(self) -> None:
         try:
             while not self.ended:
-                if self.handle.detached:
+                if self.handle.detached:  # what it shows stays, and says so
                     self.reader.close()
+                    self.view.handle(FollowingStopped(time.time()))
                     self.view.close()
                     return
                 time.sleep(POLL)
@@ -540,8 +544,7 @@ class _Follower:
             silent = f" (no heartbeat for over {record.HEARTBEAT_STALE:.0f} s)" if where else ""
             why = (
                 f"the supervisor (pid {meta.pid}{where}) of run {meta.id} died before the "
-                f"run ended{silent}: its ranks were ended with it. Its own log may say "
-                f"why: {os.path.join(self.run_dir, record.LOG)}"
+                f"run ended{silent}: its ranks were ended with it. " + record.log_said(self.run_dir)
             )
             wall = time.time() - meta.started
             self.view.handle(LaunchFinished(False, why, None, wall, time.time()))
@@ -696,7 +699,8 @@ def runs() -> Runs:
     state (running, ok, failed, stopped, or "supervisor died": its supervisor ended
     without a word, killed or crashed, and its ranks with it), ranks, nodes (and a
     cluster run's job), where its record lives. Records of ended runs whose result nobody took go after
-    ``NOTEBOOK_LAUNCHER_RUN_RETENTION`` seconds (7 days).
+    ``NOTEBOOK_LAUNCHER_RUN_RETENTION`` seconds (7 days); that of a session whose supervisor
+    died, as soon as ``attach(id)`` said so (nothing of it can be had again).
 
     Example::
 
@@ -715,9 +719,14 @@ def runs() -> Runs:
         if meta.state == record.QUEUED and not meta.cluster:  # (its supervisor names it)
             meta.cluster = f"Slurm job {record.job_of(path)}, {meta.nodes} node(s)"
         info = RunInfo(meta.id, meta.function, meta.started, state, meta.ranks, path)
+        summary = meta.summary
+        if meta.kind == "session" and state == record.DIED:  # nothing of it can be had
+            summary = (
+                f"its ranks and variables are lost: attach({meta.id!r}) says why, and clears it"
+            )
         found.append(
             dataclasses.replace(
-                info, summary=meta.summary, kind=meta.kind, nodes=meta.nodes,
+                info, summary=summary, kind=meta.kind, nodes=meta.nodes,
                 cluster=meta.cluster, host=meta.host,
             )
         )  # fmt: skip

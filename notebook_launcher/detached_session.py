@@ -24,7 +24,8 @@ record (``_launch.detach``). The socket's protocol, client and server, is this m
 
 Every event is appended to the record's ``events.log`` as well, and sent to the connection
 whose call runs: a kernel that dies mid-cell loses neither the session nor the cell's
-output. The supervisor keeps the events of a task whose kernel went away; the next
+output, however it ends (a kernel shut down or restarted politely is interrupted first by
+jupyter_client: that Ctrl-C is not sent on, see ``_kernel_ending``). The supervisor keeps the events of a task whose kernel went away; the next
 ``attach`` (its "follow" call) shows them, then follows that task live to its end, and
 says how it ended. The ranks die with the supervisor (their parent-death signal); a
 supervisor that died is said on the next call or attach.
@@ -60,13 +61,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ._events import FollowingStopped, LaunchStarted
 from ._launch import detach as record
 from ._launch.detach import Meta
 from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dump_exception, dumps, dumps_checked, loads, rebuild_exception
 from .errors import LaunchError, interrupted
-from .session import Session, SessionStatus
+from .session import Session, SessionStatus, let_go, make_current
 from .ui import View
 from .ui.stall import Stacks
 
@@ -85,6 +87,10 @@ BESIDE = ("interrupt", "stacks", "status")
 KEPT_EVENTS = 100_000
 #: Tasks whose kernel went away that the supervisor keeps for the next attach to show.
 KEPT_TASKS = 10
+
+#: Seconds a Ctrl-C in a session's cell waits, in a Jupyter kernel, for the kernel's
+#: shutdown that may follow it (``_kernel_ending``): the task is interrupted after that.
+SHUTDOWN_WINDOW = 0.5
 
 #: The length of a session's secret.
 SECRET_BYTES = 32
@@ -157,6 +163,28 @@ class _Frames:
                 chunk = self.sock.recv(1 << 20)
                 self.buffer += chunk
                 self.eof = not chunk
+
+
+def _kernel_ending(window: float = SHUTDOWN_WINDOW) -> bool:
+    """Whether the Ctrl-C just caught opens this Jupyter kernel's end rather than comes
+    from the user: jupyter_client's shutdown and restart (JupyterLab's Kernel -> Restart,
+    Shut Down, closing the notebook) interrupt the kernel first, then send it a
+    ``shutdown_request``, which ipykernel's control thread answers by setting the shell's
+    ``exit_now`` while this (the main) thread still waits. Watched for ``window`` seconds;
+    False at once outside an ipykernel, and on a second Ctrl-C meanwhile (the user's)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False
+    deadline = time.monotonic() + window
+    try:
+        while not getattr(shell, "exit_now", False):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+    except KeyboardInterrupt:  # pressed again: the user's, and meant
+        return False
+    return True
 
 
 def _peer_gone(sock: socket.socket) -> bool:
@@ -684,6 +712,11 @@ class DetachedSession(Session):
             except KeyboardInterrupt:
                 if not interrupts:
                     raise
+                if _kernel_ending():  # not the user's: the task goes on without this kernel
+                    raise KeyboardInterrupt(
+                        f"the kernel is shutting down: the task goes on in session {self.id}; "
+                        f"notebook_launcher.attach({self.id!r}) shows it from the next kernel"
+                    ) from None
                 with contextlib.suppress(OSError):
                     _send(sock, ("interrupt",))
                 continue
@@ -692,7 +725,7 @@ class DetachedSession(Session):
                     view.tick()
             elif frame[0] == "event":
                 if view is not None:
-                    view.handle(frame[1])
+                    view.handle(self._named(frame[1]))
             else:
                 return frame
 
@@ -710,6 +743,8 @@ class DetachedSession(Session):
                 try:
                     frame = frames.next(TICK)
                 except KeyboardInterrupt:
+                    if view is not None:  # what it shows stays, and says so
+                        view.handle(FollowingStopped(time.time()))
                     raise KeyboardInterrupt(
                         f"stopped following the task that runs in session {self.id} (it goes "
                         f"on): notebook_launcher.attach({self.id!r}) follows it again"
@@ -720,12 +755,12 @@ class DetachedSession(Session):
                 elif frame[0] == "event":
                     if view is None:
                         view = self._view()
-                    view.handle(frame[1])
+                    view.handle(self._named(frame[1]))
                 elif frame[0] == "missed":
                     _, label, events, summary = frame
                     shown = self._view()
                     for event in events:
-                        shown.handle(event)
+                        shown.handle(self._named(event))
                     shown.close()
                     print(self._while_away(label, summary), flush=True)
                 elif frame[0] == "refused":
@@ -743,6 +778,13 @@ class DetachedSession(Session):
             sock.close()
             if view is not None:
                 view.close()
+
+    def _named(self, event: Any) -> Any:
+        """``event``, a task's start naming this session (a view left behind says which
+        session to attach to)."""
+        if isinstance(event, LaunchStarted) and not event.detached:
+            return dataclasses.replace(event, detached=self.id)
+        return event
 
     def _while_away(self, label: str, summary: str) -> str:
         return (
@@ -762,8 +804,8 @@ class DetachedSession(Session):
         if not record.supervisor_alive(meta):
             return LaunchError(
                 f"the supervisor (pid {meta.pid}) of session {self.id} died: its ranks were "
-                "ended with it and their variables are lost. Its own log may say why: "
-                f"{os.path.join(self.path, record.LOG)}. Start a new session."
+                "ended with it and their variables are lost; start a new session. "
+                + record.log_said(self.path)
             )
         return LaunchError(
             f"session {self.id}'s supervisor (pid {meta.pid}) does not answer at "
@@ -831,6 +873,7 @@ class DetachedSession(Session):
             meta = record.read_meta(self.path)
         except OSError:
             self._closed = True
+            let_go(self)
             return
         try:
             self._call("close")
@@ -838,6 +881,7 @@ class DetachedSession(Session):
             if meta.pid is not None and record.supervisor_alive(meta):
                 os.kill(meta.pid, signal.SIGTERM)
         self._closed = True
+        let_go(self)
         deadline = time.monotonic() + 10
         while meta.pid is not None and record.supervisor_alive(meta):
             if time.monotonic() > deadline:
@@ -853,6 +897,7 @@ class DetachedSession(Session):
     def detach(self) -> None:
         """Stop using the session here: it goes on; ``attach(id)`` uses it again."""
         self._detached = True
+        let_go(self)
 
     def __del__(self) -> None:
         pass  # it lives on without this kernel
@@ -935,11 +980,14 @@ def attach_session(run_id: str, run_dir: str, dashboard: bool | str | View) -> D
             f"host. Attach from a kernel there: notebook_launcher.attach({run_id!r})"
         )
     session = DetachedSession(run_id, run_dir, dashboard)
-    if record.state_of(meta) == record.DIED:
-        raise session._gone()
+    if record.state_of(meta) == record.DIED:  # (on this host: the pid says it for sure)
+        error = session._gone()
+        record.remove(run_dir)  # said: nothing of it can be had again (no result, no ranks)
+        raise LaunchError(f"{error} Its record is cleared: runs() lists it no more.")
     status = session.status()  # refused, or gone: said now
     print(f"notebook_launcher: attached to session {run_id}: {status}", flush=True)
     session._follow()
+    make_current(session)  # the magics' session from now on
     return session
 
 

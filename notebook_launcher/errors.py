@@ -62,22 +62,73 @@ class LaunchError(RuntimeError):
     """A launch could not start, or one of its ranks failed."""
 
     def _render_traceback_(self) -> list[str]:
-        """IPython's own rendering of this error (``%xmode`` included), ending at the last
-        frame that is not the launcher's: IPython hides frames marked
-        ``__tracebackhide__`` but always shows the last one, which for an error the
-        launcher raised itself (a rank died, left, or sent back what cannot be rebuilt) is
-        ``notebook_launcher()``'s ``raise``. IPython calls this on the error it displays."""
+        """IPython's rendering of this error (it calls this on the error it displays):
+        the caller's frames, up to the line that called the launcher, then the sentence
+        (see :func:`_render_to_caller`). A plain Python traceback shows every frame."""
         return _render_to_caller(self)
 
 
 def _render_to_caller(exc: BaseException) -> list[str]:
+    """``exc`` as IPython shows it, ending at the caller's line.
+
+    An error the launcher raises in words (a refused argument, a function that cannot be
+    pickled, a rank that died) is the user's to act on, and its sentence says how: the
+    user's frames, down to the line that called the launcher, then that sentence -- none
+    of the launcher's frames, nor the exception it was raised from (its message quotes
+    what matters). A rank's error (its frames stand in for the rank's) keeps them, less
+    the launcher's trailing hidden frames (IPython always shows the last frame, hidden or
+    not). ``%xmode Verbose`` shows everything, as IPython would."""
     from IPython import get_ipython
 
     shell = get_ipython()
     if shell is None:
         raise RuntimeError("_render_traceback_ is IPython's hook")
-    tb = _without_trailing_hidden_frames(exc.__traceback__)
-    return list(shell.InteractiveTB.structured_traceback(type(exc), exc, tb))
+    render = shell.InteractiveTB.structured_traceback
+    if getattr(shell.InteractiveTB, "mode", "") == "Verbose":
+        return list(render(type(exc), exc, exc.__traceback__))
+    tb = _to_callers_line(exc.__traceback__)
+    if tb is None:  # a rank's frames, or nothing of the caller's
+        return list(render(type(exc), exc, _without_trailing_hidden_frames(exc.__traceback__)))
+    cause, context, suppress = exc.__cause__, exc.__context__, exc.__suppress_context__
+    exc.__cause__, exc.__context__, exc.__suppress_context__ = None, None, True
+    try:
+        return list(render(type(exc), exc, tb))
+    finally:
+        exc.__cause__, exc.__context__, exc.__suppress_context__ = cause, context, suppress
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: the module name of the frames that stand in for a rank's (``_serialization``)
+_RANK_FRAMES = "__rank__"
+
+
+def _to_callers_line(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` up to the last of the user's own frames before the launcher's first: the
+    line that called it (through a library, such as IPython's magics, or not). None when
+    ``tb`` holds a rank's frames, or nothing of the user's before the launcher's."""
+    entries = []
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") == _RANK_FRAMES:
+            return None
+        entries.append(tb)
+        tb = tb.tb_next
+    ours = next(
+        (
+            i
+            for i, e in enumerate(entries)
+            if e.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+        ),
+        len(entries),
+    )
+    users = [
+        i for i in range(ours) if library_module(entries[i].tb_frame.f_code.co_filename) is None
+    ]
+    if not users or users[-1] == 0:  # (the first frame is IPython's run_code, never shown)
+        return None
+    out: TracebackType | None = None
+    for entry in reversed(entries[: users[-1] + 1]):
+        out = TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return out
 
 
 _E = TypeVar("_E", bound=BaseException)
@@ -85,7 +136,8 @@ _E = TypeVar("_E", bound=BaseException)
 
 def at_callers_line(exc: _E) -> _E:
     """``exc``, rendered by IPython up to the caller's line (the launcher's frames that
-    raised it left out, as for :class:`LaunchError`), whatever its type."""
+    raised it left out, as for :class:`LaunchError`), whatever its type: for an error of
+    the user's (a refused argument) raised as a ``ValueError`` or a ``TypeError``."""
     exc._render_traceback_ = functools.partial(_render_to_caller, exc)  # type: ignore[attr-defined]
     return exc
 

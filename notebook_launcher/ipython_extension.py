@@ -230,14 +230,28 @@ def _seconds_or_none(text: str) -> float | None:
 
 
 class DistMagics:
-    """The magics' state: the notebook's session and the auto mode."""
+    """The magics' state: the auto mode, and the cluster ``--slurm`` made; the session is
+    the kernel's current one (``session.current()``)."""
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
-        self.session: Any = None
         self.auto = False
         #: the cluster ``%dist start --slurm`` made (it ends with ``%dist stop``)
         self.cluster: Any = None
+
+    @property
+    def session(self) -> Any:
+        """The kernel's current session, whichever way it was made (``start()``,
+        ``attach(id)``, ``%dist start``, ``%dist attach``): one kernel, one session."""
+        from .session import current
+
+        return current()
+
+    @session.setter
+    def session(self, session: Any) -> None:
+        from .session import make_current
+
+        make_current(session)  # (closing, stopping or letting go of it is what ends that)
 
     def _need_session(self) -> Any:
         if self.session is None:
@@ -272,9 +286,13 @@ class DistMagics:
 
             if len(args.names) != 1:
                 raise UsageError("%dist attach ID (%dist runs lists the ids)")
+            before = self.session
             found = attach(args.names[0], dashboard=args.dashboard)
             if hasattr(found, "detach") and hasattr(found, "run_cell"):  # a session's id
-                if getattr(self.session, "id", None) != found.id:  # (this one again: fine)
+                if getattr(before, "id", None) != found.id and _running(before):
+                    from .session import let_go
+
+                    let_go(found)  # attach made it current: the one before stays so
                     self._check_no_session()
                 self.session = found  # what %%distributed & co. use from now on
                 return None
@@ -286,21 +304,34 @@ class DistMagics:
                     "%dist detach: no detached session here (start one with "
                     "%dist start -n 2 --detach, or %dist attach ID)"
                 )
-            detach()
-            self.session = None
+            detach()  # (no longer the current session)
             self.auto_mode(False)
             return None
         if command == "restart":
             self._need_session().restart()  # says that the variables are lost
             return None
         if command == "stop":
-            if self.session is not None:
-                self.session.close()
-                self.session = None
+            said = []
+            session = self.session
+            if session is not None:
+                try:
+                    ranks = f"{session.world_size} ranks"
+                except LaunchError:  # no ranks to count (a restart that failed, a dead one)
+                    ranks = "its ranks"
+                session.close()  # (no longer the current session)
+                detached = getattr(session, "id", None)
+                said.append(
+                    f"session {detached} stopped: {ranks} and its supervisor ended, its "
+                    "record removed"
+                    if detached
+                    else f"session stopped: {ranks} ended"
+                )
             if self.cluster is not None:  # the job %dist start --slurm submitted ends
                 self.cluster.close()
                 self.cluster = None
+                said.append("the Slurm job %dist start --slurm submitted ended")
             self.auto_mode(False)
+            print("; ".join(said) if said else "no session to stop")
             return None
         if command == "auto":
             if args.names not in ([], ["on"], ["off"]):
@@ -352,11 +383,7 @@ class DistMagics:
         return self.session.status()
 
     def _check_no_session(self) -> None:
-        try:
-            state = self.session.status().state if self.session is not None else "closed"
-        except LaunchError:  # a detached one whose supervisor is gone
-            state = "closed"
-        if state != "closed":
+        if _running(self.session):
             raise UsageError(
                 "a session runs already: %dist restart, %dist stop (or %dist detach, for a "
                 "detached one) first"
@@ -515,6 +542,14 @@ class DistMagics:
         if all(v is None for v in values):
             return None
         return RankValues(shown, values)
+
+
+def _running(session: Any) -> bool:
+    """``session`` is there and not closed (a detached one whose supervisor is gone is)."""
+    try:
+        return session is not None and session.status().state != "closed"
+    except LaunchError:
+        return False
 
 
 def _usage_error() -> type[Exception]:

@@ -61,8 +61,10 @@ from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
 from ._launch.record import RunRecord
 from ._launch.session import TaskHandle
+from .detached import attach, runs
 from .errors import LaunchError, PreflightError, interrupted
 from .session import start as start_session
+from .tracking import log
 from .ui import TextView, View, in_notebook_kernel, view_for
 from .ui.lazy import DisplayedTextView
 from .ui.stall import Stacks
@@ -104,12 +106,21 @@ def notebook_launcher(
     devices: str | list[int] | tuple[int, ...] = "auto",
     detach: bool = False,
 ) -> Any:
-    """Run ``function(*args)`` on ``num_processes`` ranks and return their results.
+    """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks and return their results.
 
     Accelerate's signature and meaning, so existing notebooks keep working. Each rank
     runs in its own process with ``torch.distributed`` initialised (NCCL, one GPU per
     rank, when GPUs are visible; gloo on CPU otherwise) and the usual env
     (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...).
+
+    ``args`` (a tuple) and ``kwargs`` (a dict, keyword only; Accelerate's launcher has no
+    such argument) are what every rank calls ``function`` with:
+    ``notebook_launcher(train, args=(model,), kwargs={"lr": 1e-3}, num_processes=2)``.
+    Ranks that are not forked get them pickled (cloudpickle), as they get ``function``.
+    ``mixed_precision`` (``"no"``, ``"fp16"``, ``"bf16"``) is Accelerate's;
+    ``use_port`` and ``master_addr`` are the rendezvous (a busy port is replaced by a free
+    one, said in the launch line; ``"auto"``: a free one); ``monitor_interval`` is accepted
+    and unused (the launcher waits on the ranks' exits instead of polling them).
 
     Returns the list of per-rank return values (index = rank on this node). If a rank
     fails, the caller gets that rank's own exception (with its traceback), or
@@ -159,7 +170,7 @@ def notebook_launcher(
     * ``"cpu"``: CPU ranks on gloo, the GPUs hidden from them.
     * ``[0, 2]``: those GPUs, one rank each (``num_processes`` may be left out).
 
-    Extras beyond Accelerate: ``kwargs`` for the function, ``start_method``
+    Extras beyond Accelerate: ``kwargs`` (above), ``start_method``
     (``None`` chooses: fork unless CUDA is initialised here, then a forkserver),
     ``dashboard`` (``"auto"``, ``True``, ``False``, or any object with the
     ``notebook_launcher.ui.View`` methods, which then receives every event), ``grace_period`` (seconds between
@@ -386,7 +397,7 @@ def _cluster_launch(
     on its nodes; a detached run's supervisor does the same (``_supervise``)."""
     __tracebackhide__ = True
     try:
-        plan = cluster.plan(view.handle, num_processes, **options)
+        plan = cluster.plan(view.handle, num_processes, tick=view.tick, **options)
     except BaseException as exc:  # the nodes could not be had: said, then raised
         never = RunEnd("launch", (), 0, start_error=exc)
         view.handle(finished_event(never, decide(never)))
@@ -697,9 +708,13 @@ class _Launch:
         return value
 
 
-# ``from notebook_launcher import notebook_launcher``, then ``notebook_launcher.start(...)``:
-# the function carries the package's ``start`` (sessions) too, so the cell reads the same
-# whether the name is the package or the function.
+# ``from notebook_launcher import notebook_launcher``, then ``notebook_launcher.runs()``: the
+# function carries the package's verbs (sessions, detached runs, metrics), so a cell reads
+# the same whether the name is the package or the function (the package is callable as the
+# function too: ``notebook_launcher/__init__.py``).
 notebook_launcher.start = start_session  # type: ignore[attr-defined]
+notebook_launcher.runs = runs  # type: ignore[attr-defined]
+notebook_launcher.attach = attach  # type: ignore[attr-defined]
+notebook_launcher.log = log  # type: ignore[attr-defined]
 
 __all__ = ["notebook_launcher"]

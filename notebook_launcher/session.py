@@ -51,6 +51,41 @@ if TYPE_CHECKING:
 
 _live: weakref.WeakSet[Session] = weakref.WeakSet()
 _cells = itertools.count(1)
+#: The kernel's current session, the one the magics (``%dist``, ``%%distributed``,
+#: ``%%rank``, ``%rankdiff``) use: the last one started or attached, whichever way
+#: (``start()``, ``attach(id)``, ``%dist start``, ``%dist attach``), until it is closed,
+#: stopped or let go (``%dist detach``); then the one current before it, if still open.
+_current: Session | None = None
+#: the sessions current before it, oldest first (weakly: one the notebook dropped goes)
+_earlier: list[weakref.ref[Session]] = []
+
+
+def current() -> Session | None:
+    """The kernel's current session (the magics'), or None."""
+    return _current
+
+
+def make_current(session: Session) -> None:
+    """``session`` is the kernel's current session from now on."""
+    global _current
+    if session is _current:
+        return
+    if _current is not None:
+        _earlier.append(weakref.ref(_current))
+    _current = session
+    _earlier[:] = [r for r in _earlier if r() not in (None, session)]
+
+
+def let_go(session: Session) -> None:
+    """``session`` was closed, stopped or let go: no longer current (the one before it is,
+    if still open), nor to come back."""
+    global _current
+    _earlier[:] = [r for r in _earlier if r() not in (None, session)]
+    if _current is not session:
+        return
+    _current = None
+    while _earlier and _current is None:
+        _current = _earlier.pop()()
 
 
 def start(
@@ -73,8 +108,9 @@ def start(
     progress for that many seconds shows where every rank is; None: off; ``cluster``: the
     ranks live on a cluster's nodes, ``num_processes`` of them in all, split evenly). Call
     it from the notebook's own thread (the ranks die with the thread that started them).
-    ``devices``: where the ranks run (:func:`notebook_launcher`'s ``devices``). Also a
-    context manager::
+    ``devices``: where the ranks run (:func:`notebook_launcher`'s ``devices``). The new
+    session is the kernel's current one: ``%dist status``, ``%%distributed`` and the other
+    magics use it, as they use one ``%dist start`` made. Also a context manager::
 
         with notebook_launcher.start(num_processes=2) as session:
             session.run(train_step)
@@ -97,7 +133,7 @@ def start(
         from .detached_session import start_detached
 
         preflight.check_dashboard(dashboard)
-        return start_detached(
+        session: Session = start_detached(
             num_processes,
             dashboard,
             mixed_precision=mixed_precision,
@@ -109,18 +145,21 @@ def start(
             devices=devices,
             cluster=cluster,
         )
-    return Session(
-        num_processes,
-        mixed_precision=mixed_precision,
-        use_port=use_port,
-        master_addr=master_addr,
-        start_method=start_method,
-        dashboard=dashboard,
-        grace_period=grace_period,
-        stall_after=stall_after,
-        cluster=cluster,
-        devices=devices,
-    )
+    else:
+        session = Session(
+            num_processes,
+            mixed_precision=mixed_precision,
+            use_port=use_port,
+            master_addr=master_addr,
+            start_method=start_method,
+            dashboard=dashboard,
+            grace_period=grace_period,
+            stall_after=stall_after,
+            cluster=cluster,
+            devices=devices,
+        )
+    make_current(session)  # the magics' too
+    return session
 
 
 @dataclass(frozen=True)
@@ -250,6 +289,7 @@ class Session:
             session=True,
             devices=options.get("devices", "auto"),
             renew=renew,
+            tick=view.tick,
         )
 
     def _view(self, dashboard: Any = None) -> View:
@@ -299,6 +339,7 @@ class Session:
     def close(self) -> None:
         """Let the ranks leave (then stop what is left). Idempotent."""
         self._closed = True
+        let_go(self)
         if self._core is not None:
             self._core.close()
         _live.discard(self)
@@ -436,12 +477,16 @@ class Session:
         """
         __tracebackhide__ = True
         if not names:
-            raise ValueError("compare(): name at least one variable, e.g. compare('model')")
+            raise at_callers_line(
+                ValueError("compare(): name at least one variable, e.g. compare('model')")
+            )
         odd = [n for n in names if not isinstance(n, str) or not n.strip()]
         if odd:
-            raise TypeError(
-                f"compare(): variables are named by strings, e.g. compare('model', 'rng'); "
-                f"got {odd[0]!r} ({type(odd[0]).__name__})"
+            raise at_callers_line(
+                TypeError(
+                    f"compare(): variables are named by strings, e.g. compare('model', 'rng'); "
+                    f"got {odd[0]!r} ({type(odd[0]).__name__})"
+                )
             )
         asked = sorted(self._ranks(ranks))
         rows = self.run(rank_compare.digests, list(names), ranks=asked)
@@ -589,4 +634,4 @@ def _close_all() -> None:
             pass
 
 
-__all__ = ["Session", "SessionStatus", "start"]
+__all__ = ["Session", "SessionStatus", "current", "let_go", "make_current", "start"]

@@ -857,3 +857,137 @@ def test_attach_after_a_kernel_restart_in_jupyterlab(lab: dict[str, Any]) -> Non
             meta = record.read_meta(str(run_dir))
             if meta.pid is not None and record.supervisor_alive(meta):
                 os.kill(meta.pid, 9)
+
+
+LEFT_BEHIND_CELLS = [
+    "import os\n"
+    "os.environ['NOTEBOOK_LAUNCHER_RUNS_DIR'] = {runs!r}\n"
+    "from notebook_launcher import notebook_launcher\n"
+    "\n"
+    "def train(steps):\n"
+    "    import os, time\n"
+    "    import torch.distributed as dist\n"
+    "    from tqdm.auto import tqdm\n"
+    "    for step in tqdm(range(steps), desc='step'):\n"
+    "        print(f'step {{step}} of rank {{dist.get_rank()}}', flush=True)\n"
+    "        while step == 30 and not os.path.exists({release!r}):\n"
+    "            time.sleep(0.05)  # held until the test is done with it\n"
+    "        time.sleep(0.05)\n"
+    "    return dist.get_rank()\n"
+    "\n"
+    "handle = notebook_launcher(train, args=(40,), num_processes=2, detach=True)\n"
+    "open('run_id.txt', 'w').write(handle.id)",
+    "import os\n"
+    "os.environ['NOTEBOOK_LAUNCHER_RUNS_DIR'] = {runs!r}\n"
+    "from notebook_launcher import notebook_launcher\n"
+    "handle = notebook_launcher.attach(open('run_id.txt').read())",
+    "handle.result()",
+    "handle.stop()\nprint('LEFT BEHIND DONE')",
+]
+
+#: What each dashboard of the open notebook shows as text, by cell (what a reader sees).
+VIEWS_BY_CELL = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(
+    w => Array.from(w.node.querySelectorAll('.jp-OutputArea-output .nl-dashboard'))
+        .filter(d => !d.parentElement.closest('.nl-dashboard'))
+        .map(d => ({live: !d.classList.contains('nl-snapshot'), text: d.innerText,
+                    icons: Array.from(d.querySelectorAll('*')).concat([d]).filter(
+                        e => (s => s.content.includes('\\uf127') && s.display !== 'none')(
+                            getComputedStyle(e, '::before'))).length})))"""
+
+
+@pytest.mark.timeout(180)
+def test_a_view_left_behind_says_what_it_is_in_jupyterlab(lab: dict[str, Any]) -> None:
+    """A dashboard that stopped following a run must not read "running" (issue 33, item 4):
+    a detached run's launch cell after a kernel restart (the widgets' last state, their
+    kernel gone: JupyterLab drew a broken-link icon on each), and the cell of ``attach``
+    after Ctrl-C in ``result()`` (its static copy froze at "running 32.0s"). Each says
+    "detached run ID · this view stopped following at HH:MM:SS · attach('ID')"."""
+    from notebook_launcher._launch import detach as record
+
+    runs = Path(lab["root"]).parent / "runs-left-behind"
+    release = Path(lab["root"]).parent / "release-left-behind"
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(c.format(runs=str(runs), release=str(release)))
+        for c in LEFT_BEHIND_CELLS
+    ]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    path = Path(lab["root"]) / "left_behind.ipynb"
+    nbformat.write(notebook, path)
+    try:
+        with _notebook_page(lab, path) as (page, errors, info):
+            assert info["kernel"] == "python3" and info["status"] == "idle", info
+            page.evaluate(RUN_CELL, 0)
+            outputs = _wait_for_output(page, 0, "step 20 of rank")
+            run_id = (Path(lab["root"]) / "run_id.txt").read_text()
+            assert page.evaluate(RESTART_KERNEL) == "idle"
+            _wait(page, 1.0)
+            restarted = page.evaluate(VIEWS_BY_CELL)[0]
+            cell0 = page.locator(".jp-Cell").nth(0)
+            _shot(page, "left_behind_restart.png", cell0)
+            cell0.scroll_into_view_if_needed()
+            _shot(page, "left_behind_restart_lab_1280x800_sidebar.png")
+
+            page.evaluate(RUN_CELL, 1)
+            page.evaluate(f"() => {{ ({RUN_CELL})(2); }}")  # result(): waits, not awaited
+            live = page.locator(".jp-Cell").nth(1).locator(".nl-dashboard:not(.nl-snapshot)")
+            live.wait_for(timeout=30_000)
+            _wait(page, 1.0)
+            page.evaluate(
+                "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+                ".interrupt()"
+            )
+            outputs = _wait_for_output(page, 2, "KeyboardInterrupt", 30)
+            assert f"detached from run {run_id}" in outputs[2], outputs
+            stopped = page.locator(".jp-Cell").nth(1).locator(".nl-dashboard.nl-snapshot")
+            stopped.wait_for(timeout=10_000)
+            interrupted = page.evaluate(VIEWS_BY_CELL)[1]
+            cell1 = page.locator(".jp-Cell").nth(1)
+            _shot(page, "left_behind_interrupted.png", cell1)
+            cell1.scroll_into_view_if_needed()
+            _shot(page, "left_behind_interrupted_lab_1280x800_sidebar.png")
+            page.evaluate(
+                "() => window.jupyterapp.commands.execute('application:toggle-left-area')"
+            )
+            page.set_viewport_size({"width": 1920, "height": 1080})
+            cell0.scroll_into_view_if_needed()
+            _shot(page, "left_behind_lab_1920_full_width.png")
+            release.touch()
+            page.evaluate(RUN_CELL, 3)
+            outputs = _wait_for_output(page, 3, "LEFT BEHIND DONE", 30)
+            assert "LEFT BEHIND DONE" in outputs[3], outputs
+            # the notebook saved now and opened again (another copy: not trusted, no kernel
+            # of its own yet), as a colleague or GitHub would see it
+            page.set_viewport_size({"width": 1280, "height": 800})
+            page.evaluate(
+                "async () => { await window.jupyterapp.commands.execute('docmanager:save'); }"
+            )
+            nb = nbformat.read(path, as_version=4)
+            nb.metadata["saved_copy"] = True
+            nbformat.write(nb, path.with_name("left_behind_saved.ipynb"))
+            page.evaluate(
+                "async () => { await window.jupyterapp.commands.execute("
+                "'docmanager:open', {path: 'left_behind_saved.ipynb'}); }"
+            )
+            page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .nl-snapshot").first.wait_for()
+            saved_views, saved_text = page.evaluate(VIEWS_BY_CELL), page.evaluate(CELL_OUTPUTS)
+            saved_cell0 = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(0)
+            _shot(page, "left_behind_saved_copy.png", saved_cell0)
+            said = f"detached run {run_id} · this view stopped following at "
+            for name, views in (("restart", restarted), ("interrupt", interrupted)):
+                assert len(views) == 1, (name, views)
+                text = views[0]["text"]
+                assert said in text and f"attach('{run_id}')" in text, (name, text)
+                assert "running" not in text.replace("● running", ""), (name, text)
+                assert views[0]["icons"] == 0, (name, views)  # no broken-link icons
+            # saved: the live view's output is its fixed text (nothing of it says running),
+            # the attach cell's its static copy, saying what it is
+            assert "running" not in saved_text[0], saved_text[0]
+            assert said in saved_views[1][0]["text"], saved_views
+            assert not errors, errors
+    finally:
+        release.touch()
+        for run_dir in runs.iterdir() if runs.exists() else ():  # a failed test's run
+            meta = record.read_meta(str(run_dir))
+            if meta.pid is not None and record.supervisor_alive(meta):
+                os.kill(meta.pid, 9)

@@ -625,3 +625,25 @@ def test_zz_the_time_limit_ends_the_launch_saying_so(
     assert f"Slurm job {cluster.job_id}: TIMEOUT" in text, text
     assert "it reached its time limit (00:01:00)" in text, text
     cluster.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_wait_for_a_clusters_nodes_keeps_the_views_clock_going(tmp_path: Path) -> None:
+    """While the kernel waits for a cluster's agents (a Slurm job queued, then running,
+    its agents not yet joined) nothing happens but the wait: the view was told of each
+    change of it and never ticked, so the dashboard's clock stopped at "running 1s"
+    (issue 33, item 7). It is ticked as a launch's pump ticks it."""
+    from notebook_launcher import AgentCluster
+    from notebook_launcher._events import NodesWaiting
+
+    cluster = AgentCluster(
+        nodes=1, host="127.0.0.1", secret_file=str(tmp_path / "job.secret"), join_timeout=1.0
+    )
+    view = Recorder()
+    try:
+        with pytest.raises(ClusterError, match="did not join"):
+            notebook_launcher(print, num_processes=1, cluster=cluster, dashboard=view)
+    finally:
+        cluster.close()
+    assert len(view.of(NodesWaiting)) == 1  # one state all along: nothing else to say
+    assert view.ticks >= 1

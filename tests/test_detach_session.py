@@ -40,7 +40,7 @@ from notebook_launcher.detached_session import (
 from notebook_launcher.errors import LaunchError
 from notebook_launcher.ipython_extension import DistMagics
 
-from .helpers import ROOT, Recorder, kernel_env, run_cell, wait_until
+from .helpers import ROOT, Recorder, kernel_env, run_cell, shell_reply, wait_until
 from .test_detach import runs_dir  # noqa: F401 - the fixture: records under a test's dir
 
 pytestmark = pytest.mark.kernel
@@ -224,8 +224,15 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
     for pid in pids:
         _gone(pid, 2, f"rank pid {pid} to die with its supervisor")
     assert [r.state for r in runs()] == [record.DIED]
-    with pytest.raises(LaunchError, match=rf"the supervisor \(pid {meta.pid}\) .* died"):
+    assert f"attach({session.id!r}) says why, and clears it" in str(runs())
+    with pytest.raises(LaunchError, match=rf"the supervisor \(pid {meta.pid}\) .* died") as e:
         attach(session.id)
+    assert "The last lines of its own log:\n    supervisor: " in str(e.value)  # not a path
+    assert session.path not in str(e.value)
+    # said once, its record goes: nothing of a dead session can be had again, and runs()
+    # listed it for 7 days (issue 33, item 7)
+    assert "Its record is cleared" in str(e.value)
+    assert runs() == []
 
 
 @pytest.mark.timeout(90)
@@ -280,3 +287,69 @@ def test_frames_are_read_whole_whatever_the_chunks() -> None:
         a.close()
         with pytest.raises(ConnectionResetError):
             frames.next(0.01)
+
+
+_LOOP_CELL = (
+    "%%distributed\nimport time\nfor i in range(40):\n"
+    "    print(f'step {i}', flush=True)\n    time.sleep(0.1)\nsteps = i + 1\n"
+)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("end", ["shutdown", "restart"])
+def test_a_detached_sessions_cell_outlives_a_polite_end_of_its_kernel(
+    runs_dir: Path,  # noqa: F811
+    end: str,
+) -> None:
+    """JupyterLab's Kernel -> Restart and Shut Down (jupyter_client's ``restart_kernel()``
+    and ``shutdown_kernel(now=False)``) interrupt the kernel first (SIGINT to its process
+    group), then ask it to shut down: the session's cell ran on as it does when the kernel
+    is SIGKILLed, and the next kernel's ``%dist attach`` shows it whole, to its end (issue
+    33, item 1: the interrupt reached the ranks and the cell stopped at step 5 or so)."""
+    import jupyter_client
+
+    env = {**kernel_env(), "PYTHONPATH": str(ROOT), record.ROOT_ENV: str(runs_dir)}
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", env=env, cwd=str(ROOT))
+    run_id = ""
+    try:
+        out, reply, _ = run_cell(
+            kc, "%load_ext notebook_launcher\n%dist start -n 2 --detach --dashboard off"
+        )
+        assert reply["status"] == "ok", out
+        run_id = re.search(r"session (\w+) detached \(2 ranks\)", out).group(1)  # type: ignore[union-attr]
+        if end == "shutdown":  # the notebook's interrupt alone (no shutdown after it) still
+            # interrupts the cell, and the session lives on
+            msg_id = kc.execute(_LOOP_CELL.replace("step", "tick").replace("40", "4000"))
+            _printed(run_id, "tick 2")
+            km.interrupt_kernel()
+            reply = shell_reply(kc, msg_id, timeout=60)["content"]
+            assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+            out, reply, _ = run_cell(kc, "%%distributed\nprint('stopped at', i)")
+            stopped = [int(n) for n in re.findall(r"stopped at (\d+)", out)]
+            assert reply["status"] == "ok" and len(stopped) == 2, out
+            assert max(stopped) < 3999, out
+        kc.execute(_LOOP_CELL)
+        _printed(run_id, "step 2")
+        kc.stop_channels()
+        if end == "shutdown":
+            km.shutdown_kernel(now=False)
+            km, kc = jupyter_client.manager.start_new_kernel(
+                kernel_name="python3", env=env, cwd=str(ROOT)
+            )
+        else:
+            km.restart_kernel()
+            kc = km.client()
+            kc.start_channels()
+            kc.wait_for_ready(timeout=60)
+        out, reply, _ = run_cell(
+            kc, f"%load_ext notebook_launcher\n%dist attach {run_id} --dashboard off\n%dist stop"
+        )
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert reply["status"] == "ok", out
+    for rank in (0, 1):
+        assert f"[rank{rank}] step 39" in out, out
+    assert f"whose kernel went away, ran on in session {run_id}: it returned" in out, out
+    assert f"session {run_id} stopped: 2 ranks and its supervisor ended" in out, out
+    assert runs() == []

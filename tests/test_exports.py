@@ -74,3 +74,14 @@ def test_ui_and_package_import_do_not_import_torch() -> None:
     assert "torch" not in _modules_after("import notebook_launcher._launch.preflight")
     assert "torch" not in _modules_after("from notebook_launcher.utils import PrecisionType")
     assert "torch" not in _modules_after("from notebook_launcher import DDPCommunicationHookType")
+
+
+def test_the_function_carries_the_packages_verbs() -> None:
+    """One spelling for every verb (issue 33, item 2): after ``from notebook_launcher import
+    notebook_launcher`` the name is the function, after ``import notebook_launcher`` the
+    package; ``notebook_launcher.runs()`` (``attach``, ``start``, ``log``) must work on
+    either, and be the same thing."""
+    from notebook_launcher import notebook_launcher as function
+
+    for verb in ("start", "runs", "attach", "log"):
+        assert getattr(function, verb) is getattr(notebook_launcher, verb), verb

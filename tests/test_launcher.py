@@ -6,6 +6,7 @@ import os
 import runpy
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -516,3 +517,77 @@ def test_leak_guard_sees_a_listening_port() -> None:
         assert sock.getsockname()[1] in listening_ports()
     finally:
         sock.close()
+
+
+def test_the_package_launches_as_the_function_does() -> None:
+    """The README's detach example did ``from notebook_launcher import notebook_launcher``,
+    then ``import notebook_launcher; notebook_launcher.runs()`` in the same kernel: the
+    name became the package, and the next ``notebook_launcher(fn, num_processes=2)`` raised
+    "TypeError: 'module' object is not callable" (issue 33, item 2). It launches."""
+    import notebook_launcher as package
+
+    rec = Recorder()
+    assert package(abs, args=(-3,), num_processes=2, dashboard=rec) == [3, 3]
+    assert len(rec.of(LaunchFinished)) == 1
+    with pytest.raises(PreflightError, match="num_processes"):  # its errors are the function's
+        package(abs, args=(-3,), num_processes=0, dashboard=False)
+
+
+def test_every_argument_is_documented() -> None:
+    """``kwargs=`` was in the signature and nowhere said (issue 33, item 7): every argument
+    of ``notebook_launcher()`` is named in its docstring, and the README says ``kwargs=``."""
+    import inspect
+
+    doc = notebook_launcher.__doc__ or ""
+    for name in inspect.signature(notebook_launcher).parameters:
+        assert f"``{name}``" in doc or f"``{name}=" in doc, name
+    assert doc.startswith("Run ``function(*args, **kwargs)``")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "kwargs={" in readme
+
+
+def _imports_the_slow_module() -> int:
+    import nl_slow_import  # noqa: F401 - its import waits for the test's flag
+
+    return 1
+
+
+def test_a_rank_says_what_it_imports_in_its_first_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lesson 06's ranks read "running" for 15 s while they imported transformers (issue 33,
+    item 7): a rank inside an import says so ("importing nl_slow_import"), and that it is
+    over. The import here lasts until the test saw both ranks say it."""
+    from notebook_launcher._events import WorkerPhase
+    from notebook_launcher.ui.model import LaunchModel
+
+    from .helpers import wait_until
+
+    flag = tmp_path / "go"
+    (tmp_path / "nl_slow_import").mkdir()
+    (tmp_path / "nl_slow_import" / "__init__.py").write_text(
+        f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.02)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rec = Recorder()
+    handle = notebook_launcher(
+        _imports_the_slow_module, num_processes=2, dashboard=rec, block=False, start_method="fork"
+    )
+    try:
+
+        def said() -> set[int]:
+            return {e.rank for e in rec.of(WorkerPhase) if e.phase == "importing nl_slow_import"}
+
+        wait_until(lambda: said() == {0, 1}, 30, "both ranks to say what they import")
+        model = LaunchModel()
+        for event in list(rec.events):
+            model.apply(event)
+        assert [model.ranks[r].status_text(time.time()) for r in (0, 1)] == [
+            "importing nl_slow_import"
+        ] * 2
+    finally:
+        flag.write_text("")
+    assert handle.result(timeout=30) == [1, 1]
+    for rank in (0, 1):  # then that it is over
+        phases = [e.phase for e in rec.of(WorkerPhase) if e.rank == rank]
+        assert phases[-2:] == ["importing nl_slow_import", ""], phases

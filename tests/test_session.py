@@ -613,3 +613,30 @@ def test_the_default_view_prints_a_quick_tasks_output_by_rank(
         out = capsys.readouterr().out
     assert "[rank0] hello from 0" in out and "[rank1] hello from 1" in out
     assert "notebook_launcher" not in out  # a quick task: its output, no dashboard
+
+
+def test_the_current_session_is_the_last_one_made_then_the_one_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The magics' session (issue 33, item 5): the last one started or attached, whichever
+    way; when it is closed, stopped or let go, the one current before it, if still open;
+    a session the notebook dropped does not come back."""
+    from notebook_launcher import session as sessions
+
+    monkeypatch.setattr(sessions, "_current", None)
+    monkeypatch.setattr(sessions, "_earlier", [])
+
+    class Made:  # stands for a Session: the registry only keeps and compares them
+        pass
+
+    a, b, c = Made(), Made(), Made()
+    for made in (a, b, c):
+        sessions.make_current(made)  # type: ignore[arg-type]
+    assert sessions.current() is c
+    sessions.let_go(b)  # (closed while not current: it never comes back)
+    sessions.let_go(c)
+    assert sessions.current() is a
+    sessions.make_current(b)  # type: ignore[arg-type]
+    del a  # dropped by the notebook
+    sessions.let_go(b)
+    assert sessions.current() is None

@@ -327,8 +327,38 @@ def test_dist_stop_leaves_no_rank() -> None:
         kernel.execute("%load_ext notebook_launcher")
         kernel.execute("%dist start -n 2 --start-method forkserver --dashboard False --port auto")
         pids = rank_pids(kernel)
-        assert kernel.execute("%dist stop").status == "ok"
+        stopped = kernel.execute("%dist stop")
+        assert stopped.status == "ok"
+        assert stopped.text == "session stopped: 2 ranks ended\n", stopped  # (issue 33, item 7)
         assert wait_gone(pids)
+        assert kernel.execute("%dist stop").text == "no session to stop\n"
+        assert kernel.execute("%dist status").result == "'no session'"
+        out = kernel.execute("%%distributed\nrank")
+        assert (out.status, out.ename) == ("error", "UsageError")
+    finally:
+        kernel.shutdown()
+
+
+def test_the_magics_use_the_session_that_start_made() -> None:
+    """One kernel, one current session, whichever way it was made (issue 33, item 5):
+    ``%dist status`` said "no session" and ``%%distributed`` "start one with %dist start"
+    after ``notebook_launcher.start()``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    kernel = Kernel(env)
+    try:
+        kernel.execute("%load_ext notebook_launcher")
+        made = kernel.execute(
+            "from notebook_launcher import notebook_launcher\n"
+            "s = notebook_launcher.start(num_processes=2, dashboard=False)"
+        )
+        assert made.status == "ok", made
+        assert "session: ready, 2 ranks" in kernel.execute("%dist status").result
+        cell = kernel.execute("%%distributed\nx = rank * 10\nx")
+        assert cell.result == "[rank0] 0\n[rank1] 10", cell
+        assert kernel.execute("s.pull('x')").result == "[0, 10]"  # the same ranks
+        started = kernel.execute("%dist start -n 2")  # over it: refused, as over its own
+        assert (started.status, started.ename) == ("error", "UsageError"), started
+        assert kernel.execute("s.close()").status == "ok"
         assert kernel.execute("%dist status").result == "'no session'"
         out = kernel.execute("%%distributed\nrank")
         assert (out.status, out.ename) == ("error", "UsageError")

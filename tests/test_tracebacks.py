@@ -216,3 +216,68 @@ def test_an_error_the_launcher_raises_itself_ends_at_the_callers_line(kernel: ob
     for noise in ("launcher.py", "failed resolving", "raise exception_for", "skipping hidden"):
         assert noise not in text, (noise, text)
     assert any(line.startswith("WorkerDied: rank 1 of 2 died") for line in tb), text
+
+
+#: Errors of the user's own making, raised by the launcher in the kernel (issue 33, item
+#: 6): (the cell, the error's type, how its sentence starts).
+USERS_ERRORS = [
+    (
+        "notebook_launcher(print, num_processes=2, devices=[0])",
+        "PreflightError",
+        "devices=[0] names GPU(s) [0]",
+    ),
+    (
+        "def go():\n    return notebook_launcher(print, num_processes=0)\ngo()",
+        "PreflightError",
+        "num_processes must be at least 1",
+    ),
+    (
+        "import threading\n"
+        "notebook_launcher(print, args=(threading.Lock(),), num_processes=2, start_method='spawn')",
+        "SerializationError",
+        "Cannot pickle the launched function and its args[1][0]",
+    ),
+    ("notebook_launcher.attach('nosuch')", "RunNotFound", "no run 'nosuch'"),
+    ("%load_ext notebook_launcher\n%dist start -n 2 --devices 7", "PreflightError", "devices=[7]"),
+    (
+        "from notebook_launcher import SlurmCluster\nSlurmCluster(nodes=0)",
+        "ValueError",
+        "nodes must be a positive int",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cell", "ename", "said"), USERS_ERRORS)
+def test_an_error_of_the_users_shows_their_line_and_the_sentence(
+    kernel: object, cell: str, ename: str, said: str
+) -> None:
+    """The user's frames down to the line that called the launcher, then the sentence: not
+    the ~25 lines of the launcher's own source that came between, nor the exception it
+    was raised from (a SerializationError's message quotes cloudpickle's)."""
+    run_cell(kernel, "from notebook_launcher import notebook_launcher")
+    out, reply, tb = run_cell(kernel, cell)
+    text = "\n".join(tb)
+    assert reply["status"] == "error" and reply["ename"] == ename, text
+    last = len(cell.splitlines())
+    assert any(line.startswith(f"----> {last} ") for line in tb), text  # the cell's call
+    assert tb[-1].startswith(f"{ename}: {said}"), text
+    for noise in ("File ", "skipping hidden", "The above exception", "raise "):
+        assert noise not in text, (noise, text)
+    assert len(tb) <= 12, text
+
+
+def test_a_plain_python_traceback_keeps_the_launchers_frames(tmp_path: object) -> None:
+    """Outside IPython nothing is cut: the frame that refused, for whoever debugs it."""
+    import subprocess
+    import sys
+
+    from .helpers import ROOT, kernel_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", "from notebook_launcher import notebook_launcher\n"
+         "notebook_launcher(print, num_processes=2, devices=[0])"],
+        env={**kernel_env(), "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert "notebook_launcher.errors.PreflightError: devices=[0]" in done.stderr, done.stderr
+    assert "_placement.py" in done.stderr and "plan.py" in done.stderr, done.stderr

@@ -634,3 +634,59 @@ def test_a_long_history_read_to_its_latest_lines_draws_as_the_whole_log(
     assert shown[0] == shown[1]  # every line each buffer keeps, and the counts
     assert "earlier line(s) not kept" in shown[1][1]
     assert (1, "stderr", "started finished") in shown[1][0][2][0]  # rank 1 keeps it
+
+
+def test_the_barrier_table_never_blames_a_rank_the_launcher_stopped(log: Log) -> None:
+    """A barrier the run was stopped in: rank 0 waited, rank 1 was stopped before it came
+    (an interrupt; or collateral of rank 2's failure). The table said "rank 1 was stopped"
+    in red, a leftover blame (issue 33, item 7); it says why the barrier was not passed:
+    the rank that left by itself, or that the run was stopped."""
+    from notebook_launcher._events import BarrierEnter, LaunchFinished, WorkerFailed, WorkerStopped
+
+    def table(fail: bool) -> str:
+        log.clear()
+        events: list[Event] = [started(3), *[WorkerStarted(r, r, r, "cpu", T0) for r in range(3)]]
+        events.append(BarrierEnter(rank=0, index=0, location="a.py:4", kind="barrier", time=T0 + 1))
+        if fail:
+            events.append(WorkerFailed(2, "KeyError", "k", "", False, T0 + 2))
+        events += [WorkerStopped(rank=r, reason="interrupted", time=T0 + 3) for r in (0, 1, 2)]
+        events.append(LaunchFinished(False, "interrupted", None, 3.0, T0 + 3, interrupted=not fail))
+        view = run(events)
+        return text(value(frontend(log), view.barriers))
+
+    interrupted, failed = table(fail=False), table(fail=True)
+    for table_text in (interrupted, failed):
+        assert "rank 1 was stopped" not in table_text, table_text
+    assert interrupted.endswith("not passed: the run was stopped"), interrupted
+    assert failed.endswith("rank 2 raised KeyError"), failed
+
+
+def test_a_view_that_stopped_following_says_what_it_is(log: Log) -> None:
+    """Ctrl-C in a detached run's ``result()``: the run goes on, its view stops following.
+    Its static copy froze at "running 32.0s" (issue 33, item 4); it says what it is. A live
+    view carries the same words, hidden until its widgets lose their kernel (a restart):
+    then ipywidgets marks them ``jupyter-widgets-disconnected``, which shows them instead of
+    the clock (tests/test_browser.py sees it in JupyterLab)."""
+    import dataclasses
+    import time
+
+    from notebook_launcher._events import FollowingStopped, LaunchStarted
+
+    events = [dataclasses.replace(e, detached="3fa9c1") if isinstance(e, LaunchStarted) else e
+              for e in script(2)[:6]]  # fmt: skip
+    shown = Shown()
+    view = run([*events, FollowingStopped(T0 + 7)], display=shown)
+    snapshot = text(shown.calls[-1][0]["text/html"])
+    when = time.strftime("%H:%M:%S", time.localtime(T0 + 7))
+    note = f"detached run 3fa9c1 · this view stopped following at {when} · attach('3fa9c1')"
+    assert note in snapshot and "stopped following after 7.0s" in snapshot, snapshot
+    assert "running 7" not in snapshot, snapshot
+    live = WidgetView(clock=Clock(T0 + 3), display=False)
+    for event in events:
+        live.handle(event)
+    live.flush(T0 + 3)
+    head = value(frontend(log), live.header)
+    assert "class='nl-clock'" in head and "class='nl-orphan' style='display:none" in head, head
+    assert "detached run 3fa9c1 · this view stopped following at " in text(head), head
+    assert ".jupyter-widgets-disconnected .nl-orphan{display:block!important}" in head
+    assert view.model.stopped_following == T0 + 7

@@ -378,6 +378,29 @@ def remove(run_dir: str) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
+#: The lines of a dead supervisor's own log that the error about its death quotes.
+LOG_LINES = 10
+
+
+def log_said(run_dir: str, lines: int = LOG_LINES) -> str:
+    """What the supervisor's own log says, for the error about its death: its last lines,
+    quoted, not its path (``result()`` removes the record the moment the error is raised,
+    and the message outlives it), or that it says nothing."""
+    try:
+        with open(os.path.join(run_dir, LOG), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 64 * 1024))
+            tail = f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        tail = []
+    quoted = "\n".join(f"    {line}" for line in tail if line.strip())
+    if not quoted:
+        return (
+            "Its own log says nothing (a process killed by SIGKILL, by the out-of-memory "
+            "killer say, leaves no word there)."
+        )
+    return f"The last lines of its own log:\n{quoted}"
+
+
 def sweep(now: float | None = None) -> None:
     """Remove records of runs that ended (or whose supervisor died) longer ago than the
     retention time."""
@@ -702,6 +725,7 @@ __all__ = [
     "RunNotFound",
     "check_private",
     "find",
+    "log_said",
     "new_run",
     "read_meta",
     "read_result",

@@ -67,6 +67,7 @@ from ..errors import (
     LaunchError,
     RankFailure,
     SessionBroken,
+    at_callers_line,
     notebook_cell_name,
     shorten,
 )
@@ -455,9 +456,11 @@ class SessionCore:
                 )
             unknown = sorted(set(ranks) - set(self.world))
             if unknown or not ranks:
-                raise ValueError(f"ranks must be some of {self.world}, got {ranks}")
+                raise at_callers_line(
+                    ValueError(f"ranks must be some of {self.world}, got {ranks}")
+                )
             if len(set(ranks)) != len(ranks):
-                raise ValueError(f"ranks must be different ranks, got {ranks}")
+                raise at_callers_line(ValueError(f"ranks must be different ranks, got {ranks}"))
             self.tasks_run += 1
             task_id = self.tasks_run
             handle = TaskHandle(lambda: self.interrupt(task_id), label, stacks)

@@ -18,7 +18,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..errors import LaunchError
+from ..errors import LaunchError, at_callers_line
 
 #: States in which a job will never run (again).
 ENDED = frozenset(
@@ -298,11 +298,13 @@ def check_option(what: str, value: str) -> str:
     shell on the node."""
     bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
     if bad is not None:
-        raise ValueError(
-            f"{what}={value!r} holds a control character ({bad!r}): a Slurm option is one "
-            "line of the batch script, and a newline there would run the rest as shell on "
-            "the node. Pass the value on one line, without control characters (set-up "
-            "commands go in setup=[...])."
+        raise at_callers_line(
+            ValueError(
+                f"{what}={value!r} holds a control character ({bad!r}): a Slurm option is "
+                "one line of the batch script, and a newline there would run the rest as "
+                "shell on the node. Pass the value on one line, without control characters "
+                "(set-up commands go in setup=[...])."
+            )
         )
     return value
 

@@ -37,7 +37,7 @@ from .._posix import (
 from .._serialization import dump_exception, dumps, exception_to_failure, load_task
 from .._spec import WorkerSpec
 from .._wire.control import Channel, Raised, Returned, Setup, Task
-from . import collectives, progress, runtime, stacks
+from . import collectives, doing, progress, runtime, stacks
 
 TaskTuple = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
@@ -325,7 +325,11 @@ def _serve(
             return code
         assert task is not None and not isinstance(task, bytes)
         fn, args, kwargs = task
-        result = fn(*args, **kwargs)
+        watch = doing.first_seconds(spec.rank)  # its row says what it imports meanwhile
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            watch.stop()
     except SystemExit as exc:  # sys.exit(n) in a rank: it ends, like a script would
         runtime.flush_output()
         if exc.code is None or isinstance(exc.code, int):

@@ -32,6 +32,7 @@ from .model import (
     RUNNING,
     STARTING,
     STOPPED,
+    STOPPED_REASON,
     WAITING,
     BarState,
     LaunchModel,
@@ -105,7 +106,9 @@ def header_parts(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> lis
         parts.append(m.waiting_text())
     if m.restarts:
         parts.append(m.restart_text())
-    if m.finished is None:
+    if m.finished is None and m.stopped_following is not None:
+        parts.append(f"stopped following after {fmt_duration(m.elapsed(m.stopped_following))}")
+    elif m.finished is None:
         parts.append(f"running {clock(m.elapsed(now))}")
     else:
         done = "ready in" if m.session_start and m.finished.ok else "finished in"
@@ -116,17 +119,46 @@ def header_parts(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> lis
 def header(m: LaunchModel, now: float, clock: Clock = fmt_duration) -> str:
     parts = header_parts(m, now, clock)
     full = " \u00b7 ".join(parts)
+    live = m.finished is None and m.stopped_following is None
     cells = [f"<b style='flex:none'>{esc(parts[0])}</b>"]
-    for part in parts[1:]:
+    for i, part in enumerate(parts[1:], 1):
         # parts move to the next line as a whole; one longer than the line is cut
+        clock_part = " class='nl-clock'" if live and i == len(parts) - 1 else ""
         cells.append(
-            f"<span style='flex:0 1 auto;{CUT}'><span style='color:{GREY}'>\u00b7</span> "
-            f"{esc(part)}</span>"
+            f"<span{clock_part} style='flex:0 1 auto;{CUT}'>"
+            f"<span style='color:{GREY}'>\u00b7</span> {esc(part)}</span>"
         )
     return (
-        f"<div class='nl-head' title='{attr(full)}' style='display:flex;flex-wrap:wrap;"
-        "column-gap:6px;align-items:baseline;padding:2px 0'>" + " ".join(cells) + "</div>"
-    ) + banner(m)
+        (
+            f"<div class='nl-head' title='{attr(full)}' style='display:flex;flex-wrap:wrap;"
+            "column-gap:6px;align-items:baseline;padding:2px 0'>" + " ".join(cells) + "</div>"
+        )
+        + (left_behind(m, now) if live else "")
+        + banner(m)
+    )
+
+
+#: What shows a live view's note instead of its clock once its widgets lost their kernel
+#: (ipywidgets marks each such widget ``jupyter-widgets-disconnected``, and draws a
+#: broken-link icon before it: the note says it in words).
+ORPHAN_STYLE = (
+    "<style>.jupyter-widgets-disconnected .nl-orphan{display:block!important}"
+    ".jupyter-widgets-disconnected .nl-clock{display:none}"
+    ".jupyter-widgets-disconnected .nl-row{opacity:.6}"
+    ".nl-dashboard.jupyter-widgets-disconnected::before,"
+    ".nl-dashboard .jupyter-widgets-disconnected::before{display:none}</style>"
+)
+
+
+def left_behind(m: LaunchModel, now: float) -> str:
+    """A live view's note for when it is left behind (a kernel that restarts, or dies, takes
+    the widgets' kernel side with it; what the page shows stays): hidden until then, and
+    saying what it is as of ``now``, the latest redraw (the clock redraws the header every
+    second). See :data:`ORPHAN_STYLE`."""
+    return (
+        f"<div class='nl-orphan' style='display:none;color:{GREY};font-weight:600;{CUT}'>"
+        f"\u25a0 {esc(m.left_behind(now))}</div>{ORPHAN_STYLE}"
+    )
 
 
 def banner(m: LaunchModel) -> str:
@@ -144,6 +176,12 @@ def alerts(m: LaunchModel) -> str:
 
 
 def summary(m: LaunchModel) -> str:
+    if m.finished is None and m.stopped_following is not None:  # the run goes on
+        line = m.left_behind(m.stopped_following)
+        return (
+            f"<div class='nl-summary' title='{attr(line)}' style='color:{GREY};"
+            f"font-weight:600;margin-top:4px;{CUT}'>\u25a0 {esc(line)}</div>"
+        )
     if m.finished is None:
         return ""
     ok = m.finished.ok
@@ -396,9 +434,11 @@ def barriers(m: LaunchModel, now: float, keep: int = 8, clock: Clock = fmt_durat
         took = rec.took()
         if rec.completed is not None:
             state = f"passed ({fmt_duration(took)})" if took is not None else "passed"
-        elif rec.left:
-            colour = RED
-            state = "; ".join(f"rank {r} {why}" for r, why in sorted(rec.left.items()))
+        elif rec.left:  # a rank the launcher stopped did not leave by its own doing
+            own = sorted((r, why) for r, why in rec.left.items() if why != STOPPED_REASON)
+            colour = RED if own else GREY
+            state = "; ".join(f"rank {r} {why}" for r, why in own)
+            state = state or "not passed: the run was stopped"
         elif rec.waiting():
             colour = WAITING_RING
             since = min(rec.arrived[r] for r in rec.waiting())
@@ -581,7 +621,10 @@ def snapshot(
     ``lines_per_rank`` lines of each rank (fewer with many ranks)."""
     many = len(m.ranks) > COMPACT_ROWS_MAX
     limit = max(10, lines_per_rank // 4) if many else lines_per_rank
-    parts = [header(m, now), alerts(m), stall_html(m.stall, live=False), ranks_html(m, now)]
+    rows = ranks_html(m, now)
+    if m.finished is None and m.stopped_following is not None:  # as last seen: greyed
+        rows = f"<div style='opacity:.6' title='as this view last saw them'>{rows}</div>"
+    parts = [header(m, now), alerts(m), stall_html(m.stall, live=False), rows]
     if many:
         rows = "".join(rank_row(m.ranks[r], now) for r in m.rank_ids)
         parts.append(

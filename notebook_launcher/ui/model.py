@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import re
 import string
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._events import (
+    IMPORTING,
     PHASES,
     RUNNING_PHASES,
     BarrierEnter,
     BarrierExit,
     Event,
+    FollowingStopped,
     LaunchFinished,
     LaunchRestarting,
     LaunchStarted,
@@ -394,8 +397,8 @@ class RankState:
     #: (joining) how many ranks have come to the group so far: ``3/8 joined``
     phase: str = ""
     phase_since: float | None = None
-    #: while it runs: a :data:`~notebook_launcher._events.RUNNING_PHASES` key ("" for the
-    #: user's own code)
+    #: while it runs: a :data:`~notebook_launcher._events.RUNNING_PHASES` key, or what it
+    #: imports (``importing transformers``); "" for the user's own code
     activity: str = ""
     joined: str = ""
     started: float | None = None
@@ -479,7 +482,7 @@ class RankState:
         if self.status == STARTING and self.phase:
             return PHASES.get(self.phase, self.phase) + self.joined_note()
         if self.status == RUNNING and self.activity:
-            return RUNNING_PHASES[self.activity]
+            return RUNNING_PHASES.get(self.activity, self.activity)  # or "importing x"
         return self.status
 
     def joined_note(self) -> str:
@@ -509,6 +512,8 @@ class LaunchModel:
         self.rendezvous: RendezvousStarted | None = None
         #: a launch on a cluster: what the kernel last heard while it waited for the nodes
         self.nodes_waiting: NodesWaiting | None = None
+        #: when this view stopped following the run (which goes on without it)
+        self.stopped_following: float | None = None
         #: ``max_restarts``: every restart so far, oldest first
         self.restarts: list[LaunchRestarting] = []
         self.ranks: dict[int, RankState] = {}
@@ -663,6 +668,18 @@ class LaunchModel:
             return f"{head}: failed: rank {cause.rank} {cause.outcome()}"
         return f"{head}: failed: {self.finished.summary}"
 
+    def left_behind(self, at: float) -> str:
+        """What a view says of itself once it no longer follows its run (``at``: since
+        when): ``detached run 3fa9c1 · this view stopped following at 12:03:07 ·
+        attach('3fa9c1')``; the kernel's own ranks end with the kernel instead."""
+        when = time.strftime("%H:%M:%S", time.localtime(at))
+        s = self.started
+        if s is not None and s.detached:
+            run = s.detached
+            what = f"detached session {run} ({s.task})" if s.task else f"detached run {run}"
+            return f"{what} \u00b7 this view stopped following at {when} \u00b7 attach({run!r})"
+        return f"this view stopped at {when}: its kernel went away, and its ranks with it"
+
     def restart_text(self) -> str:
         """``restart 2 of 3 (rank 1 (pid 12) died: killed by SIGKILL(-9))``; empty before
         any restart."""
@@ -729,6 +746,11 @@ class LaunchModel:
             self.start_time = e.time
         return [("launch",)]
 
+    def _on_FollowingStopped(self, e: FollowingStopped) -> list[Change]:
+        if self.finished is None:  # (an end seen first is the end)
+            self.stopped_following = e.time
+        return [("launch",)]
+
     def _on_NodesWaiting(self, e: NodesWaiting) -> list[Change]:
         self.nodes_waiting = e
         if self.start_time is None:
@@ -761,7 +783,9 @@ class LaunchModel:
 
     def _on_WorkerPhase(self, e: WorkerPhase) -> list[Change]:
         s = self.rank(e.rank)
-        if s.status in (RUNNING, WAITING) and (e.phase in RUNNING_PHASES or not e.phase):
+        if s.status in (RUNNING, WAITING) and (
+            e.phase in RUNNING_PHASES or not e.phase or e.phase.startswith(IMPORTING)
+        ):
             s.activity = e.phase  # e.g. wrapping the model in DDP; "" once done
             return [("rank", e.rank)]
         if s.status != STARTING:  # it started (or ended) already: nothing to show
@@ -1035,6 +1059,7 @@ class LaunchModel:
 HANDLERS: dict[type, Callable[[LaunchModel, Any], list[Change]]] = {
     RendezvousStarted: LaunchModel._on_RendezvousStarted,
     NodesWaiting: LaunchModel._on_NodesWaiting,
+    FollowingStopped: LaunchModel._on_FollowingStopped,
     LaunchStarted: LaunchModel._on_LaunchStarted,
     LaunchRestarting: LaunchModel._on_LaunchRestarting,
     WorkerPhase: LaunchModel._on_WorkerPhase,
