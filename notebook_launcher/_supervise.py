@@ -14,7 +14,11 @@ run going. Two ways to start it, the same supervisor either way:
   forkserver cannot be had: a fresh interpreter, which imports torch (seconds).
 
 Its fds: 1, the handshake pipe (it writes its pid there, then fd 1 joins fd 2); 2, its
-log (``supervisor.log``); the rendezvous listener, bound by the kernel.
+log (``supervisor.log``); its go (a pipe: the cold one's stdin), where the kernel writes
+the run's key once it has the pid -- the supervisor runs nothing before, and the end of
+that pipe without a key (the kernel's Ctrl-C, or its death, during the hand-over) ends it
+and its record; the rendezvous listener, bound by the kernel. The key checks the run's
+task (``_launch.detach.seal``): a task that is not the one the kernel wrote is refused.
 
 It runs the launch exactly as a blocking ``notebook_launcher()`` does (the same
 ``launcher._Launch``: preflight was done by the kernel, which passes the plan, its bound
@@ -61,7 +65,11 @@ def main(argv: list[str]) -> None:
     run_dir, listen_fd = argv[0], int(argv[1])
     if os.fork():
         os._exit(0)  # the kernel reaps this one; init adopts the supervisor
-    _supervise(run_dir, listen_fd)
+    go = os.dup(0)  # its go comes on its stdin
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    _supervise(run_dir, listen_fd, go=go)
 
 
 def in_job(run_dir: str) -> None:
@@ -78,7 +86,11 @@ def in_job(run_dir: str) -> None:
         os.dup2(log, fd)
     os.close(log)
     print(f"supervisor: in Slurm job {os.environ.get('SLURM_JOB_ID', '?')}", file=sys.stderr)
-    _supervise(run_dir, -1, handshake=False)
+    try:  # the run's key, from the batch script sbatch got on its stdin
+        key = bytes.fromhex(os.environ.pop(detach.KEY_ENV, ""))
+    except ValueError:
+        key = b""
+    _supervise(run_dir, -1, handshake=False, key=key)
 
 
 def preload() -> None:
@@ -125,7 +137,7 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
             os.dup2(src, dst)
             os.close(src)
         print("supervisor: forked by the kernel's forkserver (warm)", file=sys.stderr)
-        _supervise(order.run_dir, fds[2] if order.has_listen else -1, pool=pool)
+        _supervise(order.run_dir, fds[3] if order.has_listen else -1, pool=pool, go=fds[2])
         code = 0
     except BaseException:  # noqa: BLE001 - into its log, as a fresh interpreter would
         import traceback
@@ -144,10 +156,16 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
 
 
 def _supervise(
-    run_dir: str, listen_fd: int, handshake: bool = True, pool: RankPool | None = None
+    run_dir: str,
+    listen_fd: int,
+    handshake: bool = True,
+    pool: RankPool | None = None,
+    go: int = -1,
+    key: bytes = b"",
 ) -> None:
     """The supervisor, from its handshake (``handshake``: the kernel waits for its pid on
-    fd 1) to its run's record of the end. ``pool``: its ranks, forked ahead (a spare's)."""
+    fd 1, then sends the run's key on ``go``; else ``key`` is given) to its run's record of
+    the end. ``pool``: its ranks, forked ahead (a spare's)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the kernel ignored it
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -164,15 +182,22 @@ def _supervise(
     if handshake:
         os.write(1, f"{os.getpid()}\n".encode())
         os.dup2(2, 1)  # the handshake is over: stdout joins stderr, in supervisor.log
+        key = _wait_for_go(go)
+        if not key:  # the kernel gave up on the run (Ctrl-C, or its end) before its go
+            if pool is not None:
+                pool.close()
+            detach.remove(run_dir)
+            print("supervisor: no go from the kernel: nothing ran", file=sys.stderr)
+            return
     if meta.kind == "session":  # a session's calls, served until it is stopped
         from .detached_session import serve
 
         if pool is not None:
             pool.close()
-        serve(run_dir, meta)
+        serve(run_dir, meta, key)
         return
     outcome = _why_terminated(
-        _run(run_dir, listen_fd, in_job=not handshake, pool=pool), not handshake
+        _run(run_dir, listen_fd, key, in_job=not handshake, pool=pool), not handshake
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -187,6 +212,19 @@ def _supervise(
         meta.state = detach.OK
     meta.summary = _summary(outcome)
     detach.write_meta(run_dir, meta)
+
+
+def _wait_for_go(go: int) -> bytes:
+    """The run's key, once the kernel sends it on ``go`` (empty: the pipe ended first)."""
+    from ._launch.detach import KEY_BYTES
+
+    key = b""
+    try:
+        while len(key) < KEY_BYTES and (chunk := os.read(go, KEY_BYTES - len(key))):
+            key += chunk
+    finally:
+        os.close(go)
+    return key if len(key) == KEY_BYTES else b""
 
 
 #: the supervisor got SIGTERM (``kill``, a shutdown; in its Slurm job: scancel, the time
@@ -246,8 +284,11 @@ def _summary(outcome: Any) -> str:
     return f"{len(outcome)} rank(s) returned"
 
 
-def _run(run_dir: str, listen_fd: int, in_job: bool = False, pool: RankPool | None = None) -> Any:
-    """The launch, to its end: the per-rank values or the exception to raise. ``in_job``:
+def _run(
+    run_dir: str, listen_fd: int, key: bytes, in_job: bool = False, pool: RankPool | None = None
+) -> Any:
+    """The launch, to its end: the per-rank values or the exception to raise (``key``: the
+    run's, which its task must carry: ``_launch.detach.read_task``). ``in_job``:
     inside the run's Slurm job, whose ``SLURM_*`` variables (the allocation the cluster
     starts its agents in) stand over the kernel's. ``pool``: ranks forked ahead, used
     when they are enough and the task is small (``_launch.pool``)."""
@@ -263,10 +304,7 @@ def _run(run_dir: str, listen_fd: int, in_job: bool = False, pool: RankPool | No
         from .launcher import _Launch
         from .ui import view_for
 
-        path = os.path.join(run_dir, detach.TASK)
-        with open(path, "rb") as f:
-            payload = pickle.loads(f.read())
-        os.unlink(path)  # the task (and what its arguments hold) stays no longer than needed
+        payload = pickle.loads(detach.read_task(run_dir, key))  # (then removed from the record)
         detach.take_on(payload["kernel"], in_job)  # forked ranks inherit it
         job = _serialization.loads(payload.pop("job"))
         del payload

@@ -9,9 +9,12 @@ port bound), then handed to a supervisor process that is not this kernel's child
     ------------------------------                 -------------------------
     notebook_launcher(detach=True)
       plan_launch()  (preflight, port)
-      task.pkl  ---------------------------------> _Launch.run_to_end(): the ranks, as a
-      the forkserver forks it, pid back  <-------    blocking launch runs them; every event
-      attach(id)                                     appended to events.log
+      task.pkl, sealed with the run's key -------> (forked, or a spare forked ahead)
+      the forkserver forks it, pid back  <-------  meta: running, its pid
+      the go: the run's key (a pipe) ------------> the task checked against the key, then
+      attach(id)                                   _Launch.run_to_end(): the ranks, as a
+                                                     blocking launch runs them; every event
+                                                     appended to events.log
         replay events.log into a fresh view
         tail it (every 0.1 s) in a thread   <----- result.pkl, meta.json: ok|failed|stopped
         the handle settles with the result
@@ -39,6 +42,7 @@ import contextvars
 import dataclasses
 import os
 import pickle
+import secrets
 import select
 import signal
 import subprocess
@@ -72,6 +76,16 @@ POLL = 0.1
 #: Seconds a kernel waits for a new supervisor to say its pid.
 START_TIMEOUT = 30.0
 
+#: A test's seam: called with the name of each step of a hand-over (``record``,
+#: ``forkserver``, ``request``, ``pid``, ``go``), where a test raises a real interrupt
+#: (SIGINT) to show that each step ends in a run and its handle, or in nothing at all.
+_on_step: Callable[[str], None] | None = None
+
+
+def _step(name: str) -> None:
+    if _on_step is not None:
+        _on_step(name)
+
 
 def launch(
     plan: LaunchPlan,
@@ -91,20 +105,20 @@ def launch(
             task = dumps_checked((function, args, kwargs), "the launched function and its args")
             return {**job, "plan": plan, "task": task}
 
-        run_id = _hand_over(
+        def said(run_id: str) -> str:
+            return (
+                f"notebook_launcher: run {run_id} detached ({name}, {len(plan.specs)} ranks): "
+                f"it goes on without this kernel. notebook_launcher.attach({run_id!r}) follows "
+                "it from any kernel of yours on this machine; .stop() stops it."
+            )
+
+        return _hand_over(
             name, len(plan.specs), 1, body, listen.fileno() if listen is not None else -1,
-            forks=len(plan.specs),
+            said, dashboard, forks=len(plan.specs),
         )  # fmt: skip
     finally:
         if listen is not None:
             listen.close()
-    print(
-        f"notebook_launcher: run {run_id} detached ({name}, {len(plan.specs)} ranks): it "
-        f"goes on without this kernel. notebook_launcher.attach({run_id!r}) follows it "
-        "from any kernel of yours on this machine; .stop() stops it.",
-        flush=True,
-    )
-    return attach(run_id, dashboard=dashboard)
 
 
 def launch_on_cluster(
@@ -131,15 +145,16 @@ def launch_on_cluster(
             flush=True,
         )
         return attach(run_id, dashboard=dashboard)
-    run_id = _hand_over(name, ranks, nodes, lambda: job, -1)
-    print(
-        f"notebook_launcher: run {run_id} detached ({name}, {ranks} ranks on {nodes} "
-        f"node(s)): its supervisor starts the cluster's job and owns it; it goes on without "
-        f"this kernel. notebook_launcher.attach({run_id!r}) follows it from any kernel of "
-        "yours on this machine; .stop() stops it and ends the job.",
-        flush=True,
-    )
-    return attach(run_id, dashboard=dashboard)
+
+    def said(run_id: str) -> str:
+        return (
+            f"notebook_launcher: run {run_id} detached ({name}, {ranks} ranks on {nodes} "
+            f"node(s)): its supervisor starts the cluster's job and owns it; it goes on "
+            f"without this kernel. notebook_launcher.attach({run_id!r}) follows it from any "
+            "kernel of yours on this machine; .stop() stops it and ends the job."
+        )
+
+    return _hand_over(name, ranks, nodes, lambda: job, -1, said, dashboard)
 
 
 def _hand_over_to_job(
@@ -151,42 +166,56 @@ def _hand_over_to_job(
     supervisor starts."""
     from ._launch import slurm
 
-    run_dir = job_id = None
+    job_id = None
+    key = secrets.token_bytes(record.KEY_BYTES)
+    made: list[str] = []
     try:
-        run_id, run_dir = _new_record(name, ranks, nodes, dumps(job), record.QUEUED)
+        run_id = _new_record(name, ranks, nodes, dumps(job), record.QUEUED, key, made)
+        run_dir = made[0]
         code = _supervisor_code("in_job(sys.argv[1])")
-        script = os.path.join(run_dir, "job.sh")
         text = slurm.batch_script(
             cluster.sbatch_options, cluster.setup, (), os.path.join(run_dir, "slurm-%j.out"),
             supervisor=(cluster.python, "-c", code, run_dir),
         )  # fmt: skip
-        record.write_private(script, text.encode())
+        # the script as submitted goes to sbatch on its stdin, the run's key in it (its
+        # supervisor's environment): not read back from the record, as the key must not be
+        record.write_private(os.path.join(run_dir, "job.sh"), text.encode())
+        head, command = text.rsplit("\nexec ", 1)
+        keyed = f"{head}\nexport {record.KEY_ENV}={key.hex()}\nexec {command}"
         with deferred_interrupts():  # a job submitted and not written down: none
-            job_id = slurm.submit(script)
+            job_id = slurm.submit_text(keyed)
             record.write_private(os.path.join(run_dir, record.JOB), f"{job_id}\n".encode())
     except BaseException:  # Ctrl-C while it is submitted too: no job, no record left
         if job_id is not None:
             slurm.cancel(job_id)
-        if run_dir is not None:
+        for run_dir in made:
             record.remove(run_dir)
         raise
     return run_id, job_id
 
 
-def _new_record(name: str, ranks: int, nodes: int, job: bytes, state: str) -> tuple[str, str]:
+def _new_record(
+    name: str, ranks: int, nodes: int, job: bytes, state: str, key: bytes, made: list[str]
+) -> str:
     """A new run's record: its meta (``state``) and its task (``job``: what the
     supervisor's launch needs, pickled; with this kernel's path, environment and
-    directory, which the supervisor takes on). ``(run id, its directory)``."""
+    directory, which the supervisor takes on), sealed with the run's ``key``. Its id; its
+    directory is put in ``made`` as soon as it exists (whatever comes next, the caller
+    knows what to remove). All of it or (an error, an interrupt) none of it."""
     record.sweep()
-    run_id, run_dir = record.new_run(name)
+    payload = pickle.dumps({"kernel": record.the_kernel(), "job": job})
     try:
-        record.write_meta(run_dir, Meta(run_id, name, time.time(), ranks, state, nodes=nodes))
-        payload = pickle.dumps({"kernel": record.the_kernel(), "job": job})
-        record.write_private(os.path.join(run_dir, record.TASK), payload)
+        with deferred_interrupts():  # a record whole, or none: never an empty folder
+            run_id, run_dir = record.new_run(name)
+            made.append(run_dir)
+            record.write_meta(run_dir, Meta(run_id, name, time.time(), ranks, state, nodes=nodes))
+            _step("meta")
+            record.write_private(os.path.join(run_dir, record.TASK), record.seal(key, payload))
     except BaseException:
-        record.remove(run_dir)
+        for run_dir in made:
+            record.remove(run_dir)
         raise
-    return run_id, run_dir
+    return run_id
 
 
 def _hand_over(
@@ -195,20 +224,152 @@ def _hand_over(
     nodes: int,
     body: Callable[[], dict[str, Any]],
     listen_fd: int,
+    said: Callable[[str], str],
+    dashboard: bool | str | View,
     forks: int = 0,
-) -> str:
+) -> RunHandle:
     """A new run's record, its task written there (``body()``: what the supervisor's
-    launch needs), and its supervisor started (``forks``: how many ranks it forks); the
-    run's id."""
-    run_dir = None
+    launch needs), its supervisor started (``forks``: how many ranks it forks), then its
+    go, ``said(id)`` printed and the run's handle (``attach``) -- or, for an error or a
+    Ctrl-C before the go, nothing: no record, no supervisor, nothing run.
+
+    The go is the one point of no return: the supervisor runs nothing before it. It is
+    given, the run announced and its handle made as one step that Ctrl-C does not cut; a
+    Ctrl-C that comes during it is too late to undo the run, so its handle is returned
+    and the interrupt said."""
+    job = dumps(body())  # (before the record: a task that cannot be pickled leaves none)
+    handover = _Handover()
+    made: list[str] = []
     try:
-        run_id, run_dir = _new_record(name, ranks, nodes, dumps(body()), record.STARTING)
-        _spawn(run_dir, listen_fd, forks)
-    except BaseException:  # Ctrl-C while it starts too: no run left behind, half begun
-        if run_dir is not None:
-            _abandon(run_dir)
+        run_id = _new_record(name, ranks, nodes, job, record.STARTING, handover.key, made)
+        _step("record")
+        handover.start(made[0], listen_fd, forks)
+        _step("pid")
+        with deferred_interrupts() as caught:
+            handover.commit()
+            _step("go")
+            print(said(run_id), flush=True)
+            handle = attach(run_id, dashboard=dashboard)
+            late = bool(caught)
+            caught.clear()
+    except BaseException:
+        if not handover.committed:  # nothing ran: nothing is left
+            handover.abandon()
+            for run_dir in made:
+                record.remove(run_dir)
         raise
-    return run_id
+    if late:
+        print(
+            f"notebook_launcher: Ctrl-C came as run {run_id} started: it goes on (this is "
+            "its handle); .stop() stops it.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return handle
+
+
+class _Handover:
+    """A run handed to a supervisor: :meth:`start` forks it (warm: by this kernel's
+    forkserver, which has imported torch and holds none of this kernel's memory or fds;
+    cold where the forkserver cannot be had: a fresh interpreter, which imports torch), and
+    it says its pid; then it waits for its go (:meth:`commit`: the run's key) before it
+    runs anything. Without one (:meth:`abandon`, or this kernel's death) it ends and
+    removes the record. Made before anything starts, so that whatever point an error or a
+    Ctrl-C cuts it at, :meth:`abandon` knows what to undo."""
+
+    def __init__(self) -> None:
+        #: the run's key: the supervisor's go, and the seal of its task
+        self.key = secrets.token_bytes(record.KEY_BYTES)
+        self.pid: int | None = None
+        self.said = self.go = -1  # our ends of the pid pipe and of the go pipe
+        self.heard = False  # the pid pipe was read to its end
+        self.committed = False
+
+    def start(self, run_dir: str, listen_fd: int, forks: int) -> None:
+        """Fork the supervisor of ``run_dir`` and read its pid (``forks``: the ranks it
+        forks; the server's next spare forks as many ahead of its run)."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
+        log = record.open_private(run_dir, record.LOG, flags)  # (read here if it fails)
+        said_w = go_r = -1
+        try:
+            try:
+                with deferred_interrupts():  # every end of the pipes known, or none opened
+                    self.said, said_w = os.pipe()
+                    go_r, self.go = os.pipe()
+                server = _forkserver()
+                _step("forkserver")
+                with deferred_interrupts():  # a request half sent, a process nobody knows of
+                    warm = server is not None and _start_warm(
+                        server, run_dir, [said_w, log, go_r], listen_fd, forks
+                    )
+                    if not warm:
+                        _start_cold(run_dir, said_w, log, go_r, listen_fd)
+                _step("request")
+            finally:
+                for fd in (said_w, go_r):  # the supervisor holds the only copies left
+                    if fd >= 0:
+                        os.close(fd)
+            said = _read_until_closed(self.said, START_TIMEOUT)
+            self.heard = True
+            self.pid = _said_pid(said)
+            if self.pid is not None:
+                return
+            why = os.pread(log, 1 << 16, max(0, os.fstat(log).st_size - (1 << 16)))
+        finally:
+            os.close(log)
+        tail = why.decode(errors="replace")[-2000:].strip()
+        raise LaunchError(
+            "the supervisor of the detached run could not start"
+            + (f":\n{tail}" if tail else f" within {START_TIMEOUT:.0f} s (a loaded machine?)")
+        )
+
+    def commit(self) -> None:
+        """The go: the run's key down its pipe (the supervisor checks the task with it)."""
+        try:
+            os.write(self.go, self.key)  # (32 bytes into an empty pipe: never blocks)
+        except BrokenPipeError:
+            raise LaunchError(
+                f"the supervisor (pid {self.pid}) of the detached run ended before its go; "
+                "its log (supervisor.log in the run's record) may say why"
+            ) from None
+        finally:
+            self._close()
+        self.committed = True
+
+    def abandon(self) -> None:
+        """No go: a supervisor that got the request runs nothing and ends; returns once
+        it has."""
+        with deferred_interrupts():
+            if self.go >= 0:
+                os.close(self.go)
+                self.go = -1
+            if self.pid is None and self.said >= 0 and not self.heard:
+                self.pid = _said_pid(_read_until_closed(self.said, START_TIMEOUT))
+            self._close()
+            if self.pid is not None:
+                _wait_gone(self.pid, START_TIMEOUT)
+
+    def _close(self) -> None:
+        for fd in (self.said, self.go):
+            if fd >= 0:
+                os.close(fd)
+        self.said = self.go = -1
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Wait until process ``pid`` (not a child of ours) has ended; SIGKILL it after
+    ``timeout``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if not select.select([fd], [], [], timeout)[0]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            select.select([fd], [], [], 5.0)
+    finally:
+        os.close(fd)
 
 
 def _abandon(run_dir: str) -> None:
@@ -223,43 +384,11 @@ def _abandon(run_dir: str) -> None:
     record.remove(run_dir)
 
 
-def _spawn(run_dir: str, listen_fd: int, forks: int = 0) -> int:
-    """Start the supervisor (see ``_supervise``); its pid, once it runs.
-
-    Warm where it can be: forked by this kernel's forkserver (started first if need be,
-    then kept for the next runs), which has imported torch and holds none of this
-    kernel's memory or fds. Cold where the forkserver cannot be had: a fresh interpreter,
-    which imports torch (seconds). The supervisor says its pid on a pipe, then closes it.
-    ``forks``: the ranks it forks (the server's next spare forks as many ahead of its run).
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-    log = os.open(os.path.join(run_dir, record.LOG), flags, 0o600)
-    said_r, said_w = os.pipe()
-    try:
-        try:
-            server = _forkserver()
-            with deferred_interrupts():  # a request half sent, a process nobody knows of
-                warm = server is not None and _start_warm(
-                    server, run_dir, said_w, log, listen_fd, forks
-                )
-                if not warm:
-                    _start_cold(run_dir, said_w, log, listen_fd)
-        finally:
-            os.close(said_w)  # the supervisor holds the only write end left
-            os.close(log)
-        said = _read_until_closed(said_r, START_TIMEOUT)
-    finally:
-        os.close(said_r)
+def _said_pid(said: bytes) -> int | None:
     try:
         return int(said.decode().strip())
     except ValueError:
-        with open(os.path.join(run_dir, record.LOG), errors="replace") as f:
-            why = f.read()[-2000:].strip()
-        record.remove(run_dir)
-        raise LaunchError(
-            "the supervisor of the detached run could not start"
-            + (f":\n{why}" if why else f" within {START_TIMEOUT:.0f} s (a loaded machine?)")
-        ) from None
+        return None
 
 
 def _forkserver() -> Any:
@@ -273,11 +402,12 @@ def _forkserver() -> Any:
         return None
 
 
-def _start_warm(server: Any, run_dir: str, said: int, log: int, listen_fd: int, forks: int) -> bool:
-    """Ask the forkserver to fork the supervisor; False where the request could not be
-    sent (the server had died: nothing was forked). A server that dies once it has the
-    request raises: a supervisor may be running, so no second one is started."""
-    fds = [said, log] + ([listen_fd] if listen_fd >= 0 else [])
+def _start_warm(server: Any, run_dir: str, fds: list[int], listen_fd: int, forks: int) -> bool:
+    """Ask the forkserver to fork the supervisor with ``fds`` (its handshake pipe, its log,
+    its go pipe); False where the request could not be sent (the server had died: nothing
+    was forked). A server that dies once it has the request raises: a supervisor may be
+    running, so no second one is started."""
+    fds = fds + ([listen_fd] if listen_fd >= 0 else [])
     try:
         server.supervise(run_dir, fds, listen_fd >= 0, forks)
     except OSError:
@@ -296,11 +426,11 @@ def _supervisor_code(call: str) -> str:
     )
 
 
-def _start_cold(run_dir: str, said: int, log: int, listen_fd: int) -> None:
+def _start_cold(run_dir: str, said: int, log: int, go: int, listen_fd: int) -> None:
     code = _supervisor_code("main(sys.argv[1:])")
     proc = subprocess.Popen(
         [sys.executable, "-c", code, run_dir, str(listen_fd)],
-        stdin=subprocess.DEVNULL,
+        stdin=go,  # its go comes on its stdin
         stdout=said,
         stderr=log,
         pass_fds=(listen_fd,) if listen_fd >= 0 else (),

@@ -217,8 +217,7 @@ class _Server:
 
     def __init__(self, run_dir: str, meta: Meta) -> None:
         self.run_dir, self.meta = run_dir, meta
-        with open(os.path.join(run_dir, SECRET), "rb") as f:
-            self.secret = f.read()
+        self.secret = record.read_private(run_dir, SECRET)
         self.session: Session | None = None
         #: the session's cluster, started here (its job is this supervisor's)
         self.cluster: Any = None
@@ -491,34 +490,18 @@ def _terminate(signum: int, frame: Any) -> None:
     raise _Stop
 
 
-def serve(run_dir: str, meta: Meta) -> None:
+def serve(run_dir: str, meta: Meta, key: bytes) -> None:
     """The supervisor of a detached session (``_supervise.main`` after its fork): listen,
-    run the calls, and at the end remove the record."""
+    run the calls, and at the end remove the record. ``key``: the run's, from the kernel
+    (its task, sealed with it, is the kernel's path, environment and directory)."""
     server: _Server | None = None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         signal.signal(signal.SIGTERM, _terminate)
-        path = os.path.join(run_dir, SOCKET)
-        # bound under another name, listening, then renamed into place: a kernel that sees
-        # the socket can connect (one that connected between the bind and listen() was
-        # refused, and said the supervisor "does not answer": a loaded machine's test)
-        bound = path + ".new"
-        with _bindable(bound) as address:
-            old = os.umask(0o177)
-            try:
-                listener.bind(address)
-            finally:
-                os.umask(old)
-        os.chmod(bound, 0o600)
-        listener.listen(16)
-        os.rename(bound, path)
-        try:
-            task = os.path.join(run_dir, record.TASK)
-            with open(task, "rb") as f:  # the kernel's path, environment and directory
-                record.take_on(pickle.loads(f.read())["kernel"])
-            os.unlink(task)
-        except OSError:
-            pass
+        # the kernel's path, environment and directory (a task that is not the kernel's:
+        # refused before anything listens, and the session ends)
+        record.take_on(pickle.loads(record.read_task(run_dir, key))["kernel"])
+        _listen(listener, run_dir)
         server = _Server(run_dir, meta)
         threading.Thread(target=server.accept, args=(listener,), daemon=True).start()
         threading.Thread(target=_heartbeat, args=(run_dir,), daemon=True).start()
@@ -534,6 +517,24 @@ def serve(run_dir: str, meta: Meta) -> None:
                 _end(server)
         finally:
             record.remove(run_dir)
+
+
+def _listen(listener: socket.socket, run_dir: str) -> None:
+    """Bind ``listener`` to the record's socket, through a checked descriptor of the
+    record's directory (``_launch.detach``), and listen: bound under another name,
+    listening, then renamed into place, so that a kernel that sees the socket can connect
+    (one that connected between the bind and listen() was refused, and said the
+    supervisor "does not answer": a loaded machine's test)."""
+    bound = SOCKET + ".new"
+    with record._in(run_dir) as d:
+        old = os.umask(0o177)
+        try:
+            listener.bind(f"/proc/self/fd/{d}/{bound}")
+        finally:
+            os.umask(old)
+        os.chmod(bound, 0o600, dir_fd=d, follow_symlinks=False)
+        listener.listen(16)
+        os.rename(bound, SOCKET, src_dir_fd=d, dst_dir_fd=d)
 
 
 def _end(server: _Server) -> None:
@@ -616,9 +617,7 @@ class DetachedSession(Session):
         self._down = None
         self._closed = False
         self._detached = False
-        record.check_private(os.path.join(run_dir, SECRET))
-        with open(os.path.join(run_dir, SECRET), "rb") as f:
-            self._secret = f.read()
+        self._secret = record.read_private(run_dir, SECRET)
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -670,6 +669,14 @@ class DetachedSession(Session):
         except OSError:
             sock.close()
             raise self._gone() from None
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _ = struct.unpack("3i", creds)
+        if uid != os.getuid():  # (what it says is unpickled here: never another user's)
+            sock.close()
+            raise SessionRefused(
+                f"the socket of session {self.id} ({os.path.join(self.path, SOCKET)}) is "
+                f"served by process {pid} of uid {uid}, not by one of yours: refused"
+            )
         return sock
 
     def _wait(self, sock: socket.socket, view: Any, interrupts: bool) -> Any:
@@ -871,7 +878,7 @@ def start_detached(
     cluster (``options["cluster"]``, not started) that supervisor, on this host, starts the
     cluster (submits its Slurm job, holds its hub: the agents connect to it) and ends it
     with the session."""
-    from .detached import _abandon, _spawn
+    from .detached import _abandon, _Handover
 
     cluster = options.get("cluster")
     nodes = 1
@@ -886,19 +893,31 @@ def start_detached(
         )
     payload = dumps_checked({"num_processes": num_processes, **options}, "the session's options")
     record.sweep()
-    run_id, run_dir = record.new_run("session")
+    handover = _Handover()
+    made: list[str] = []
     try:
-        record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(SECRET_BYTES))
-        meta = Meta(run_id, "session", time.time(), num_processes or 0, kind="session", nodes=nodes)
-        record.write_meta(run_dir, meta)
-        payload_file = pickle.dumps({"kernel": record.the_kernel()})
-        record.write_private(os.path.join(run_dir, record.TASK), payload_file)
-        pid = _spawn(run_dir, -1)
+        with deferred_interrupts():  # a record whole, or none
+            run_id, run_dir = record.new_run("session")
+            made.append(run_dir)
+            record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(SECRET_BYTES))
+            meta = Meta(
+                run_id, "session", time.time(), num_processes or 0, kind="session", nodes=nodes
+            )
+            record.write_meta(run_dir, meta)
+            payload_file = pickle.dumps({"kernel": record.the_kernel()})
+            sealed = record.seal(handover.key, payload_file)
+            record.write_private(os.path.join(run_dir, record.TASK), sealed)
+        handover.start(run_dir, -1, 0)
+        handover.commit()
+        assert handover.pid is not None
         session = DetachedSession(run_id, run_dir, dashboard)
-        _wait_listening(run_dir, pid)
+        _wait_listening(run_dir, handover.pid)
         status = session._call("start", payload, view=session._view())
     except BaseException:  # a failed start, Ctrl-C: no supervisor, no record left
-        _abandon(run_dir)
+        if not handover.committed:
+            handover.abandon()
+        for run_dir in made:
+            _abandon(run_dir)
         raise
     where = f" on {nodes} node(s), its supervisor here owning the cluster's job" if cluster else ""
     print(
@@ -916,8 +935,11 @@ def _wait_listening(run_dir: str, pid: int) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while not os.path.exists(path):
         if not record.running(pid) or time.monotonic() > deadline:
-            with open(os.path.join(run_dir, record.LOG), errors="replace") as f:
-                why = f.read()[-2000:].strip()
+            try:
+                why = record.read_private(run_dir, record.LOG).decode(errors="replace")
+            except OSError:
+                why = ""
+            why = why[-2000:].strip()
             raise LaunchError(
                 "the supervisor of the detached session could not start"
                 + (f":\n{why}" if why else f" within {START_TIMEOUT:.0f} s")

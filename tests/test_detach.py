@@ -57,9 +57,10 @@ def runs_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         yield root
     finally:
         for path in record.records():  # a failed test: its supervisors must not outlive it
-            meta = record.read_meta(path)
-            if meta.pid is not None and record.supervisor_alive(meta):
-                os.kill(meta.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError, ValueError):  # (a record made not ours)
+                meta = record.read_meta(path)
+                if meta.pid is not None and record.supervisor_alive(meta):
+                    os.kill(meta.pid, signal.SIGKILL)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -43,15 +43,27 @@ supervisor and every kernel that attaches share nothing but a directory, one per
 What protects a run is the file system: the directories are 0700 and the files 0600, so
 only their user (and root) can read the outputs, the task or the result, and only that user
 can signal the supervisor. A record that is not private (another owner, group or other
-permissions) is refused, not read.
+permissions) is refused, not read -- and not only by ``attach``: every file of a record is
+opened through a descriptor of its directory, checked (this user's, 0700, not a symlink)
+once it is open, then the file itself checked the same way (this user's, 0600, a plain
+file), so that a path swapped between a check and its use (a records root in a folder
+others can write to) is never followed. The root of the records must be this user's too
+(made 0700 if it is not): one that another user made first is refused, saying whose it is.
+A run's task is bound to its run: the kernel seals it with a key of the run's own
+(:func:`seal`), which the supervisor gets over the hand-over, never from the record, and a
+task that does not carry it is refused before anything of it is unpickled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
+import hmac
 import json
 import os
 import pickle
+import pwd
 import secrets
 import shutil
 import stat
@@ -116,6 +128,14 @@ class RecordNotPrivate(LaunchError, PermissionError):
     """A run record that others could read or write: refused."""
 
 
+class RecordFull(LaunchError, OSError):
+    """The file system that holds the records is full (or the user's quota is spent)."""
+
+
+class RecordDamaged(LaunchError, ValueError):
+    """A record file that does not read as notebook_launcher writes it."""
+
+
 @dataclass
 class Meta:
     """What ``meta.json`` says of a run."""
@@ -158,24 +178,179 @@ def retention() -> float:
         ) from None
 
 
-def _private_dir(path: str) -> None:
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)  # whatever the umask, or an older directory's mode
+#: how a directory of the records is opened: never through a symlink
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _not_private(path: str, st: os.stat_result) -> RecordNotPrivate:
+    mode = stat.S_IMODE(st.st_mode)
+    link = ", a symlink" if stat.S_ISLNK(st.st_mode) else ""
+    return RecordNotPrivate(
+        f"the run record {path} is not private (owner uid {st.st_uid}, mode "
+        f"{mode:04o}{link}): refused. Records are yours alone (directories 0700, files "
+        "0600); one that is not was not made by notebook_launcher for you. Remove it, or "
+        "chmod it back if you loosened it yourself."
+    )
+
+
+def _foreign_root(base: str, why: os.stat_result | OSError) -> RecordNotPrivate:
+    """The records' root cannot be this user's: whose it is, and what to do."""
+    fix = (
+        f"Choose a folder of your own: unset {ROOT_ENV} for ~/.notebook_launcher/runs, or "
+        "set it to a new folder under your home (on a shared file system, one that only "
+        "you can write to)."
+    )
+    if isinstance(why, OSError):
+        return RecordNotPrivate(
+            f"the records folder {base} cannot be used ({why.strerror or why}): refused. {fix}"
+        )
+    if stat.S_ISLNK(why.st_mode):
+        what = "is a symlink"
+    else:
+        what = f"belongs to {_user(why.st_uid)}, not to you ({_user(os.getuid())})"
+    return RecordNotPrivate(
+        f"the records folder {base} {what}: refused -- its owner could read a run's task "
+        f"and result there, or swap them for its own, and a run's supervisor would run "
+        f"that. {fix}"
+    )
+
+
+def _open_root(create: bool) -> int | None:
+    """A descriptor of the records' root, checked: this user's, 0700 (``create``: made if
+    need be, tightened to 0700 if it is this user's and looser; else a looser one is
+    refused). None when it does not exist (and ``create`` is false)."""
+    base = root()
+    if create:
+        try:
+            os.makedirs(base, 0o700, exist_ok=True)
+        except OSError as exc:
+            if exc.errno in _FULL:
+                raise RecordFull(_full(base, exc)) from None
+            if not os.path.lexists(base):
+                raise _foreign_root(base, exc) from None
+    try:
+        fd = os.open(base, _DIR)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as exc:
+        why: os.stat_result | OSError = exc
+        with contextlib.suppress(OSError):
+            why = os.lstat(base)
+        raise _foreign_root(base, why) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid():
+            raise _foreign_root(base, st)
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            if not create:
+                raise _not_private(base, st)
+            os.fchmod(fd, 0o700)  # ours, looser: whatever the umask, or an older mode
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_dir(path: str, dir_fd: int | None = None) -> int:
+    """A descriptor of the record directory ``path``, checked once open: a directory, not
+    a symlink, this user's, 0700. What is inside it can only be this user's doing."""
+    try:
+        fd = os.open(path, _DIR, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EACCES):
+            raise
+        raise _not_private(path, os.lstat(path, dir_fd=dir_fd)) from None
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        os.close(fd)
+        raise _not_private(path, st)
+    return fd
+
+
+@contextlib.contextmanager
+def _in(run_dir: str) -> Iterator[int]:
+    fd = _open_dir(run_dir)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_private(run_dir: str, name: str, flags: int = os.O_RDONLY) -> int:
+    """A descriptor of file ``name`` of the record ``run_dir``, opened through a checked
+    descriptor of the directory and checked itself once open (a plain file, this user's,
+    nothing for group or others); created 0600 with ``os.O_CREAT``."""
+    with _in(run_dir) as d:
+        try:
+            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise _not_private(os.path.join(run_dir, name), os.lstat(name, dir_fd=d)) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise _not_private(os.path.join(run_dir, name), st)
+    return fd
+
+
+def read_private(run_dir: str, name: str) -> bytes:
+    """The whole of file ``name`` of the record (:func:`open_private`)."""
+    fd = open_private(run_dir, name)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _full(path: str, exc: OSError) -> str:
+    return (
+        f"disk full: {path} could not be written ({exc.strerror}). Free space on that file "
+        f"system (or raise your quota there), or move the records elsewhere with {ROOT_ENV}."
+    )
 
 
 def new_run(function: str) -> tuple[str, str]:
-    """A new run's id and its (empty, private) directory."""
+    """A new run's id and its (empty, private) directory: made in the checked root, and
+    checked again once made."""
+    base_fd = _open_root(create=True)
+    assert base_fd is not None
     base = root()
-    _private_dir(base)
-    for _ in range(100):
-        run_id = secrets.token_hex(3)
-        path = os.path.join(base, run_id)
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
-        os.chmod(path, 0o700)
-        return run_id, path
+    try:
+        for _ in range(100):
+            run_id = secrets.token_hex(3)
+            try:
+                os.mkdir(run_id, 0o700, dir_fd=base_fd)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                if exc.errno in _FULL:
+                    raise RecordFull(_full(os.path.join(base, run_id), exc)) from None
+                raise
+            fd = os.open(run_id, _DIR, dir_fd=base_fd)
+            try:
+                st = os.fstat(fd)
+                if st.st_uid != os.getuid():  # (it cannot be, in a root that is ours)
+                    raise _not_private(os.path.join(base, run_id), st)
+                os.fchmod(fd, 0o700)  # whatever the umask
+            finally:
+                os.close(fd)
+            return run_id, os.path.join(base, run_id)
+    finally:
+        os.close(base_fd)
     raise LaunchError(f"no free run id under {base}: remove old records there")
 
 
@@ -188,28 +363,80 @@ def check_private(path: str) -> None:
         return
     mode = stat.S_IMODE(st.st_mode)
     if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or mode & 0o077:
-        raise RecordNotPrivate(
-            f"the run record {path} is not private (owner uid {st.st_uid}, mode "
-            f"{mode:04o}{', a symlink' if stat.S_ISLNK(st.st_mode) else ''}): refused. "
-            "Records are yours alone (directories 0700, files 0600); one that is not was "
-            "not made by notebook_launcher for you. Remove it, or chmod it back if you "
-            "loosened it yourself."
-        )
+        raise _not_private(path, st)
 
 
 def write_private(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` as a whole (a reader sees the old file or the new one),
-    mode 0600."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` (a file of a record) as a whole (a reader sees the old
+    file or the new one), mode 0600, through a checked descriptor of its directory. A
+    write that fails leaves no temporary file; a full disk raises :class:`RecordFull`."""
+    run_dir, name = os.path.split(path)
+    with _in(run_dir) as d:
+        tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=d)  # fmt: skip
+            try:
+                os.fchmod(fd, 0o600)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=d)
+            if isinstance(exc, OSError) and exc.errno in _FULL:
+                raise RecordFull(_full(path, exc)) from exc
+            raise
+
+
+#: The variable that carries a run's key into its supervisor inside a Slurm job (set by
+#: the batch script, which goes to sbatch on its stdin; taken out of the environment first).
+KEY_ENV = "NOTEBOOK_LAUNCHER_RUN_KEY"
+#: A sealed task: this tag, then its MAC (keyed BLAKE2b of the run's key), then the pickle.
+_SEALED = b"NLTASK1\n"
+KEY_BYTES = 32
+
+
+def seal(key: bytes, payload: bytes) -> bytes:
+    """``payload`` (a run's task) with a MAC of the run's ``key``: the supervisor that got
+    the key from the kernel (never from the record) runs this task and no other."""
+    return _SEALED + hashlib.blake2b(payload, key=key, digest_size=32).digest() + payload
+
+
+def unseal(key: bytes, sealed: bytes, where: str) -> bytes:
+    """The payload of :func:`seal`, or :class:`RecordNotPrivate` for a task that its run's
+    kernel did not write (nothing of it unpickled)."""
+    head = len(_SEALED) + 32
+    mac = hashlib.blake2b(sealed[head:], key=key, digest_size=32).digest()
+    if not sealed.startswith(_SEALED) or not hmac.compare_digest(sealed[len(_SEALED) : head], mac):
+        raise RecordNotPrivate(
+            f"the task in {where} is not the one this run's kernel wrote (its seal does not "
+            "match the run's key): refused, nothing of it was run. Something replaced the "
+            "record's files; start the run again, with the records in a folder only you can "
+            f"write to ({ROOT_ENV})."
+        )
+    return sealed[head:]
+
+
+def read_task(run_dir: str, key: bytes) -> bytes:
+    """The run's task, checked against its ``key``, then removed from the record (it, and
+    what its arguments hold, stays no longer than needed)."""
+    with _in(run_dir) as d:
+        fd = os.open(TASK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise _not_private(os.path.join(run_dir, TASK), st)
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        os.unlink(TASK, dir_fd=d)
+    return unseal(key, b"".join(chunks), os.path.join(run_dir, TASK))
 
 
 def the_kernel() -> dict[str, Any]:
@@ -239,8 +466,7 @@ def write_meta(run_dir: str, meta: Meta) -> None:
 
 
 def read_meta(run_dir: str) -> Meta:
-    with open(os.path.join(run_dir, META), "rb") as f:
-        fields = json.loads(f.read())
+    fields = json.loads(read_private(run_dir, META))
     known = set(Meta.__dataclass_fields__)
     return Meta(**{k: v for k, v in fields.items() if k in known})
 
@@ -281,9 +507,8 @@ _JOBS_SEEN: dict[str, tuple[float, bool]] = {}
 def job_of(run_dir: str) -> str | None:
     """The Slurm job a queued run's supervisor starts in (None: not submitted yet)."""
     try:
-        with open(os.path.join(run_dir, JOB)) as f:
-            return f.read().strip() or None
-    except OSError:
+        return read_private(run_dir, JOB).decode().strip() or None
+    except (OSError, UnicodeDecodeError):
         return None
 
 
@@ -310,12 +535,17 @@ def queued_job_ended(run_dir: str, meta: Meta) -> bool:
 def beat(run_dir: str) -> bool:
     """The supervisor's heartbeat (``HEARTBEAT_INTERVAL``): its file touched; True when a
     kernel on another host asked for the run to stop (the stop file)."""
-    path = os.path.join(run_dir, HEARTBEAT)
-    try:
-        os.utime(path)
-    except FileNotFoundError:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-    return os.path.exists(os.path.join(run_dir, STOP))
+    with _in(run_dir) as d:
+        try:
+            os.utime(HEARTBEAT, dir_fd=d, follow_symlinks=False)
+        except FileNotFoundError:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(HEARTBEAT, flags, 0o600, dir_fd=d))
+        try:
+            os.stat(STOP, dir_fd=d, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
 
 
 def ask_to_stop(run_dir: str) -> None:
@@ -344,38 +574,56 @@ def find(run_id: str) -> str:
     """The directory of run ``run_id``, checked to be private."""
     base = root()
     path = os.path.join(base, run_id)
-    if (
-        not run_id
-        or os.sep in run_id
-        or run_id.startswith(".")
-        or not os.path.exists(os.path.join(path, META))
-    ):
-        raise RunNotFound(
-            f"no run {run_id!r} under {base}: notebook_launcher.runs() lists the runs "
-            "there (a run whose result was taken is removed; runs started with another "
-            f"{ROOT_ENV} live elsewhere)"
-        )
-    check_private(base)
-    check_private(path)
-    check_private(os.path.join(path, META))
+    missing = RunNotFound(
+        f"no run {run_id!r} under {base}: notebook_launcher.runs() lists the runs "
+        "there (a run whose result was taken is removed; runs started with another "
+        f"{ROOT_ENV} live elsewhere)"
+    )
+    if not run_id or os.sep in run_id or run_id.startswith(".") or "\0" in run_id:
+        raise missing
+    base_fd = _open_root(create=False)
+    if base_fd is None:
+        raise missing
+    try:
+        try:
+            os.stat(os.path.join(run_id, META), dir_fd=base_fd, follow_symlinks=False)
+        except OSError:
+            if os.path.lexists(path):  # a directory not ours: said so
+                os.close(_open_dir(run_id, dir_fd=base_fd))
+            raise missing from None
+        os.close(_open_dir(run_id, dir_fd=base_fd))
+    finally:
+        os.close(base_fd)
+    os.close(open_private(path, META))
     return path
 
 
 def records() -> Iterator[str]:
-    """Every run directory under the root."""
-    base = root()
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
+    """Every run directory under the root (the root checked: this user's, private)."""
+    base_fd = _open_root(create=False)
+    if base_fd is None:
         return
-    for name in names:
-        path = os.path.join(base, name)
-        if os.path.exists(os.path.join(path, META)):
-            yield path
+    try:
+        names = sorted(os.listdir(base_fd))
+        base = root()
+        found = []
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.stat(os.path.join(name, META), dir_fd=base_fd, follow_symlinks=False)
+                found.append(os.path.join(base, name))
+    finally:
+        os.close(base_fd)
+    yield from found
 
 
 def remove(run_dir: str) -> None:
-    shutil.rmtree(run_dir, ignore_errors=True)
+    """Remove a record -- only a directory of this user's (never through a symlink)."""
+    try:
+        st = os.lstat(run_dir)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def sweep(now: float | None = None) -> None:
@@ -406,9 +654,7 @@ class EventWriter:
     after the events it covers."""
 
     def __init__(self, run_dir: str, digest_every: float | None = None) -> None:
-        path = os.path.join(run_dir, EVENTS)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        self.fd = os.open(path, flags, 0o600)
+        self.fd = open_private(run_dir, EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.fchmod(self.fd, 0o600)
         self.run_dir = run_dir
         self.digest_every = digest_every
@@ -448,7 +694,7 @@ def write_digest(run_dir: str, keep: int = DIGEST_LINES) -> None:
     :func:`_digest`), and how many older lines of each rank it left out. Its cost is the
     last digest's size and what was written since, not the log's."""
     offset, left_out, data = read_digest(run_dir)
-    fd = os.open(os.path.join(run_dir, EVENTS), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    fd = open_private(run_dir, EVENTS)
     try:
         os.lseek(fd, offset, os.SEEK_SET)
         chunks = [data]
@@ -474,8 +720,7 @@ def read_digest(run_dir: str) -> tuple[int, dict[int, int], bytes]:
     """``(offset in events.log it covers up to, rank -> lines left out, its frames)``;
     ``(0, {}, b"")`` when there is none."""
     try:
-        with open(os.path.join(run_dir, DIGEST), "rb") as f:
-            data = f.read()
+        data = read_private(run_dir, DIGEST)
     except FileNotFoundError:
         return 0, {}, b""
     offset, ranks = _DIGEST_HEAD.unpack_from(data, 0)
@@ -530,6 +775,7 @@ class EventReader:
     """Reads ``events.log`` from the start, then what was appended since the last read."""
 
     def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
         self.path = os.path.join(run_dir, EVENTS)
         self.fd = -1
         self.buffer = b""
@@ -555,7 +801,7 @@ class EventReader:
             return self.read(), {}
         digested: dict[int, int] = {}
         if self.fd < 0 and keep_lines <= DIGEST_LINES:  # the first read: from the digest
-            offset, digested, digest = read_digest(os.path.dirname(self.path))
+            offset, digested, digest = read_digest(self.run_dir)
             if offset and self._open():
                 os.lseek(self.fd, offset, os.SEEK_SET)
                 self.buffer = digest
@@ -577,7 +823,7 @@ class EventReader:
     def _open(self) -> bool:
         if self.fd < 0:
             try:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                self.fd = open_private(self.run_dir, EVENTS)
             except FileNotFoundError:
                 return False
         return True
@@ -681,9 +927,7 @@ def read_result(run_dir: str) -> Any:
     traceback)."""
     from .._serialization import loads, rebuild_exception
 
-    check_private(os.path.join(run_dir, RESULT))
-    with open(os.path.join(run_dir, RESULT), "rb") as f:
-        kind, data = pickle.loads(f.read())
+    kind, data = pickle.loads(read_private(run_dir, RESULT))
     if kind == "returned":
         return loads(data)
     rebuilt = rebuild_exception(data)
@@ -698,21 +942,28 @@ __all__ = [
     "EventReader",
     "EventWriter",
     "Meta",
+    "RecordDamaged",
+    "RecordFull",
     "RecordNotPrivate",
     "RunNotFound",
     "check_private",
     "find",
     "new_run",
+    "open_private",
     "read_meta",
+    "read_private",
     "read_result",
+    "read_task",
     "records",
     "remove",
     "retention",
     "running",
     "root",
+    "seal",
     "state_of",
     "supervisor_alive",
     "sweep",
+    "unseal",
     "write_meta",
     "write_private",
     "write_result",

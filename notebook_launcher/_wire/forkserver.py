@@ -47,7 +47,8 @@ class Fork:
 class Supervise:
     """Fork the supervisor of the detached run recorded in ``run_dir`` (``_supervise``),
     with the fds that come with this frame: the write end of its handshake pipe, its log
-    (``supervisor.log``), and the rendezvous listener when ``has_listen``. ``forks``: how
+    (``supervisor.log``), the read end of its go pipe (the run's key comes there), and the
+    rendezvous listener when ``has_listen``. ``forks``: how
     many ranks it forks on this machine (0: none, a session's or a cluster's): the next
     spare forks as many ahead (``_launch.pool``)."""
 
