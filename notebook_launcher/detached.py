@@ -631,6 +631,11 @@ class _Follower:
         #: while the run's Slurm job is queued: when to ask Slurm again, what it said
         self.next_look = 0.0
         self.waiting: str | None = None
+        #: a supervisor on another host: its heartbeat's last time seen, when it was seen
+        #: to change (this host's monotonic clock), and whether its silence was said
+        self.beat = -1.0
+        self.beat_seen = time.monotonic()
+        self.unheard = False
 
     def follow(self) -> None:
         try:
@@ -663,19 +668,48 @@ class _Follower:
             self._end(outcome)
         elif state == record.QUEUED:
             self._queued(meta)
+        elif record.elsewhere(meta) and state != record.DIED:
+            self._listen(meta)
         elif state == record.DIED and meta.pid is None and meta.state == record.QUEUED:
             self._end(self._never_started(meta))
         elif state == record.DIED:
             where = f" on host {meta.host}" if record.elsewhere(meta) else ""
-            silent = f" (no heartbeat for over {record.HEARTBEAT_STALE:.0f} s)" if where else ""
+            found = f" (its host {meta.host} found it gone)" if where else ""
             why = (
                 f"the supervisor (pid {meta.pid}{where}) of run {meta.id} died before the "
-                f"run ended{silent}: its ranks were ended with it. Its own log may say "
+                f"run ended{found}: its ranks were ended with it. Its own log may say "
                 f"why: {os.path.join(self.run_dir, record.LOG)}"
             )
             wall = time.time() - meta.started
             self.view.handle(LaunchFinished(False, why, None, wall, time.time()))
             self._end(LaunchError(why))
+
+    def _listen(self, meta: Meta) -> None:
+        """A run whose supervisor runs on another host: say when its heartbeat has not
+        changed for longer than ``HEARTBEAT_STALE`` (by this host's own clock: how long
+        this kernel has seen no beat, whatever the other clocks say), and when it beats
+        again. Never taken for its end: only its own host can tell that."""
+        try:
+            beat = os.stat(os.path.join(self.run_dir, record.HEARTBEAT)).st_mtime
+        except OSError:
+            return
+        now = time.monotonic()
+        if beat != self.beat:
+            if self.unheard:
+                self.unheard = False
+                print(f"notebook_launcher: run {meta.id}: heard from again", file=sys.stderr)
+            self.beat, self.beat_seen = beat, now
+        elif now - self.beat_seen > record.HEARTBEAT_STALE and not self.unheard:
+            self.unheard = True
+            print(
+                f"notebook_launcher: run {meta.id}: its supervisor on host {meta.host} has "
+                f"not been heard from for {now - self.beat_seen:.0f} s (its heartbeat file "
+                "unchanged): still following. Only its own host can tell whether it ended "
+                "(a stalled or swapping machine, or a slow file server, catches up); "
+                "stop() asks it to stop through the record.",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _queued(self, meta: Meta) -> None:
         """The run's job waits in Slurm's queue: say its state when it changes."""
@@ -844,6 +878,12 @@ def runs() -> Runs:
         state = record.state_of(meta, path)
         if meta.state == record.QUEUED and not meta.cluster:  # (its supervisor names it)
             meta.cluster = f"Slurm job {record.job_of(path)}, {meta.nodes} node(s)"
+        unheard = record.unheard_for(meta, path) if state != record.DIED else None
+        if unheard is not None:
+            meta.summary = (
+                f"not heard from for {unheard:.0f} s by this host's clock (its host "
+                f"{meta.host} can tell whether it ended)"
+            )
         info = RunInfo(meta.id, meta.function, meta.started, state, meta.ranks, path)
         found.append(
             dataclasses.replace(

@@ -1,5 +1,8 @@
 """Detached runs and sessions under attack (issue 32), each provoked for real.
 
+* A run seen from another host (a UTS namespace of its own, another host name; its clock
+  skewed with faketime): dead only when its own host says so; from elsewhere "not heard
+  from for N s", and nothing deleted that is not known to be over.
 * A records folder another user made (``NOTEBOOK_LAUNCHER_RUNS_DIR`` in a shared place): a
   root kernel refuses it, saying whose it is, instead of running that user's ``task.pkl``
   as root; a record swapped under the supervisor (the root's parent writable by others)
@@ -19,8 +22,12 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +39,7 @@ from notebook_launcher._launch import detach as record
 from notebook_launcher._posix import quiet_fork
 from notebook_launcher.errors import LaunchError
 
-from .helpers import wait_until
+from .helpers import ROOT, kernel_env, require_system, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -251,3 +258,195 @@ def test_a_user_who_meets_another_users_records_folder_is_told_whose_it_is(
         assert said.startswith("RecordNotPrivate: "), (work.__name__, said)
         assert f"the records folder {shared / 'runs'} belongs to root (uid 0)" in said, said
         assert "not to you (nobody" in said and record.ROOT_ENV in said, said
+
+
+# --- a kernel on another host --------------------------------------------------------------
+
+
+class _OtherHost:
+    """A kernel on another host that shares the records' folder (a home on NFS): this
+    machine's interpreter in a UTS namespace of its own (another host name), its clock
+    skewed with faketime where asked. Runs ``code``; its lines are read as they come."""
+
+    def __init__(self, code: str, skew: str | None = None, **env: str) -> None:
+        tools = {"unshare": "util-linux", **({"faketime": "faketime"} if skew else {})}
+        lacking = [f"{t} (apt-get install {p})" for t, p in tools.items() if not shutil.which(t)]
+        if os.getuid() != 0:
+            lacking.insert(0, "root (a UTS namespace, another host name, is made with unshare)")
+        require_system("a kernel on another host", lacking)
+        clock = ["faketime", "-f", skew] if skew else []
+        command = [
+            "unshare", "-u", "sh", "-c", 'hostname login9 && exec "$@"', "sh",
+            *clock, sys.executable, "-c", textwrap.dedent(code),
+        ]  # fmt: skip
+        full = {**kernel_env(), "PYTHONPATH": str(ROOT), **env}
+        self.proc = subprocess.Popen(
+            command, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [
+            threading.Thread(target=self._read, args=(s, lines), daemon=True)
+            for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line)
+
+    def said(self, text: str, stream: str = "out") -> str:
+        """The first line with ``text`` (waits for it)."""
+        lines = self.out if stream == "out" else self.err
+
+        def found() -> bool:
+            if self.proc.poll() is not None:
+                for reader in self.readers:
+                    reader.join(5)
+                if not any(text in line for line in lines):
+                    raise AssertionError(f"the other host ended: {''.join(self.out + self.err)}")
+            return any(text in line for line in lines)
+
+        wait_until(found, 90, f"the other host to say {text!r}")
+        return next(line for line in lines if text in line)
+
+    def end(self) -> str:
+        """Its exit (waited for) and all it said."""
+        self.proc.wait(90)
+        self.kill()
+        said = "".join(self.out + self.err)
+        assert self.proc.returncode == 0, said
+        return said
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for reader in self.readers:
+            reader.join(5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _gated(gate: str) -> Callable[[], int]:
+    def steps() -> int:
+        import os
+        import time
+
+        import torch.distributed as dist
+
+        i = 0
+        while not os.path.exists(gate):
+            print(f"step {i}", flush=True)
+            i += 1
+            time.sleep(0.05)
+        return dist.get_rank() * 10
+
+    return steps
+
+
+@pytest.fixture
+def runs_here(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Run records under a folder of this test's (the other host reads them too)."""
+    base = Path(tempfile.mkdtemp(prefix="nl-runs-"))
+    monkeypatch.setenv(record.ROOT_ENV, str(base / "runs"))
+    try:
+        yield base / "runs"
+    finally:
+        for path in record.records():  # a failed test: its supervisors must not outlive it
+            with contextlib.suppress(OSError, ValueError):
+                meta = record.read_meta(path)
+                if meta.pid is not None and record.supervisor_alive(meta):
+                    os.kill(meta.pid, signal.SIGCONT)
+                    os.kill(meta.pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.timeout(150)
+def test_a_live_run_seen_from_a_host_whose_clock_is_ahead_is_neither_dead_nor_swept(
+    runs_here: Path, tmp_path: Path
+) -> None:
+    """The other host's clock is 2 minutes ahead and its retention 60 s: its runs() sweep
+    deleted the record of a running run (its heartbeat looked 2 minutes old), and
+    attach(id).result() said the ranks were ended with a supervisor that was fine. Now:
+    running, "not heard from" by that host's clock, kept, and its result taken there."""
+    gate = tmp_path / "gate"
+    handle = notebook_launcher(_gated(str(gate)), num_processes=2, detach=True, dashboard=False)
+    handle.detach()
+    meta = record.read_meta(handle.path)
+    there = _OtherHost(
+        f"""
+        from notebook_launcher import attach, runs
+        [info] = runs()
+        print("STATE", info.state, "|", info.summary, flush=True)
+        handle = attach({handle.id!r}, dashboard=False, keep=True)
+        print("ATTACHED", flush=True)
+        print("RESULT", handle.result(timeout=90), flush=True)
+        """,
+        skew="+120s",
+        **{record.RETENTION_ENV: "60"},
+    )
+    try:
+        state = there.said("STATE")
+        assert "STATE running |" in state and "not heard from for 1" in state, state
+        there.said("ATTACHED")
+        gate.touch()
+        assert "RESULT [0, 10]" in there.said("RESULT")
+        said = there.end()
+    finally:
+        there.kill()
+    assert "died" not in said and "were ended" not in said, said
+    assert [(r.id, r.state) for r in runs()] == [(handle.id, record.OK)]  # kept, as asked
+    assert meta.pid is not None
+    wait_until(lambda: not record.running(meta.pid), 10, "the supervisor to exit")
+
+
+@pytest.mark.timeout(150)
+def test_a_stalled_supervisor_seen_from_another_host_is_not_heard_from_not_dead(
+    runs_here: Path, tmp_path: Path
+) -> None:
+    """A supervisor stopped (SIGSTOP: a swapping machine, a stalled NFS client) for longer
+    than the stale threshold: the other host's attach(id).result() said "its ranks were
+    ended with it" (false) and removed the record; the run then finished headless, its
+    result lost. Now that host says "not heard from", keeps following, and gets the
+    result once the supervisor goes on."""
+    gate = tmp_path / "gate"
+    handle = notebook_launcher(_gated(str(gate)), num_processes=2, detach=True, dashboard=False)
+    handle.detach()
+    meta = record.read_meta(handle.path)
+    assert meta.pid is not None
+    stale = "import notebook_launcher._launch.detach as record; record.HEARTBEAT_STALE = 1.0\n"
+    there = _OtherHost(
+        stale
+        + f"""
+from notebook_launcher import attach
+handle = attach({handle.id!r}, dashboard=False, keep=True)
+print("ATTACHED", flush=True)
+print("RESULT", handle.result(timeout=120), flush=True)
+"""
+    )
+    try:
+        there.said("ATTACHED")
+        os.kill(meta.pid, signal.SIGSTOP)
+        try:
+            there.said("has not been heard from", stream="err")
+            lister = _OtherHost(
+                stale + "from notebook_launcher import runs\n"
+                "print([(r.state, r.summary) for r in runs()])\n"
+            )
+            listed = lister.end()
+            assert "('running', \"not heard from for" in listed, listed
+        finally:
+            os.kill(meta.pid, signal.SIGCONT)
+        there.said("heard from again", stream="err")
+        gate.touch()
+        assert "RESULT [0, 10]" in there.said("RESULT")
+        said = there.end()
+    finally:
+        there.kill()
+    assert "died" not in said and "were ended" not in said, said
+    assert [(r.id, r.state) for r in runs()] == [(handle.id, record.OK)]
+    wait_until(lambda: not record.running(meta.pid), 10, "the supervisor to exit")

@@ -16,7 +16,9 @@ supervisor and every kernel that attaches share nothing but a directory, one per
       result.pkl    at the end: the per-rank values, or the exception to raise       0600
       supervisor.log  the supervisor's own stderr (why it could not start, if so)   0600
       heartbeat     touched by the supervisor every second while the run runs: how  0600
-                    a kernel on another host (the record on a shared home) knows it lives
+                    a kernel on another host (the record on a shared home) knows it
+                    was heard from lately -- never that it died: only its own host
+                    can tell that (its pid gone there), and says so in meta.json
       stop          written by a kernel on another host to stop the run (it cannot  0600
                     signal the supervisor): the supervisor stops it within a second
       digest.log    every 10 s: what a view that shows each rank's latest lines      0600
@@ -102,10 +104,13 @@ DIGEST_INTERVAL = 10.0
 DIGEST_LINES = 2000
 #: Seconds between two touches of a running supervisor's heartbeat file.
 HEARTBEAT_INTERVAL = 1.0
-#: A supervisor on another host whose heartbeat is older than this is taken for dead.
+#: A supervisor on another host whose heartbeat is older than this is "not heard from"
+#: (a stalled or swapping machine, a slow file server, or clocks that differ): said, and
+#: never taken for dead -- only its own host can tell that.
 HEARTBEAT_STALE = 15.0
 
-#: The states a run's meta file says; "supervisor died" is never written, it is found.
+#: The states a run's meta file says; "supervisor died" is found, by the supervisor's own
+#: host (its pid gone there), which then writes it for the other hosts to read.
 RUNNING, OK, FAILED, STOPPED, DIED = "running", "ok", "failed", "stopped", "supervisor died"
 STARTING = "starting"
 #: a run whose supervisor starts inside its Slurm job, while that job waits in the queue
@@ -481,21 +486,32 @@ def elsewhere(meta: Meta) -> bool:
 
 
 def supervisor_alive(meta: Meta, run_dir: str | None = None) -> bool:
-    """The run's supervisor is still the process it was (not a pid reused since); of a
-    supervisor on another host (``run_dir`` given), its heartbeat is recent."""
+    """The run's supervisor is still the process it was (not a pid reused since). Only its
+    own host can tell: one on another host is taken to live until its host says otherwise
+    in the record (a heartbeat judged from here is a guess: :func:`unheard_for`)."""
     if meta.pid is None:
         if meta.state == QUEUED and run_dir is not None:
             return not queued_job_ended(run_dir, meta)
+        if elsewhere(meta):
+            return meta.state in (STARTING, QUEUED)  # (its kernel's host tells)
         return meta.state in (STARTING, QUEUED) and time.time() - meta.started < 30
     if elsewhere(meta):
-        if run_dir is None:
-            return True  # (no way to tell: the caller's record says)
-        try:
-            beat = os.stat(os.path.join(run_dir, HEARTBEAT)).st_mtime
-        except OSError:
-            return False
-        return time.time() - beat < HEARTBEAT_STALE
+        return True
     return running(meta.pid) and start_time(meta.pid) == meta.pid_start
+
+
+def unheard_for(meta: Meta, run_dir: str) -> float | None:
+    """Seconds since the heartbeat of a run's supervisor on another host was touched, by
+    this host's clock, when more than :data:`HEARTBEAT_STALE` (None: heard from lately, or
+    not a running run elsewhere). Not a death: that host may be stalled, or its clock (or
+    the file server's) differ from this one's."""
+    if not elsewhere(meta) or meta.state not in (RUNNING, STARTING) or meta.pid is None:
+        return None
+    try:
+        age = time.time() - os.stat(os.path.join(run_dir, HEARTBEAT)).st_mtime
+    except OSError:
+        return None
+    return age if age > HEARTBEAT_STALE else None
 
 
 #: Seconds between two looks at a queued run's Slurm job.
@@ -564,10 +580,32 @@ def running(pid: int) -> bool:
 
 def state_of(meta: Meta, run_dir: str | None = None) -> str:
     """Its state as written, or "supervisor died" when it says running but the supervisor
-    is gone (on another host: ``run_dir``'s heartbeat stopped)."""
-    if meta.state in ENDED or supervisor_alive(meta, run_dir):
+    is gone -- found on the supervisor's own host (with ``run_dir``, then written in its
+    record for the other hosts), or written there by that host."""
+    if meta.state in (*ENDED, DIED) or supervisor_alive(meta, run_dir):
         return meta.state
+    if run_dir is not None and meta.pid is not None:
+        _found_dead(run_dir)
     return DIED
+
+
+def _found_dead(run_dir: str) -> None:
+    """This host found the run's supervisor gone: said in its record, for the kernels of
+    other hosts (which cannot look for its pid). Its end: its last word (its log's last
+    write)."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        meta = read_meta(run_dir)  # again: it may have ended meanwhile
+        if meta.state in (*ENDED, DIED) or meta.pid is None or supervisor_alive(meta):
+            return
+        last = [os.stat(os.path.join(run_dir, META)).st_mtime]
+        with contextlib.suppress(OSError):
+            last.append(os.stat(os.path.join(run_dir, EVENTS)).st_mtime)
+        meta.state, meta.ended = DIED, max(last)
+        meta.summary = meta.summary or (
+            f"its supervisor (pid {meta.pid} on host {meta.host}) ended without a word "
+            "(killed, or it crashed), and its ranks with it"
+        )
+        write_meta(run_dir, meta)
 
 
 def find(run_id: str) -> str:
@@ -963,6 +1001,7 @@ __all__ = [
     "state_of",
     "supervisor_alive",
     "sweep",
+    "unheard_for",
     "unseal",
     "write_meta",
     "write_private",
