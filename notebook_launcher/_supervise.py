@@ -196,12 +196,12 @@ def _supervise(
             pool.close()
         serve(run_dir, meta, key)
         return
+    detach.reserve(run_dir)  # room for the end, should the run fill the disk
     outcome = _why_terminated(
         _run(run_dir, listen_fd, key, in_job=not handshake, pool=pool), not handshake
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    detach.write_result(run_dir, outcome)
     meta = detach.read_meta(run_dir)  # as the run left it (a cluster's job named)
     meta.ended = time.time()
     if isinstance(outcome, KeyboardInterrupt):
@@ -211,7 +211,26 @@ def _supervise(
     else:
         meta.state = detach.OK
     meta.summary = _summary(outcome)
-    detach.write_meta(run_dir, meta)
+    if _recording_stopped:
+        meta.note = _recording_stopped[0]
+    result = detach.encode_result(outcome)
+    del outcome
+    if not detach.write_end(run_dir, meta, result):  # a full disk: held for a kernel
+        _say(f"supervisor: {meta.note or 'the record could not be written'}")
+        if not detach.hold(run_dir, meta, result, detach.retention()):
+            _say("supervisor: no kernel took the run's result in time: it is lost")
+
+
+def _say(line: str) -> None:
+    """A line in the supervisor's log, if the disk still takes one."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+#: why the run's log stopped being written (a full disk), once it did
+_recording_stopped: list[str] = []
 
 
 def _wait_for_go(go: int) -> bytes:
@@ -411,7 +430,18 @@ class _Recording:
         self.stopping = False
 
     def handle(self, event: Any) -> None:
-        self.writer.write(event)
+        """Into the log -- until the disk is full: then the log stops there (said once,
+        and in the record's end), and the run goes on, beating and taking stops."""
+        if _recording_stopped:
+            return
+        from ._launch import detach
+
+        try:
+            self.writer.write(event)
+        except detach.RecordFull as exc:
+            when = time.strftime("%H:%M:%S")
+            _recording_stopped.append(f"Its log stops at {when}, where the disk became full: {exc}")
+            _say(f"supervisor: recording stopped at {when}: {exc}")
 
     def tick(self) -> None:
         from ._launch import detach

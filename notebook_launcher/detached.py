@@ -453,6 +453,9 @@ def _read_until_closed(fd: int, timeout: float) -> bytes:
 
 # --- following a run -------------------------------------------------------------------
 
+#: An ended run whose result its supervisor is about to hand over (the next look takes it).
+_NOT_YET = object()
+
 
 class RunHandle(TaskHandle):
     """A detached run, followed by this kernel: a ``concurrent.futures.Future`` as a
@@ -636,6 +639,10 @@ class _Follower:
         self.beat = -1.0
         self.beat_seen = time.monotonic()
         self.unheard = False
+        #: the run's end taken from its supervisor's memory (a full disk): (meta, result)
+        self.held: tuple[Meta, bytes] | None = None
+        #: the log told the view how the run ended
+        self.finished = False
 
     def follow(self) -> None:
         try:
@@ -652,7 +659,9 @@ class _Follower:
     def step(self) -> None:
         """Show what the log holds now; settle the handle when the run has ended."""
         try:
-            meta = record.read_meta(self.run_dir)
+            if self.held is None:  # (a full disk: its end, from its supervisor's memory)
+                self.held = record.take_held(self.run_dir)
+            meta = self.held[0] if self.held else record.read_meta(self.run_dir)
             state = record.state_of(meta, self.run_dir)  # (before the log: a final state
             # means a full log)
             if self.replayed:
@@ -660,11 +669,14 @@ class _Follower:
             else:  # the history: only what the view can show is read (the rest counted)
                 self._show(*self.reader.read_history(history_lines(self.view)))
             self.view.tick()
-            outcome = record.read_result(self.run_dir) if state in record.ENDED else None
+            outcome = self._outcome(meta) if state in record.ENDED else None
         except OSError:
             self._end(self._gone())
             return
         if state in record.ENDED:
+            if outcome is _NOT_YET:
+                return
+            self._ended(meta)
             self._end(outcome)
         elif state == record.QUEUED:
             self._queued(meta)
@@ -683,6 +695,41 @@ class _Follower:
             wall = time.time() - meta.started
             self.view.handle(LaunchFinished(False, why, None, wall, time.time()))
             self._end(LaunchError(why))
+
+    def _outcome(self, meta: Meta) -> Any:
+        """The ended run's values or exception: from its record, or from its supervisor's
+        memory where the disk was full (``_NOT_YET`` until it listens)."""
+        if self.held is not None:
+            held = self.held
+            with contextlib.suppress(OSError):  # the record whole again, if there is room
+                record.write_private(os.path.join(self.run_dir, record.RESULT), held[1])
+                record.write_meta(self.run_dir, dataclasses.replace(held[0], held=False))
+            return record.decode_result(held[1])
+        if not meta.held:
+            return record.read_result(self.run_dir)
+        if record.elsewhere(meta):
+            return LaunchError(
+                f"run {meta.id} ended ({meta.state}), but its record's disk was full: its "
+                f"result is held in memory by its supervisor on host {meta.host}. Attach from "
+                f"a kernel there to take it: notebook_launcher.attach({meta.id!r}).result()"
+            )
+        if not record.running(meta.pid or 0):
+            return LaunchError(
+                f"run {meta.id} ended ({meta.state}), but its record's disk was full and its "
+                "supervisor, which held its result in memory, has ended: the result is lost. "
+                f"{meta.note}"
+            )
+        return _NOT_YET  # (its supervisor is about to listen)
+
+    def _ended(self, meta: Meta) -> None:
+        """What befell the record itself (a full disk), said; and the end drawn where the
+        log stopped before it (the view would wait for it)."""
+        if meta.note:
+            print(f"notebook_launcher: run {meta.id}: {meta.note}", file=sys.stderr, flush=True)
+        if not self.finished:
+            ok = meta.state == record.OK
+            wall = (meta.ended or time.time()) - meta.started
+            self.view.handle(LaunchFinished(ok, meta.summary, None, wall, time.time()))
 
     def _listen(self, meta: Meta) -> None:
         """A run whose supervisor runs on another host: say when its heartbeat has not
@@ -780,6 +827,8 @@ class _Follower:
                 self.handle.pids.clear()
             elif isinstance(event, WorkerStarted):
                 self.handle.pids[event.rank] = event.pid
+            elif isinstance(event, LaunchFinished):
+                self.finished = True
         if not self.replayed:  # the history: folded whole, drawn once
             self.replayed = True
             replay(self.view, events, left_out)

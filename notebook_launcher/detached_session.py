@@ -229,12 +229,20 @@ class _Server:
         #: calls that ended while their kernel was gone (the next attach shows them)
         self.missed: list[_Job] = []
         self.writer = record.EventWriter(run_dir)
+        #: why the log stopped being written (a full disk), once it did
+        self.unrecorded = ""
 
     # events: to the log, and to the kernel whose call runs
 
     def handle(self, event: Any) -> None:
         with self.lock:  # (the main thread starts the ranks; the pump runs the tasks)
-            self.writer.write(event)
+            if not self.unrecorded:
+                try:
+                    self.writer.write(event)
+                except record.RecordFull as exc:  # the log stops; the calls go on
+                    self.unrecorded = str(exc)
+                    with contextlib.suppress(OSError):
+                        print(f"supervisor: recording stopped: {exc}", file=sys.stderr)
             if self.current is not None:
                 self.current.events.append(event)
             if self.sink is None:

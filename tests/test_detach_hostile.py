@@ -29,6 +29,7 @@ import tempfile
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
@@ -450,3 +451,81 @@ print("RESULT", handle.result(timeout=120), flush=True)
     assert "died" not in said and "were ended" not in said, said
     assert [(r.id, r.state) for r in runs()] == [(handle.id, record.OK)]
     wait_until(lambda: not record.running(meta.pid), 10, "the supervisor to exit")
+
+
+# --- a full disk ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Run records on a tmpfs of 1 MiB (a home at its quota)."""
+    lacking = [] if os.getuid() == 0 else ["root (the test mounts a small tmpfs)"]
+    require_system("a full disk", lacking)
+    mount = Path(tempfile.mkdtemp(prefix="nl-small-"))
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        mount.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    monkeypatch.setenv(record.ROOT_ENV, str(mount / "runs"))
+    try:
+        yield mount / "runs"
+    finally:
+        with contextlib.suppress(OSError, ValueError, LaunchError):
+            _supervisors_gone()
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+        mount.rmdir()
+
+
+def _chatty(value_bytes: int) -> Callable[[], Any]:
+    def chatty() -> Any:
+        import torch.distributed as dist
+
+        for i in range(1000):  # 2 ranks x 1,000 lines of 1 KiB: twice the disk
+            print(f"{i:5d} " + "x" * 1018, flush=True)
+        return [dist.get_rank()] + ([b"v" * value_bytes] if value_bytes else [])
+
+    return chatty
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("value_bytes", "where"),
+    [(0, "its reserve"), (300_000, "its supervisor's memory")],
+    ids=["small-result", "large-result"],
+)
+def test_a_full_disk_keeps_the_result_and_says_so(
+    small_disk: Path, capsys: pytest.CaptureFixture[str], value_bytes: int, where: str
+) -> None:
+    """Chatty ranks fill the disk of the records: recording stopped, the ranks finished,
+    then writing the result failed -- the handle said the supervisor died and its ranks
+    were ended (false), and .tmp files stayed. Now the result comes back (written in the
+    room the supervisor kept, or, larger, handed over from its memory), the attach says
+    "disk full" with the path, and no temporary file is left. Then, the disk full before a
+    run: refused with the path, nothing left."""
+    handle = notebook_launcher(_chatty(value_bytes), num_processes=2, detach=True, dashboard=False)
+    run_dir = Path(handle.path)
+    wait([handle], timeout=90)
+    assert handle.done()
+    assert [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")] == []
+    values = handle.result()
+    tail = [b"v" * value_bytes] if value_bytes else []
+    assert values == [[0, *tail], [1, *tail]], where
+    said = capsys.readouterr().err
+    assert f"disk full: {run_dir / record.EVENTS} could not be written" in said, said
+    assert "Its log stops at" in said
+    assert not run_dir.exists()  # its result taken: its record went, temporaries and all
+    _supervisors_gone()
+    # a disk full before the run starts: refused, saying where; nothing left there
+    filler = small_disk.parent / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):
+        while os.write(fd, b"\0" * 4096):
+            pass
+    os.close(fd)
+    with pytest.raises(record.RecordFull, match=rf"disk full: {small_disk}/\w+/"):
+        notebook_launcher(_chatty(0), num_processes=2, detach=True, dashboard=False)
+    assert [p.name for p in small_disk.iterdir()] == []

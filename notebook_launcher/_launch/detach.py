@@ -14,6 +14,11 @@ supervisor and every kernel that attaches share nothing but a directory, one per
                     an output line (most of a long run's log) a compact frame that
                     reads back several times faster: tag, rank, time, UTF-8 text
       result.pkl    at the end: the per-rank values, or the exception to raise       0600
+      reserve       room kept from the start (:data:`RESERVE_BYTES`), given up at   0600
+                    the end if the disk filled up meanwhile, so that the end is
+                    written; a result that still does not fit is held in memory by
+                    the supervisor and handed to the first kernel that asks, over
+      result.sock   (a Unix socket, 0600) -- a full disk never loses the result
       supervisor.log  the supervisor's own stderr (why it could not start, if so)   0600
       heartbeat     touched by the supervisor every second while the run runs: how  0600
                     a kernel on another host (the record on a shared home) knows it
@@ -97,6 +102,9 @@ META, TASK, EVENTS, RESULT, LOG, HEARTBEAT, STOP, JOB, DIGEST = (
     "job",
     "digest.log",
 )
+RESERVE, HELD = "reserve", "result.sock"
+#: Bytes a supervisor keeps free from its start for its run's end (the result, the meta).
+RESERVE_BYTES = 256 * 1024
 #: Seconds between two digests of a run's log (:class:`EventWriter`).
 DIGEST_INTERVAL = 10.0
 #: The latest output lines of each rank a digest keeps: at least what any view shows of a
@@ -163,6 +171,10 @@ class Meta:
     nodes: int = 1
     #: a cluster run's job, once its supervisor started it ("Slurm job 12, 2 node(s)")
     cluster: str = ""
+    #: what befell the record itself ("disk full: ..."), said to whoever attaches
+    note: str = ""
+    #: its result is held in memory by its supervisor (a full disk): taken over HELD
+    held: bool = False
 
 
 def root() -> str:
@@ -694,20 +706,32 @@ class EventWriter:
     def __init__(self, run_dir: str, digest_every: float | None = None) -> None:
         self.fd = open_private(run_dir, EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.fchmod(self.fd, 0o600)
+        self.size = os.fstat(self.fd).st_size  # (one writer: where the next frame starts)
         self.run_dir = run_dir
         self.digest_every = digest_every
         self.digested = time.monotonic()
 
     def write(self, event: Any) -> None:
+        """Append ``event``; a write that fails (a full disk: :class:`RecordFull`) leaves
+        the log as it was, whole frames only."""
         data = _encode(event)
         view = memoryview(_FRAME.pack(len(data)) + data)
-        while view:
-            view = view[os.write(self.fd, view) :]
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)  # (a frame half written: none)
+            if exc.errno in _FULL:
+                raise RecordFull(_full(os.path.join(self.run_dir, EVENTS), exc)) from exc
+            raise
+        self.size += 4 + len(data)
         if self.digest_every is not None:
             now = time.monotonic()
             if now - self.digested >= self.digest_every:
                 self.digested = now
-                write_digest(self.run_dir)
+                with contextlib.suppress(RecordFull):  # (the log goes on without it)
+                    write_digest(self.run_dir)
 
     def close(self) -> None:
         """The log is whole: with ``digest_every``, a last digest (an attach to the ended
@@ -941,8 +965,61 @@ def _encode(event: Any) -> bytes:
 # --- the result --------------------------------------------------------------------------
 
 
-def write_result(run_dir: str, outcome: Any) -> None:
-    """The launch's outcome: its per-rank values, or the exception it would raise."""
+def reserve(run_dir: str) -> None:
+    """Keep :data:`RESERVE_BYTES` of the disk for the run's end (:func:`write_end`); where
+    that cannot be had (a disk full already), the run goes on without."""
+    with contextlib.suppress(OSError):
+        fd = open_private(run_dir, RESERVE, os.O_WRONLY | os.O_CREAT)
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:
+            with contextlib.suppress(OSError), _in(run_dir) as d:
+                os.unlink(RESERVE, dir_fd=d)
+        finally:
+            os.close(fd)
+
+
+def _give_up_reserve(run_dir: str) -> bool:
+    try:
+        with _in(run_dir) as d:
+            os.unlink(RESERVE, dir_fd=d)
+    except OSError:
+        return False
+    return True
+
+
+def write_end(run_dir: str, meta: Meta, result: bytes) -> bool:
+    """The run's end in its record: its result (:func:`encode_result`), then ``meta``
+    (ended). A full disk: the reserve (:func:`reserve`) is given up and the end written
+    again; False when it still does not fit -- ``meta`` then says why and that the result
+    is held, and the caller holds both (:func:`hold`)."""
+    full = ""
+    for _ in range(2):
+        try:
+            write_private(os.path.join(run_dir, RESULT), result)
+            break
+        except RecordFull as exc:
+            full = str(exc)
+            if not _give_up_reserve(run_dir):
+                break
+    _give_up_reserve(run_dir)  # (done with it)
+    if full and not os.path.exists(os.path.join(run_dir, RESULT)):
+        meta.held = True
+        meta.note = " ".join(
+            part for part in (meta.note, f"{full} Its result is held in memory by its "
+            f"supervisor (pid {meta.pid}) until a kernel of yours on host {meta.host} takes "
+            "it: notebook_launcher.attach(id).result().") if part
+        )  # fmt: skip
+    try:
+        write_meta(run_dir, meta)
+    except RecordFull:
+        return False
+    return not meta.held
+
+
+def encode_result(outcome: Any) -> bytes:
+    """The launch's outcome as :func:`read_result` reads it: its per-rank values, or the
+    exception it would raise."""
     from .._serialization import dump_exception, dumps
 
     if isinstance(outcome, BaseException):
@@ -957,21 +1034,115 @@ def write_result(run_dir: str, outcome: Any) -> None:
                 "what the ranks made to a file and return its path"
             )
             record = ("raised", dump_exception(error))
-    write_private(os.path.join(run_dir, RESULT), pickle.dumps(record))
+    return pickle.dumps(record)
+
+
+def write_result(run_dir: str, outcome: Any) -> None:
+    """The launch's outcome in the record (:func:`encode_result`)."""
+    write_private(os.path.join(run_dir, RESULT), encode_result(outcome))
 
 
 def read_result(run_dir: str) -> Any:
     """The per-rank values, or the exception to raise (rebuilt, the rank's frames as its
     traceback)."""
+    return decode_result(read_private(run_dir, RESULT))
+
+
+def decode_result(data: bytes) -> Any:
+    """What :func:`encode_result` made: the values, or the exception (rebuilt)."""
     from .._serialization import loads, rebuild_exception
 
-    kind, data = pickle.loads(read_private(run_dir, RESULT))
+    kind, data = pickle.loads(data)
     if kind == "returned":
         return loads(data)
     rebuilt = rebuild_exception(data)
     if rebuilt.exc is not None:
         return rebuilt.exc
     return LaunchError(f"the run failed, and its exception could not be rebuilt ({rebuilt.reason})")
+
+
+# --- a result held in memory (a full disk) ------------------------------------------------
+#
+#     supervisor (hold)                          kernel (take_held), same uid, same host
+#     binds result.sock, waits  <-------------   connects: the peer is checked (our uid)
+#     8-byte length, pickle of (meta, result) -> a frame
+#                               <-------------   b"1": taken; the supervisor then ends
+
+_HELD_FRAME = struct.Struct("<Q")
+
+
+def hold(run_dir: str, meta: Meta, result: bytes, keep: float) -> bool:
+    """Hold the run's end (``meta``, its ``result``) for the first kernel of this user that
+    asks (:func:`take_held`), up to ``keep`` seconds; True once one took it."""
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with _in(run_dir) as d:
+            old = os.umask(0o177)
+            try:
+                listener.bind(f"/proc/self/fd/{d}/{HELD}")
+            finally:
+                os.umask(old)
+        listener.listen(4)
+        listener.settimeout(keep)
+        frame = pickle.dumps((asdict(meta), result), protocol=pickle.HIGHEST_PROTOCOL)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                return False
+            with conn:
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                if struct.unpack("3i", creds)[1] != os.getuid():
+                    continue
+                conn.settimeout(30.0)
+                try:
+                    conn.sendall(_HELD_FRAME.pack(len(frame)) + frame)
+                    if conn.recv(1) == b"1":
+                        return True
+                except OSError:
+                    continue  # (that kernel went away first: the next one)
+    finally:
+        listener.close()
+        with contextlib.suppress(OSError), _in(run_dir) as d:
+            os.unlink(HELD, dir_fd=d)
+
+
+def take_held(run_dir: str) -> tuple[Meta, bytes] | None:
+    """The end of a run whose supervisor holds it in memory (:func:`hold`), taken from it
+    (then it ends); None when there is none to take here."""
+    import socket
+
+    if not os.path.exists(os.path.join(run_dir, HELD)):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with _in(run_dir) as d:
+            sock.settimeout(30.0)
+            sock.connect(f"/proc/self/fd/{d}/{HELD}")
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        if struct.unpack("3i", creds)[1] != os.getuid():
+            return None  # (not a supervisor of ours: nothing of it is read)
+        head = _recv_all(sock, _HELD_FRAME.size)
+        fields, result = pickle.loads(_recv_all(sock, _HELD_FRAME.unpack(head)[0]))
+        sock.sendall(b"1")
+    except (OSError, EOFError):
+        return None
+    finally:
+        sock.close()
+    return Meta(**fields), result
+
+
+def _recv_all(sock: Any, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the supervisor closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 __all__ = [
@@ -985,13 +1156,17 @@ __all__ = [
     "RecordNotPrivate",
     "RunNotFound",
     "check_private",
+    "decode_result",
+    "encode_result",
     "find",
+    "hold",
     "new_run",
     "open_private",
     "read_meta",
     "read_private",
     "read_result",
     "read_task",
+    "reserve",
     "records",
     "remove",
     "retention",
@@ -1001,9 +1176,11 @@ __all__ = [
     "state_of",
     "supervisor_alive",
     "sweep",
+    "take_held",
     "unheard_for",
     "unseal",
     "write_meta",
+    "write_end",
     "write_private",
     "write_result",
 ]
