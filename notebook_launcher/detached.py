@@ -76,16 +76,6 @@ POLL = 0.1
 #: Seconds a kernel waits for a new supervisor to say its pid.
 START_TIMEOUT = 30.0
 
-#: A test's seam: called with the name of each step of a hand-over (``record``,
-#: ``forkserver``, ``request``, ``pid``, ``go``), where a test raises a real interrupt
-#: (SIGINT) to show that each step ends in a run and its handle, or in nothing at all.
-_on_step: Callable[[str], None] | None = None
-
-
-def _step(name: str) -> None:
-    if _on_step is not None:
-        _on_step(name)
-
 
 def launch(
     plan: LaunchPlan,
@@ -209,11 +199,11 @@ def _new_record(
             run_id, run_dir = record.new_run(name)
             made.append(run_dir)
             record.write_meta(run_dir, Meta(run_id, name, time.time(), ranks, state, nodes=nodes))
-            _step("meta")
             record.write_private(os.path.join(run_dir, record.TASK), record.seal(key, payload))
     except BaseException:
-        for run_dir in made:
-            record.remove(run_dir)
+        with deferred_interrupts():
+            for run_dir in made:
+                record.remove(run_dir)
         raise
     return run_id
 
@@ -242,21 +232,19 @@ def _hand_over(
     made: list[str] = []
     try:
         run_id = _new_record(name, ranks, nodes, job, record.STARTING, handover.key, made)
-        _step("record")
         handover.start(made[0], listen_fd, forks)
-        _step("pid")
         with deferred_interrupts() as caught:
             handover.commit()
-            _step("go")
             print(said(run_id), flush=True)
             handle = attach(run_id, dashboard=dashboard)
             late = bool(caught)
             caught.clear()
     except BaseException:
-        if not handover.committed:  # nothing ran: nothing is left
-            handover.abandon()
-            for run_dir in made:
-                record.remove(run_dir)
+        if not handover.committed:  # nothing ran: nothing is left (another Ctrl-C waits)
+            with deferred_interrupts():
+                handover.abandon()
+                for run_dir in made:
+                    record.remove(run_dir)
         raise
     if late:
         print(
@@ -282,7 +270,8 @@ class _Handover:
         self.key = secrets.token_bytes(record.KEY_BYTES)
         self.pid: int | None = None
         self.said = self.go = -1  # our ends of the pid pipe and of the go pipe
-        self.heard = False  # the pid pipe was read to its end
+        self.heard = bytearray()  # what the supervisor said there so far (its pid)
+        self.ended = False  # the pid pipe was read to its end
         self.committed = False
 
     def start(self, run_dir: str, listen_fd: int, forks: int) -> None:
@@ -297,21 +286,19 @@ class _Handover:
                     self.said, said_w = os.pipe()
                     go_r, self.go = os.pipe()
                 server = _forkserver()
-                _step("forkserver")
                 with deferred_interrupts():  # a request half sent, a process nobody knows of
                     warm = server is not None and _start_warm(
                         server, run_dir, [said_w, log, go_r], listen_fd, forks
                     )
                     if not warm:
                         _start_cold(run_dir, said_w, log, go_r, listen_fd)
-                _step("request")
             finally:
                 for fd in (said_w, go_r):  # the supervisor holds the only copies left
                     if fd >= 0:
                         os.close(fd)
-            said = _read_until_closed(self.said, START_TIMEOUT)
-            self.heard = True
-            self.pid = _said_pid(said)
+            _read_until_closed(self.said, START_TIMEOUT, self.heard)
+            self.ended = True
+            self.pid = _said_pid(self.heard)
             if self.pid is not None:
                 return
             why = os.pread(log, 1 << 16, max(0, os.fstat(log).st_size - (1 << 16)))
@@ -343,8 +330,10 @@ class _Handover:
             if self.go >= 0:
                 os.close(self.go)
                 self.go = -1
-            if self.pid is None and self.said >= 0 and not self.heard:
-                self.pid = _said_pid(_read_until_closed(self.said, START_TIMEOUT))
+            if self.pid is None and self.said >= 0:
+                if not self.ended:  # (what was read before the interrupt is kept)
+                    _read_until_closed(self.said, START_TIMEOUT, self.heard)
+                self.pid = _said_pid(self.heard)
             self._close()
             if self.pid is not None:
                 _wait_gone(self.pid, START_TIMEOUT)
@@ -384,7 +373,7 @@ def _abandon(run_dir: str) -> None:
     record.remove(run_dir)
 
 
-def _said_pid(said: bytes) -> int | None:
+def _said_pid(said: bytes | bytearray) -> int | None:
     try:
         return int(said.decode().strip())
     except ValueError:
@@ -439,16 +428,16 @@ def _start_cold(run_dir: str, said: int, log: int, go: int, listen_fd: int) -> N
     proc.wait()  # the first process forks the supervisor and exits: no zombie of ours
 
 
-def _read_until_closed(fd: int, timeout: float) -> bytes:
-    said = b""
+def _read_until_closed(fd: int, timeout: float, into: bytearray) -> None:
+    """Read ``fd`` into ``into`` until its end (or ``timeout``); each chunk is kept as it
+    comes, so an interrupt loses nothing that was read."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         chunk = os.read(fd, 64) if ready else b""
         if not chunk:
             break
-        said += chunk
-    return said
+        into += chunk
 
 
 # --- following a run -------------------------------------------------------------------

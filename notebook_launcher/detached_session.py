@@ -922,10 +922,11 @@ def start_detached(
         _wait_listening(run_dir, handover.pid)
         status = session._call("start", payload, view=session._view())
     except BaseException:  # a failed start, Ctrl-C: no supervisor, no record left
-        if not handover.committed:
-            handover.abandon()
-        for run_dir in made:
-            _abandon(run_dir)
+        with deferred_interrupts():
+            if not handover.committed:
+                handover.abandon()
+            for run_dir in made:
+                _abandon(run_dir)
         raise
     where = f" on {nodes} node(s), its supervisor here owning the cluster's job" if cluster else ""
     print(

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from notebook_launcher import attach, notebook_launcher, runs
+from notebook_launcher import attach, detached, notebook_launcher, runs
 from notebook_launcher._launch import detach as record
 from notebook_launcher._posix import quiet_fork
 from notebook_launcher.errors import LaunchError
@@ -529,3 +529,133 @@ def test_a_full_disk_keeps_the_result_and_says_so(
     with pytest.raises(record.RecordFull, match=rf"disk full: {small_disk}/\w+/"):
         notebook_launcher(_chatty(0), num_processes=2, detach=True, dashboard=False)
     assert [p.name for p in small_disk.iterdir()] == []
+
+
+# --- Ctrl-C during the hand-over ------------------------------------------------------------
+
+
+def _marks(marker: str) -> Callable[[], int]:
+    def marked() -> int:
+        import torch.distributed as dist
+
+        open(marker, "a").close()  # the function ran
+        return dist.get_rank()
+
+    return marked
+
+
+def _interrupt() -> None:
+    signal.raise_signal(signal.SIGINT)  # a real Ctrl-C: what a deferred section holds back
+
+
+def _interrupt_at(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """Press Ctrl-C at ``point`` of the hand-over: after the run's folder is made, after its
+    meta or its task is written, once the forkserver is had, as the kernel waits for the
+    supervisor's pid (the request sent) or once it has it, or as the handle is made."""
+    if point == "folder made":
+        new_run = record.new_run
+
+        def then(name: str) -> tuple[str, str]:
+            made = new_run(name)
+            _interrupt()
+            return made
+
+        monkeypatch.setattr(record, "new_run", then)
+    elif point in ("meta written", "task written"):
+        write = record.write_private
+        name = record.META if point == "meta written" else record.TASK
+
+        def written(path: str, data: bytes) -> None:
+            write(path, data)
+            if os.path.basename(path) == name:
+                _interrupt()
+
+        monkeypatch.setattr(record, "write_private", written)
+    elif point == "forkserver had":
+        get = detached._forkserver
+
+        def had() -> Any:
+            server = get()
+            _interrupt()
+            return server
+
+        monkeypatch.setattr(detached, "_forkserver", had)
+    elif point in ("waiting for the pid", "pid read"):
+        read = detached._read_until_closed
+
+        def reading(*args: Any) -> Any:
+            if point == "waiting for the pid":
+                _interrupt()
+            said = read(*args)
+            if point == "pid read":
+                _interrupt()
+            return said
+
+        monkeypatch.setattr(detached, "_read_until_closed", reading)
+    elif point == "handle made":
+        attach_ = detached.attach
+
+        def attaching(run_id: str, **options: Any) -> Any:
+            _interrupt()
+            return attach_(run_id, **options)
+
+        monkeypatch.setattr(detached, "attach", attaching)
+
+
+BEFORE_THE_GO = [
+    "folder made",
+    "meta written",
+    "task written",
+    "forkserver had",
+    "waiting for the pid",
+    "pid read",
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", [*BEFORE_THE_GO, "handle made"])
+def test_ctrl_c_during_the_hand_over_leaves_no_run_or_returns_its_handle(
+    runs_here: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    point: str,
+) -> None:
+    """Ctrl-C at each step of detach=True (a real SIGINT, at a point made to come every
+    time): the call raised KeyboardInterrupt yet the run ran to ok, or an empty run folder
+    stayed that runs() never shows. Now: before the supervisor's go, KeyboardInterrupt and
+    nothing at all -- no folder, no supervisor, the function never run; after it, the run's
+    handle (the interrupt said)."""
+    from notebook_launcher._launch import forkserver
+
+    from .test_detach import _next_spare
+
+    warm = notebook_launcher(_two, num_processes=2, detach=True, dashboard=False)
+    assert warm.result(timeout=60) == [[1, 2], [1, 2]]
+    server = forkserver.pid()
+    assert server is not None
+    spare, _ = _next_spare(server, 2)  # the supervisor the next run goes to
+    marker = tmp_path / "ran"
+    with monkeypatch.context() as patch:
+        _interrupt_at(patch, point)
+        if point in BEFORE_THE_GO:
+            with pytest.raises(KeyboardInterrupt):
+                notebook_launcher(_marks(str(marker)), num_processes=2, detach=True,
+                                  dashboard=False)  # fmt: skip
+        else:
+            try:
+                handle = notebook_launcher(_marks(str(marker)), num_processes=2, detach=True,
+                                           dashboard=False)  # fmt: skip
+            except KeyboardInterrupt:
+                pytest.fail("Ctrl-C as the run started raised: the run goes on, no handle")
+    if point in BEFORE_THE_GO:
+        assert sorted(os.listdir(runs_here)) == []  # no folder left, whole or empty
+        if record.running(spare):  # it never got the run: the next one is its
+            after = notebook_launcher(_two, num_processes=2, detach=True, dashboard=False)
+            assert record.read_meta(after.path).pid == spare
+            assert after.result(timeout=60) == [[1, 2], [1, 2]]
+        assert not marker.exists()  # the function never ran
+    else:
+        assert handle.result(timeout=60) == [0, 1] and marker.exists()
+        assert f"Ctrl-C came as run {handle.id} started: it goes on" in capsys.readouterr().err
+    forkserver.shutdown()
