@@ -231,6 +231,8 @@ class _Server:
         self.writer = record.EventWriter(run_dir)
         #: why the log stopped being written (a full disk), once it did
         self.unrecorded = ""
+        #: why the session ends while a task may run (said to that task's kernel)
+        self.ending = ""
 
     # events: to the log, and to the kernel whose call runs
 
@@ -389,6 +391,8 @@ class _Server:
                     f"({type(exc).__name__}: {exc}): return plain data"
                 ) from None
         except BaseException as exc:  # noqa: BLE001 - the kernel raises it
+            if self.ending and isinstance(exc, KeyboardInterrupt):
+                exc = interrupted(self.ending)  # not "interrupted": why
             tb = exc.__traceback__
             exc.__traceback__ = tb.tb_next if tb is not None else None  # not this frame
             reply = ("raise", dump_exception(exc), f"{type(exc).__name__}: {exc}")
@@ -432,6 +436,14 @@ class _Server:
         if method == "ranks":
             return session.ranks
         raise LaunchError(f"a detached session has no call {method!r}")
+
+    def end(self, why: str) -> None:
+        """End the session from a thread of its own (its record removed): the task that
+        runs is interrupted and told ``why``; the main loop then ends, and with it the
+        session (``serve``: its ranks leave)."""
+        self.ending = why
+        self.finished = True
+        self.call("interrupt", ())
 
     def interrupt(self, job: _Job) -> None:
         """Interrupt ``job``'s task: at once if it runs on the ranks; a job still queued
@@ -512,7 +524,7 @@ def serve(run_dir: str, meta: Meta, key: bytes) -> None:
         _listen(listener, run_dir)
         server = _Server(run_dir, meta)
         threading.Thread(target=server.accept, args=(listener,), daemon=True).start()
-        threading.Thread(target=_heartbeat, args=(run_dir,), daemon=True).start()
+        threading.Thread(target=_heartbeat, args=(server,), daemon=True).start()
         server.main_loop()
     except _Stop:
         pass
@@ -572,15 +584,30 @@ def _hang_up(conn: socket.socket) -> None:
                 return  # the peer read the refusal and closed
 
 
-def _heartbeat(run_dir: str) -> None:
+def _heartbeat(server: _Server) -> None:
     """The session's heartbeat, for ``runs()`` on another host (its record on a shared
-    home); a session is attached to only on its own host (its Unix socket)."""
-    while True:
+    home; a session is attached to only on its own host, through its Unix socket) -- and
+    its record's watch: a record removed (by hand, a script, a cleaner) leaves no kernel a
+    way to reach the session, so it ends within a beat or two, its ranks with it, rather
+    than holding their memory (and GPUs) until someone finds its pid."""
+    run_dir = server.run_dir
+    while not server.finished:
         time.sleep(record.HEARTBEAT_INTERVAL)
         try:
             record.beat(run_dir)
+        except (FileNotFoundError, record.RecordNotPrivate):
+            if server.finished:
+                return  # (the session is ending: it removes its record itself)
+            why = (
+                f"session {server.meta.id} ended: its record ({run_dir}) was removed, so no "
+                "kernel could reach it any more; its ranks left and their variables are gone"
+            )
+            with contextlib.suppress(OSError):
+                print(f"supervisor: {why}", file=sys.stderr, flush=True)
+            server.end(why)
+            return
         except OSError:
-            return  # the record was removed: the session is ending
+            continue
 
 
 # --- the kernel's side -------------------------------------------------------------------

@@ -3,6 +3,7 @@
 * A run seen from another host (a UTS namespace of its own, another host name; its clock
   skewed with faketime): dead only when its own host says so; from elsewhere "not heard
   from for N s", and nothing deleted that is not known to be over.
+* A detached session whose record was removed ends, ranks and all.
 * A records folder another user made (``NOTEBOOK_LAUNCHER_RUNS_DIR`` in a shared place): a
   root kernel refuses it, saying whose it is, instead of running that user's ``task.pkl``
   as root; a record swapped under the supervisor (the root's parent writable by others)
@@ -35,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from notebook_launcher import attach, detached, notebook_launcher, runs
+from notebook_launcher import attach, detached, notebook_launcher, runs, start
 from notebook_launcher._launch import detach as record
 from notebook_launcher._posix import quiet_fork
 from notebook_launcher.errors import LaunchError
@@ -659,3 +660,42 @@ def test_ctrl_c_during_the_hand_over_leaves_no_run_or_returns_its_handle(
         assert handle.result(timeout=60) == [0, 1] and marker.exists()
         assert f"Ctrl-C came as run {handle.id} started: it goes on" in capsys.readouterr().err
     forkserver.shutdown()
+
+
+# --- a detached session whose record was removed ---------------------------------------
+
+
+def _sleeps(marker: str) -> Callable[[], None]:
+    def sleeps() -> None:
+        import time
+
+        open(marker, "a").close()  # the task runs on this rank
+        time.sleep(60)
+
+    return sleeps
+
+
+@pytest.mark.timeout(90)
+def test_a_detached_session_whose_record_was_removed_ends_with_its_ranks(
+    runs_here: Path, tmp_path: Path
+) -> None:
+    """Its record removed (by hand, a cleaner), a detached session lived on, unreachable:
+    its supervisor and ranks alive, holding their memory, until someone killed them. Now it
+    notices within a beat or two and ends, ranks and all; the task that ran is told why."""
+    session = start(num_processes=2, detach=True, dashboard=False)
+    meta = record.read_meta(session.path)
+    assert meta.pid is not None
+    supervisor = meta.pid
+    try:
+        pids = session.status().pids
+        marker = tmp_path / "running"
+        handle = session.submit(_sleeps(str(marker)))
+        wait_until(marker.exists, 30, "the task to run on the ranks")
+        shutil.rmtree(session.path)
+        with pytest.raises(KeyboardInterrupt, match=r"its record \(.*\) was removed"):
+            handle.result(timeout=30)
+        for pid in (*pids, supervisor):
+            wait_until(lambda p=pid: not record.running(p), 30, f"process {pid} to end")
+    finally:
+        if record.running(supervisor):
+            os.kill(supervisor, signal.SIGKILL)
