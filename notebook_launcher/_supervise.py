@@ -111,7 +111,7 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
     returns."""
     from ._launch.pool import RankPool
     from ._posix import quiet_fork
-    from ._wire.forkserver import recv_request
+    from ._wire.forkserver import Ping, Pong, Spare, recv_request, send
 
     code = 1
     pool = RankPool(close_in_child=(conn_fd,))
@@ -122,14 +122,19 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's handler: not ours
         link = socket.socket(fileno=conn_fd)
         try:
+            send(link, Spare(os.getpid()))  # (the server kills a spare that stops answering)
             pool.prefork(ahead)
         except OSError:  # (no process to spare: its ranks are forked when it runs)
             pass
-        try:
-            order, fds = recv_request(link)
-        except (EOFError, OSError):
-            pool.close()
-            os._exit(0)  # no run came: the server (and its kernel) ended
+        while True:
+            try:
+                order, fds = recv_request(link)
+                if not isinstance(order, Ping):
+                    break
+                send(link, Pong())  # here: the server may give it a run
+            except (EOFError, OSError):
+                pool.close()
+                os._exit(0)  # no run came: the server (and its kernel) ended
         link.close()
         pool.close_in_child = ()  # (its number may name another fd now: a restart's blank)
         null = os.open(os.devnull, os.O_RDONLY)

@@ -699,3 +699,38 @@ def test_a_detached_session_whose_record_was_removed_ends_with_its_ranks(
     finally:
         if record.running(supervisor):
             os.kill(supervisor, signal.SIGKILL)
+
+
+# --- a stopped process forked ahead ---------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stopped", ["a blank rank", "the spare supervisor"])
+def test_a_stopped_process_forked_ahead_is_replaced_not_waited_on(
+    runs_here: Path, stopped: str
+) -> None:
+    """A blank rank SIGSTOPped while it waited: the next detached run hung forever on it. A
+    spare supervisor SIGSTOPped: the next launch waited 30 s, then failed "a loaded
+    machine?" with no run. Now each is checked (a bounded answer) before it is given work,
+    killed if it does not answer, and a process forked then takes its place."""
+    from notebook_launcher._launch import forkserver
+
+    from .test_detach import _next_spare
+
+    try:
+        first = notebook_launcher(_two, num_processes=2, detach=True, dashboard=False)
+        assert first.result(timeout=60) == [[1, 2], [1, 2]]
+        server = forkserver.pid()
+        assert server is not None
+        spare, blanks = _next_spare(server, 2)
+        victim = blanks[0] if stopped == "a blank rank" else spare
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            run = notebook_launcher(_two, num_processes=2, detach=True, dashboard=False)
+            assert run.result(timeout=60) == [[1, 2], [1, 2]]
+            wait_until(lambda: not record.running(victim), 10, f"{stopped} to be killed")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+    finally:
+        forkserver.shutdown()

@@ -4,7 +4,9 @@ rank (each one a copy of a process that imported torch: 5-10 ms, one after the o
 
 A *blank* rank is a child of the supervisor that holds its ends of a rank's channels (the
 control socket, stdout, stderr) and waits on the socket for its go: one byte, with the
-rendezvous listener for rank 0 (SCM_RIGHTS). It then runs the rank's entry as a forkserver's
+rendezvous listener for rank 0 (SCM_RIGHTS). It answers the go at once (one byte back): a
+blank that does not within :data:`BLANK_ANSWER` (stopped, or stuck) is killed and the next
+one (or one forked then) takes its place, so that no run waits on it. It then runs the rank's entry as a forkserver's
 rank does: its :class:`~notebook_launcher._wire.control.Setup` (who it is, the kernel's
 environment, directory and path) and :class:`~notebook_launcher._wire.control.Task` (the
 function, pickled) come down the socket. It dies with its supervisor (a parent-death
@@ -33,6 +35,12 @@ if TYPE_CHECKING:
 #: Largest pickled task the pool's ranks each unpickle themselves (bytes); a larger one is
 #: unpickled once, in the supervisor, and forked ranks inherit it.
 MAX_TASK = 1 << 20
+#: Seconds a blank forked ahead has to answer its go (one that does not is replaced); one
+#: forked for the rank that moment has :data:`FRESH_ANSWER`.
+BLANK_ANSWER = 2.0
+FRESH_ANSWER = 30.0
+#: A blank's answer to its go.
+_ANSWER = b"A"
 
 
 @dataclass
@@ -98,13 +106,21 @@ class RankPool:
         if req.listen_fd is not None:  # (rank 0's copy comes with its go)
             stale.append(req.listen_fd)
         while True:
-            blank = self.blanks.pop(0) if self.blanks else self._fork(stale)
+            fresh = not self.blanks
+            blank = self._fork(stale) if fresh else self.blanks.pop(0)
             fds = [req.listen_fd] if req.listen_fd is not None else []
             try:
                 socket.send_fds(blank.sock, [b"L" if fds else b"N"], fds)
-                break
+                if _answered(blank.sock, FRESH_ANSWER if fresh else BLANK_ANSWER):
+                    break
             except OSError:  # it died while it waited: the next one
-                self._kill(blank)
+                pass
+            self._kill(blank)  # (stopped, or stuck: the next one, or one forked now)
+            if fresh:
+                raise OSError(
+                    f"rank {req.spec.rank}, forked for it, did not answer its go within "
+                    f"{FRESH_ANSWER:.0f} s (a machine out of memory or processes?)"
+                )
         req.close()  # the fresh ends made for it: a blank has its own
         blank.sock.setblocking(True)
         from multiprocessing.connection import Connection
@@ -136,11 +152,22 @@ class RankPool:
         blank.close()
 
 
+def _answered(sock: socket.socket, timeout: float) -> bool:
+    """A blank answered its go within ``timeout``."""
+    import select
+
+    if not select.select([sock], [], [], timeout)[0]:
+        return False
+    return sock.recv(1) == _ANSWER
+
+
 def _wait_for_go(sock: socket.socket, out_w: int, err_w: int, parent: int) -> NoReturn:
-    """A blank rank: wait for the go, then be the rank (``_worker.entry.run``)."""
+    """A blank rank: wait for the go, answer it, then be the rank (``_worker.entry.run``)."""
     die_with_parent(parent)
     try:
         go, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        if go:
+            sock.sendall(_ANSWER)
     except OSError:
         os._exit(0)
     if not go:  # the supervisor closed it: no run for this one

@@ -14,6 +14,15 @@ rank 0 the rendezvous listener)::
       ---- Supervise(run_dir, has_listen) + fds ->  forks a detached run's supervisor,
                                                     which forks once more and leaves
       <--- Forked(pid) -------------------------    (that first child, reaped already)
+
+The server and a spare supervisor it forked ahead (``_supervise.spare``) speak the same
+frames on a socketpair of their own::
+
+    server                                          spare supervisor
+      <--- Spare(pid) --------------------------    out of the server's session
+      ---- Ping() ----------------------------->    (before it is given a run)
+      <--- Pong() ------------------------------    within SPARE_ANSWER, or it is killed
+      ---- Supervise(...) + fds --------------->    runs it
 """
 
 from __future__ import annotations
@@ -55,6 +64,24 @@ class Supervise:
     run_dir: str
     has_listen: bool
     forks: int = 0
+
+
+@dataclass(frozen=True)
+class Spare:
+    """A spare supervisor is out of the server's session: its pid (the server kills a spare
+    that does not answer its :class:`Ping`)."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Ping:
+    """To a spare supervisor before it is given a run: is it there (not stopped, not stuck)?"""
+
+
+@dataclass(frozen=True)
+class Pong:
+    """A spare supervisor's answer to :class:`Ping`."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +143,10 @@ __all__ = [
     "Fork",
     "Forked",
     "FrameReader",
+    "Ping",
+    "Pong",
     "Ready",
+    "Spare",
     "Supervise",
     "recv_request",
     "send",

@@ -38,7 +38,19 @@ from .._posix import (
     kill_process_group,
     quiet_fork,
 )
-from .._wire.forkserver import Exited, Fork, Forked, Ready, Supervise, recv_request, send
+from .._wire.forkserver import (
+    Exited,
+    Fork,
+    Forked,
+    FrameReader,
+    Ping,
+    Pong,
+    Ready,
+    Spare,
+    Supervise,
+    recv_request,
+    send,
+)
 
 PRELOAD = (
     "torch",
@@ -153,6 +165,12 @@ SPARE_DELAY = 0.25
 #: This server's end of the link to its spare supervisor (see :func:`_fork_supervisor`),
 #: once a detached run asked for one; every process forked here closes it.
 _spare: socket.socket | None = None
+#: The spare's pid (once it said it: :class:`Spare`), and what it said so far.
+_spare_pid: int | None = None
+_spare_said = FrameReader()
+#: Seconds a spare supervisor has to answer (:class:`Ping`) before it is given a run: one
+#: that does not (stopped, or stuck) is killed, and a supervisor forked then takes the run.
+SPARE_ANSWER = 2.0
 
 
 def _fork_supervisor(
@@ -163,8 +181,9 @@ def _fork_supervisor(
     a little later, so that a kernel's second and later detached runs wait for no fork.
     The first run's spare is forked for it. Returns the pid of the forked go-between (0: the spare was
     ready); no :class:`Exited` follows, a supervisor is not our child."""
-    global _spare
     pid = 0
+    if _spare is not None and not _spare_answers():
+        _drop_spare(kill=True)  # stopped, or stuck: it must not hold a run
     for _ in range(2):  # a spare that died meanwhile: one more, forked now
         if _spare is None:
             pid = _fork_spare(sock, wake)
@@ -173,18 +192,56 @@ def _fork_supervisor(
             send(_spare, msg, fds)
             break
         except OSError:
-            close_quietly(_spare.detach())
-            _spare = None
-    if _spare is not None:
-        close_quietly(_spare.detach())  # the spare took its run: it is the run's now
-        _spare = None
+            _drop_spare()
+    _drop_spare()  # the spare took its run: it is the run's now
     return pid  # (the next spare is forked a little later: serve())
+
+
+def _spare_answers() -> bool:
+    """The spare answered a :class:`Ping` within :data:`SPARE_ANSWER` (its pid, said
+    before, noted on the way)."""
+    global _spare_pid
+    assert _spare is not None
+    try:
+        send(_spare, Ping())
+    except OSError:
+        return False
+    deadline = time.monotonic() + SPARE_ANSWER
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([_spare], [], [], left)[0]:
+            break
+        try:
+            data = _spare.recv(4096)
+        except OSError:
+            return False
+        if not data:
+            return False
+        for said in _spare_said.feed(data):
+            if isinstance(said, Spare):
+                _spare_pid = said.pid
+            elif isinstance(said, Pong):
+                return True
+    return False
+
+
+def _drop_spare(kill: bool = False) -> None:
+    """Let go of the spare (``kill``: one that did not answer, killed, its ranks forked
+    ahead with it; one that never said its pid leaves when it sees the link closed)."""
+    global _spare, _spare_pid, _spare_said
+    if kill and _spare_pid is not None:
+        try:
+            os.kill(_spare_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if _spare is not None:
+        close_quietly(_spare.detach())
+    _spare, _spare_pid, _spare_said = None, None, FrameReader()
 
 
 def _fork_spare(sock: socket.socket, wake: tuple[int, int], ahead: int = 0) -> int:
     """Fork a spare supervisor (``_supervise.spare``; it forks ``ahead`` ranks while it
     waits); returns once its go-between left."""
-    global _spare
+    global _spare, _spare_pid, _spare_said
     from .. import _supervise  # the first time: its modules, for this one and the next
 
     _supervise.preload()
@@ -193,7 +250,7 @@ def _fork_spare(sock: socket.socket, wake: tuple[int, int], ahead: int = 0) -> i
     if pid:
         theirs.close()
         os.waitpid(pid, 0)  # it forks the spare and leaves
-        _spare = ours
+        _spare, _spare_pid, _spare_said = ours, None, FrameReader()
         return pid
     try:
         signal.set_wakeup_fd(-1)
