@@ -513,6 +513,10 @@ class RunHandle(TaskHandle):
             events = reader.read()
         finally:
             reader.close()
+        if reader.damaged:  # (what follows it cannot be read: not "every line")
+            raise record.RecordDamaged(
+                f"{reader.damaged}. The lines before it: attach({self.id!r}) shows them"
+            )
         if rank is not None:
             return "".join(e.text for e in events if type(e) is Output and e.rank == rank)
         lines: list[str] = []
@@ -564,14 +568,15 @@ class RunHandle(TaskHandle):
                 f"detached from run {self.id}: it goes on without this kernel. "
                 f"notebook_launcher.attach({self.id!r}) follows it again; .stop() stops it"
             ) from None
-        self._taken()
+        self._taken(exc)
         if exc is not None:
             raise exc
         return Future.result(self, 0)
 
-    def _taken(self) -> None:
-        """The result was taken: the record has done its work."""
-        if not self.keep:
+    def _taken(self, exc: BaseException | None) -> None:
+        """The result was taken: the record has done its work (a damaged one is kept, for
+        whoever can mend it)."""
+        if not self.keep and not isinstance(exc, record.RecordDamaged):
             record.remove(self.path)
 
     def __repr__(self) -> str:
@@ -632,6 +637,8 @@ class _Follower:
         self.held: tuple[Meta, bytes] | None = None
         #: the log told the view how the run ended
         self.finished = False
+        #: a damaged log was said (once)
+        self.told_damage = False
 
     def follow(self) -> None:
         try:
@@ -657,6 +664,19 @@ class _Follower:
                 self._show(self.reader.read())
             else:  # the history: only what the view can show is read (the rest counted)
                 self._show(*self.reader.read_history(history_lines(self.view)))
+            if state in record.ENDED and self.reader.pending() and not self.reader.damaged:
+                self.reader.damaged = (  # (an ended run's log is whole)
+                    f"the event log of run {meta.id} ({self.reader.path}) is damaged: it "
+                    f"ends with {self.reader.pending()} bytes that are not a whole frame"
+                )
+            if self.reader.damaged and not self.told_damage:
+                self.told_damage = True
+                print(
+                    f"notebook_launcher: {self.reader.damaged}. What it held before is "
+                    "shown; the run's end and result are read from the rest of its record.",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self.view.tick()
             outcome = self._outcome(meta) if state in record.ENDED else None
         except OSError:
@@ -693,9 +713,12 @@ class _Follower:
             with contextlib.suppress(OSError):  # the record whole again, if there is room
                 record.write_private(os.path.join(self.run_dir, record.RESULT), held[1])
                 record.write_meta(self.run_dir, dataclasses.replace(held[0], held=False))
-            return record.decode_result(held[1])
+            return record.decode_result(held[1], self.run_dir)
         if not meta.held:
-            return record.read_result(self.run_dir)
+            try:
+                return record.read_result(self.run_dir)
+            except record.RecordDamaged as exc:  # (the history is shown; result() says it)
+                return exc
         if record.elsewhere(meta):
             return LaunchError(
                 f"run {meta.id} ended ({meta.state}), but its record's disk was full: its "
@@ -879,12 +902,17 @@ class RunInfo:
 
 
 class Runs(list[RunInfo]):
-    """The runs, one line each."""
+    """The runs, one line each; then the records that could not be read (:attr:`damaged`:
+    what is wrong with each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: why each damaged record was left out
+        self.damaged: list[str] = []
 
     def __repr__(self) -> str:
-        if not self:
-            return f"no detached runs (records under {record.root()})"
-        return "\n".join(str(run) for run in self)
+        lines = [str(run) for run in self] or [f"no detached runs (records under {record.root()})"]
+        return "\n".join(lines + [f"left out: {why}" for why in self.damaged])
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(repr(self))
@@ -911,6 +939,9 @@ def runs() -> Runs:
         try:
             record.check_private(path)
             meta = record.read_meta(path)
+        except record.RecordDamaged as exc:
+            found.damaged.append(str(exc))
+            continue
         except (OSError, ValueError, TypeError, LaunchError):
             continue
         state = record.state_of(meta, path)

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import Any
 import pytest
 
 from notebook_launcher import attach, detached, notebook_launcher, runs, start
+from notebook_launcher._events import LaunchFinished, Output, WorkerStarted
 from notebook_launcher._launch import detach as record
 from notebook_launcher._posix import quiet_fork
 from notebook_launcher.errors import LaunchError
@@ -734,3 +736,125 @@ def test_a_stopped_process_forked_ahead_is_replaced_not_waited_on(
                 os.kill(victim, signal.SIGKILL)
     finally:
         forkserver.shutdown()
+
+
+# --- damaged record files ---------------------------------------------------------------
+
+
+def _ended_record(lines: int = 50, digested: int = 10) -> tuple[str, Path]:
+    """An ended run's record, written as its supervisor writes one: a digest taken when the
+    log had ``digested`` lines, ``lines`` in all (each with a two-byte letter), its result."""
+    run_id, path = record.new_run("train")
+    writer = record.EventWriter(path)
+    writer.write(WorkerStarted(0, 0, 4242, "cpu", 0.0))
+    for i in range(lines):
+        if i == digested:
+            record.write_digest(path)
+        writer.write(Output(0, "stdout", f"héllo {i}\n", 0.5))
+    writer.write(LaunchFinished(True, "1 rank(s) returned", None, 1.0, 1.0))
+    writer.close()
+    record.write_result(path, [0])
+    meta = record.Meta(run_id, "train", time.time() - 5, 1, state=record.OK, ended=time.time())
+    record.write_meta(path, meta)
+    return run_id, Path(path)
+
+
+def _frame_at(path: Path, index: int) -> int:
+    data = (path / record.EVENTS).read_bytes()
+    frames, _ = record._frames(data)
+    return frames[index]
+
+
+def _digest_cut(path: Path) -> None:
+    with open(path / record.DIGEST, "r+b") as f:
+        f.truncate(5)
+
+
+def _digest_frames_cut(path: Path) -> None:
+    data = (path / record.DIGEST).read_bytes()
+    (path / record.DIGEST).write_bytes(data[:-7])
+
+
+def _digest_past_the_log(path: Path) -> None:
+    data = (path / record.DIGEST).read_bytes()
+    past = (path / record.EVENTS).stat().st_size + 1000
+    (path / record.DIGEST).write_bytes(past.to_bytes(8, "little") + data[8:])
+
+
+def _frame_length_wrong(path: Path) -> None:
+    at = _frame_at(path, 1 + 20)  # the 21st line, after what the digest covers
+    data = bytearray((path / record.EVENTS).read_bytes())
+    n = int.from_bytes(data[at : at + 4], "little")
+    data[at : at + 4] = (n - 8).to_bytes(4, "little")  # its text ends inside "é"
+    (path / record.EVENTS).write_bytes(bytes(data))
+
+
+def _meta_a_list(path: Path) -> None:
+    (path / record.META).write_text("[1, 2]")
+
+
+def _meta_not_json(path: Path) -> None:
+    (path / record.META).write_text('{"id": "abc", "func')
+
+
+def _result_cut(path: Path) -> None:
+    with open(path / record.RESULT, "r+b") as f:
+        f.truncate(10)
+
+
+#: (damage, what it damages: the digest -- read around, the log -- shown up to the damage,
+#: the meta -- the record left out of runs(), the result -- said when taken)
+DAMAGES = [
+    (_digest_cut, "digest"),
+    (_digest_frames_cut, "digest"),
+    (_digest_past_the_log, "digest"),
+    (_frame_length_wrong, "log"),
+    (_meta_a_list, "meta"),
+    (_meta_not_json, "meta"),
+    (_result_cut, "result"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("damage", "what"), DAMAGES, ids=[d.__name__[1:] for d, _ in DAMAGES])
+def test_a_damaged_record_is_named_and_read_around(
+    runs_here: Path, capsys: pytest.CaptureFixture[str], damage: Any, what: str
+) -> None:
+    """A truncated digest raised struct.error; a digest past the log's end lost the lines
+    after it; a wrong frame length raised a UnicodeDecodeError; a meta file holding a list
+    made runs() raise for every run; a cut result raised an UnpicklingError. Now a digest
+    that does not read is ignored (the log read whole); a damaged log is shown up to the
+    damage, which is said, with the run's end and result; a damaged meta or result raises
+    RecordDamaged naming the file, and runs() leaves that record out, saying why."""
+    from .helpers import Recorder
+
+    healthy, _ = _ended_record()
+    run_id, path = _ended_record()
+    damage(path)
+    listed = runs()
+    shown = [healthy] if what == "meta" else [healthy, run_id]  # (runs() never raises)
+    assert sorted(r.id for r in listed) == sorted(shown)
+    lines = [f"héllo {i}\n" for i in range(50)]
+    if what == "meta":
+        assert len(listed.damaged) == 1 and str(path / record.META) in listed.damaged[0]
+        assert f"left out: the record of run {run_id} is damaged" in repr(listed)
+        with pytest.raises(record.RecordDamaged, match=f"{path / record.META} "):
+            attach(run_id, dashboard=False, keep=True)
+        return
+    view = Recorder()
+    view.history_lines = 1000  # type: ignore[attr-defined]  # (as the text view: digest first)
+    handle = attach(run_id, dashboard=view, keep=True)
+    if what == "result":
+        with pytest.raises(record.RecordDamaged, match=f"{path / record.RESULT} does not read"):
+            handle.result(timeout=10)
+        assert view.lines(0) == lines
+        return
+    assert handle.result(timeout=10) == [0]
+    if what == "digest":  # read around: the whole log
+        assert view.lines(0) == lines and handle.output(0) == "".join(lines)
+        return
+    assert view.lines(0) == lines[:20]  # up to the damage
+    said = capsys.readouterr().err
+    assert f"the event log of run {run_id} ({path / record.EVENTS}) is damaged" in said, said
+    with pytest.raises(record.RecordDamaged, match=r"is damaged at byte \d+: a frame there"):
+        handle.output()

@@ -482,10 +482,53 @@ def write_meta(run_dir: str, meta: Meta) -> None:
     write_private(os.path.join(run_dir, META), json.dumps(asdict(meta)).encode())
 
 
+#: The type of each field of :class:`Meta` (what a meta file must hold to be read).
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "function": (str,),
+    "started": (int, float),
+    "ranks": (int,),
+    "state": (str,),
+    "pid": (int, type(None)),
+    "pid_start": (str, type(None)),
+    "ended": (int, float, type(None)),
+    "summary": (str,),
+    "host": (str,),
+    "kind": (str,),
+    "nodes": (int,),
+    "cluster": (str,),
+    "note": (str,),
+    "held": (bool,),
+}
+
+
+def damaged(run_dir: str, name: str, why: str) -> RecordDamaged:
+    """The error for file ``name`` of a record that does not read as it was written."""
+    return RecordDamaged(
+        f"the record of run {os.path.basename(run_dir)} is damaged: "
+        f"{os.path.join(run_dir, name)} {why}. Restore that file, or remove the record "
+        f"(rm -r {run_dir}); the other runs are not affected"
+    )
+
+
 def read_meta(run_dir: str) -> Meta:
-    fields = json.loads(read_private(run_dir, META))
-    known = set(Meta.__dataclass_fields__)
-    return Meta(**{k: v for k, v in fields.items() if k in known})
+    """The run's meta file; :class:`RecordDamaged` (saying which) for one that does not
+    read as a meta file."""
+    data = read_private(run_dir, META)
+    try:
+        fields = json.loads(data)
+        if not isinstance(fields, dict):
+            raise ValueError(f"holds a JSON {type(fields).__name__}, not an object")
+        meta = Meta(**{k: v for k, v in fields.items() if k in _META_TYPES})
+        wrong = [k for k, types in _META_TYPES.items() if not isinstance(getattr(meta, k), types)]
+        if wrong:
+            raise ValueError(f"has {', '.join(wrong)} of the wrong type")
+    except (ValueError, TypeError) as exc:  # (not JSON, not UTF-8, a field missing...)
+        why = str(exc) if isinstance(exc, ValueError) and "holds" in str(exc) else (
+            f"does not read as a run's meta file ({type(exc).__name__}: {exc})"
+        )  # fmt: skip
+        raise damaged(run_dir, META, why) from None
+    return meta
 
 
 def this_host() -> str:
@@ -780,19 +823,28 @@ def write_digest(run_dir: str, keep: int = DIGEST_LINES) -> None:
 
 def read_digest(run_dir: str) -> tuple[int, dict[int, int], bytes]:
     """``(offset in events.log it covers up to, rank -> lines left out, its frames)``;
-    ``(0, {}, b"")`` when there is none."""
+    ``(0, {}, b"")`` when there is none -- or when it is damaged (cut short, frames cut,
+    an offset past the log's end): the log is then read whole."""
     try:
         data = read_private(run_dir, DIGEST)
     except FileNotFoundError:
         return 0, {}, b""
-    offset, ranks = _DIGEST_HEAD.unpack_from(data, 0)
-    at = _DIGEST_HEAD.size
-    left_out = {}
-    for _ in range(ranks):
-        rank, lines = _DIGEST_RANK.unpack_from(data, at)
-        left_out[rank] = lines
-        at += _DIGEST_RANK.size
-    return offset, left_out, data[at:]
+    try:
+        offset, ranks = _DIGEST_HEAD.unpack_from(data, 0)
+        at = _DIGEST_HEAD.size
+        left_out = {}
+        for _ in range(ranks):
+            rank, lines = _DIGEST_RANK.unpack_from(data, at)
+            left_out[rank] = lines
+            at += _DIGEST_RANK.size
+        body = data[at:]
+        if _frames(body)[1] != len(body):
+            raise ValueError("a frame cut short")
+        if offset > os.stat(os.path.join(run_dir, EVENTS)).st_size:
+            raise ValueError("it covers more of the log than the log holds")
+    except (struct.error, ValueError, OSError):
+        return 0, {}, b""
+    return offset, left_out, body
 
 
 def _frames(data: bytes) -> tuple[list[int], int]:
@@ -841,16 +893,46 @@ class EventReader:
         self.path = os.path.join(run_dir, EVENTS)
         self.fd = -1
         self.buffer = b""
+        #: where the log first failed to read (a frame that does not decode), said once
+        #: seen; nothing after it is read (its frames cannot be told apart any more)
+        self.damaged = ""
+        self.read_bytes = 0  # (of the log itself: where a damage is)
 
     def read(self) -> list[Any]:
         """The events written since the last call (a frame half written waits)."""
+        if self.damaged:
+            return []
+        start = self.read_bytes - len(self.buffer)
         data = self._take()
         frames, at = _frames(data)
-        view = memoryview(data)
-        events = [_decode(data, view, f, _FRAME.unpack_from(data, f)[0]) for f in frames]
-        view.release()
         self.buffer = data[at:]
+        return self._decode(data, frames, start)
+
+    def _decode(self, data: bytes, frames: list[int], start: int | None) -> list[Any]:
+        """The events of ``frames``, up to the first that does not decode (then
+        :attr:`damaged` says where: ``start``, the offset of ``data`` in the log)."""
+        events = []
+        view = memoryview(data)
+        try:
+            for at in frames:
+                try:
+                    events.append(_decode(data, view, at, _FRAME.unpack_from(data, at)[0]))
+                except Exception as exc:  # noqa: BLE001 - any garbage
+                    where = f"at byte {start + at}" if start is not None else "after its digest"
+                    self.damaged = (
+                        f"the event log of run {os.path.basename(self.run_dir)} ({self.path}) "
+                        f"is damaged {where}: a frame there does not read "
+                        f"({type(exc).__name__}: {exc})"
+                    )
+                    self.buffer = b""
+                    break
+        finally:
+            view.release()
         return events
+
+    def pending(self) -> int:
+        """Bytes read that are not a whole frame yet (of an ended run's log: a damage)."""
+        return len(self.buffer)
 
     def read_history(self, keep_lines: int | None) -> tuple[list[Any], dict[int, int]]:
         """Like :meth:`read`; with ``keep_lines``, for a view that shows only the latest
@@ -859,28 +941,23 @@ class EventReader:
         What is left out ends where none of the rank's streams has a line half written, so
         the lines read fold into exactly what the whole log would leave in such a view.
         The log itself is untouched."""
-        if keep_lines is None:
+        if keep_lines is None or self.damaged:
             return self.read(), {}
         digested: dict[int, int] = {}
+        start: int | None = self.read_bytes - len(self.buffer)
         if self.fd < 0 and keep_lines <= DIGEST_LINES:  # the first read: from the digest
             offset, digested, digest = read_digest(self.run_dir)
             if offset and self._open():
                 os.lseek(self.fd, offset, os.SEEK_SET)
-                self.buffer = digest
+                self.read_bytes, self.buffer, start = offset, digest, None
         data = self._take()
         frames, at = _frames(data)
         self.buffer = data[at:]
         skip, left_out = _older_lines(data, frames, keep_lines)
         for rank, lines in digested.items():
             left_out[rank] = left_out.get(rank, 0) + lines
-        view = memoryview(data)
-        events = [
-            _decode(data, view, at, _FRAME.unpack_from(data, at)[0])
-            for i, at in enumerate(frames)
-            if i not in skip
-        ]
-        view.release()
-        return events, left_out
+        kept = [at for i, at in enumerate(frames) if i not in skip]
+        return self._decode(data, kept, start), left_out
 
     def _open(self) -> bool:
         if self.fd < 0:
@@ -897,6 +974,7 @@ class EventReader:
         chunks = [self.buffer]
         while chunk := os.read(self.fd, 1 << 20):
             chunks.append(chunk)
+            self.read_bytes += len(chunk)
         return b"".join(chunks)
 
     def close(self) -> None:
@@ -915,8 +993,8 @@ def _older_lines(data: bytes, frames: list[int], keep: int) -> tuple[set[int], d
     head = _OUTPUT.size
     for i, at in enumerate(frames):
         (n,) = _FRAME.unpack_from(data, at)
-        if not n or data[at + 4] not in _OUTPUT_STREAMS:
-            continue
+        if n < _OUTPUT.size or data[at + 4] not in _OUTPUT_STREAMS:
+            continue  # (not an output frame, or a damaged one: said where it is read)
         _, rank, _ = _OUTPUT.unpack_from(data, at + 4)
         start, end = at + 4 + head, at + 4 + n
         lines = data.count(b"\n", start, end)
@@ -950,6 +1028,8 @@ def _decode(data: bytes, view: memoryview, at: int, n: int) -> Any:
     stream = _OUTPUT_STREAMS.get(data[at + 4]) if n else None
     if stream is None:
         return pickle.loads(view[at + 4 : at + 4 + n])
+    if n < _OUTPUT.size:
+        raise ValueError(f"an output frame of {n} bytes, shorter than its head")
     _, rank, when = _OUTPUT.unpack_from(data, at + 4)
     text = str(view[at + 4 + _OUTPUT.size : at + 4 + n], "utf-8", "surrogatepass")
     return Output(rank, stream, text, when)
@@ -1044,15 +1124,21 @@ def write_result(run_dir: str, outcome: Any) -> None:
 
 def read_result(run_dir: str) -> Any:
     """The per-rank values, or the exception to raise (rebuilt, the rank's frames as its
-    traceback)."""
-    return decode_result(read_private(run_dir, RESULT))
+    traceback); :class:`RecordDamaged` for a result file that does not read."""
+    return decode_result(read_private(run_dir, RESULT), run_dir)
 
 
-def decode_result(data: bytes) -> Any:
+def decode_result(data: bytes, run_dir: str) -> Any:
     """What :func:`encode_result` made: the values, or the exception (rebuilt)."""
     from .._serialization import loads, rebuild_exception
 
-    kind, data = pickle.loads(data)
+    try:
+        kind, data = pickle.loads(data)
+        if kind not in ("returned", "raised") or not isinstance(data, bytes):
+            raise ValueError(f"a record of kind {kind!r}")
+    except Exception as exc:  # noqa: BLE001 - any garbage: said which file
+        why = f"does not read as a run's result ({type(exc).__name__}: {exc})"
+        raise damaged(run_dir, RESULT, why) from None
     if kind == "returned":
         return loads(data)
     rebuilt = rebuild_exception(data)
@@ -1156,6 +1242,7 @@ __all__ = [
     "RecordNotPrivate",
     "RunNotFound",
     "check_private",
+    "damaged",
     "decode_result",
     "encode_result",
     "find",
