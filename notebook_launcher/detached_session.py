@@ -159,6 +159,13 @@ class _Frames:
                 self.eof = not chunk
 
 
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """``(pid, uid)`` of the process at the other end of ``sock`` (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
 def _peer_gone(sock: socket.socket) -> bool:
     """The other end of ``sock`` closed it (a kernel that waits sends nothing more)."""
     try:
@@ -190,6 +197,8 @@ class _Job:
 
     def __init__(self, method: str, args: tuple[Any, ...], conn: socket.socket) -> None:
         self.method, self.args, self.conn = method, args, conn
+        #: the process of the kernel that made the call
+        self.caller = _peer(conn)[0]
         self.label = str(args[1]) if method == "run" else method
         self.reply: tuple[Any, ...] = ()
         #: its kernel asked to interrupt it
@@ -228,6 +237,9 @@ class _Server:
         self.current: _Job | None = None  # the call that runs
         #: calls that ended while their kernel was gone (the next attach shows them)
         self.missed: list[_Job] = []
+        #: calls that ended and are not replied to yet (a kernel that attaches now waits
+        #: for them: each is then replied, or missed)
+        self.unreplied: list[_Job] = []
         self.writer = record.EventWriter(run_dir)
         #: why the log stopped being written (a full disk), once it did
         self.unrecorded = ""
@@ -273,8 +285,7 @@ class _Server:
     def admit(self, conn: socket.socket) -> str | None:
         """Why ``conn`` is refused (None: admitted): its peer must be of this uid and send
         the run's secret first."""
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, _ = struct.unpack("3i", creds)
+        pid, uid = _peer(conn)
         if uid != os.getuid():
             return (
                 f"process {pid} of uid {uid} may not use session {self.meta.id} of uid "
@@ -299,6 +310,7 @@ class _Server:
                 return
             method, args = _recv(conn)
             if method == "close":  # a task that runs (another kernel's, say) ends first
+                self.ending = self._stopped_by(_peer(conn)[0])
                 self.call("interrupt", ())
             if method == "follow":
                 self.follow(conn)
@@ -313,6 +325,9 @@ class _Server:
             pass  # that kernel went away (or spoke nonsense): the session is unharmed
         finally:
             if job is not None:
+                with self.lock:
+                    if job in self.unreplied:
+                        self.unreplied.remove(job)
                 job.replied.set()
             conn.close()
 
@@ -348,7 +363,18 @@ class _Server:
     def follow(self, conn: socket.socket) -> None:
         """A kernel that attaches: the tasks that ended while no kernel was there (their
         events, how they ended), then the task that runs now if its kernel went away: its
-        events so far, then live, then its end."""
+        events so far, then live, then its end. A task that has ended but whose kernel is
+        not told yet is waited for first: told, or missed -- never neither (an attach
+        then showed none of a cell its dead kernel ran)."""
+        waited: list[_Job] = []
+        while True:
+            with self.lock:
+                ending = [j for j in self.unreplied if j not in waited]
+            if not ending:
+                break
+            for told in ending:  # (its reply goes out, or fails: missed, just below)
+                told.replied.wait(SEND_TIMEOUT)
+            waited += ending
         with self.lock:
             missed, self.missed = self.missed, []
             job = self.current
@@ -437,6 +463,18 @@ class _Server:
             return session.ranks
         raise LaunchError(f"a detached session has no call {method!r}")
 
+    def _stopped_by(self, pid: int) -> str:
+        """What a task that runs is told when process ``pid`` stops the session."""
+        job = self.current
+        if job is not None and job.caller == pid:
+            who = "this kernel (stop())"
+        else:
+            who = f"another kernel (process {pid}: its stop() or %dist stop)"
+        return (
+            f"session {self.meta.id} was stopped by {who} while this task ran: its ranks "
+            "left and their variables are gone"
+        )
+
     def end(self, why: str) -> None:
         """End the session from a thread of its own (its record removed): the task that
         runs is interrupted and told ``why``; the main loop then ends, and with it the
@@ -497,6 +535,8 @@ class _Server:
         finally:
             with self.lock:
                 self.sink = self.current = None
+                if not job.replied.is_set():
+                    self.unreplied.append(job)
             if not job.reply:
                 job.reply = ("raise", None, "interrupted", "", "")
             job.done.set()

@@ -24,6 +24,7 @@ import os
 import pickle
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -858,3 +859,121 @@ def test_a_damaged_record_is_named_and_read_around(
     assert f"the event log of run {run_id} ({path / record.EVENTS}) is damaged" in said, said
     with pytest.raises(record.RecordDamaged, match=r"is damaged at byte \d+: a frame there"):
         handle.output()
+
+
+# --- the smaller ones -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("retention", ["-1", "-0.5", "nan"])
+def test_a_negative_retention_is_refused_before_any_record_goes(
+    runs_here: Path, monkeypatch: pytest.MonkeyPatch, retention: str
+) -> None:
+    """NOTEBOOK_LAUNCHER_RUN_RETENTION=-1 was taken: the next runs() removed every ended
+    run's record, results nobody took included."""
+    run_id, path = _ended_record()
+    monkeypatch.setenv(record.RETENTION_ENV, retention)
+    with pytest.raises(LaunchError, match=r"is not a number of seconds of 0 or more: set it"):
+        runs()
+    assert path.exists()
+    monkeypatch.setenv(record.RETENTION_ENV, "inf")  # (kept for ever: allowed)
+    assert [r.id for r in runs()] == [run_id]
+
+
+def test_attach_to_none_says_what_an_id_is(runs_here: Path) -> None:
+    """attach(None) raised a bare TypeError ("argument of type 'NoneType' is not
+    iterable")."""
+    with pytest.raises(TypeError, match=r"a run's id is a string such as '3fa9c1' .*not NoneType"):
+        attach(None)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+def test_attach_after_a_kernel_died_mid_cell_shows_the_cell_whatever_the_timing(
+    runs_here: Path,
+) -> None:
+    """A kernel killed mid-cell; the cell ended on the ranks; a kernel attaches just then,
+    before the cell's end was found undeliverable: the attach showed 0 of the cell's lines
+    (once in 2 runs of a session script). The window is held open here: the call's
+    connection thread is stopped between the cell's end and its reply (the seam: the
+    server's ``watch``), and the attach comes in it."""
+    from notebook_launcher import detached_session as ds
+
+    run_id, run_dir = record.new_run("session")
+    secret = b"s" * ds.SECRET_BYTES
+    record.write_private(os.path.join(run_dir, ds.SECRET), secret)
+    server = ds._Server(run_dir, record.Meta(run_id, "session", time.time(), 2, kind="session"))
+
+    class Ranks:  # the session's ranks: the cell prints 30 lines
+        def _run_pickled(self, data: bytes, label: str, ranks: Any) -> list[int]:
+            for i in range(30):
+                server.handle(Output(0, "stdout", f"line {i}\n", 0.0))
+            return [1, 2]
+
+    server.session = Ranks()  # type: ignore[assignment]
+    release = threading.Event()
+    watch = server.watch
+
+    def held(job: Any, conn: Any) -> None:  # the reply waits for the test
+        release.wait()
+        watch(job, conn)
+
+    server.watch = held  # type: ignore[method-assign]
+    dead, theirs = socket.socketpair()
+    call = threading.Thread(target=server.serve_connection, args=(theirs,), daemon=True)
+    call.start()
+    ds._send_secret(dead, secret)
+    ds._send(dead, ("run", (b"", "cell 7", None)))
+    job = server.jobs.get(timeout=10)
+    dead.close()  # the kernel dies mid-cell
+    server.run_job(job)  # the cell ends on the ranks, its kernel gone
+    kernel, theirs = socket.socketpair()
+    follow = threading.Thread(target=server.serve_connection, args=(theirs,), daemon=True)
+    with kernel:
+        ds._send_secret(kernel, secret)
+        ds._send(kernel, ("follow", ()))
+        follow.start()
+        follow.join(2)  # (it answered at once: nothing missed, nothing running)
+        release.set()
+        frame = ds._Frames(kernel).next(10)
+        assert frame is not None and frame[0] == "missed", frame
+        assert [e.text for e in frame[2]] == [f"line {i}\n" for i in range(30)]
+        assert frame[3] == "returned [1, 2]"
+    call.join(10)
+    follow.join(10)
+    server.writer.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_session_stopped_from_another_kernel_tells_the_running_cell_who(
+    runs_here: Path, tmp_path: Path
+) -> None:
+    """Another kernel's stop() ended the session while this kernel's cell ran on it: the
+    cell said only "interrupted"."""
+    session = start(num_processes=2, detach=True, dashboard=False)
+    supervisor = record.read_meta(session.path).pid
+    assert supervisor is not None
+    try:
+        marker = tmp_path / "running"
+        handle = session.submit(_sleeps(str(marker)))
+        wait_until(marker.exists, 30, "the task to run on the ranks")
+        other = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"import notebook_launcher as nl; nl.attach({session.id!r}).stop()",
+            ],
+            env={**kernel_env(), "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        with pytest.raises(KeyboardInterrupt) as stopped:
+            handle.result(timeout=60)
+        _, err = other.communicate(timeout=60)
+        assert other.returncode == 0, err
+        said = str(stopped.value)
+        assert f"session {session.id} was stopped by another kernel (process {other.pid}" in said
+        assert "its ranks left" in said, said
+        wait_until(lambda: not record.running(supervisor), 20, "the supervisor to end")
+    finally:
+        if record.running(supervisor):
+            os.kill(supervisor, signal.SIGKILL)

@@ -187,12 +187,15 @@ def retention() -> float:
     """Seconds an ended run's record is kept when its result is not taken."""
     raw = os.environ.get(RETENTION_ENV, "")
     try:
-        return float(raw) if raw else DEFAULT_RETENTION
+        seconds = float(raw) if raw else DEFAULT_RETENTION
     except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0:  # (a negative one, or nan, would remove results nobody took)
         raise LaunchError(
-            f"{RETENTION_ENV}={raw!r} is not a number of seconds: set it to, say, 86400 "
-            "(a day), or unset it for the default of 7 days"
-        ) from None
+            f"{RETENTION_ENV}={raw!r} is not a number of seconds of 0 or more: set it to, "
+            "say, 86400 (a day), or unset it for the default of 7 days"
+        )
+    return seconds
 
 
 #: how a directory of the records is opened: never through a symlink
@@ -665,6 +668,11 @@ def _found_dead(run_dir: str) -> None:
 
 def find(run_id: str) -> str:
     """The directory of run ``run_id``, checked to be private."""
+    if not isinstance(run_id, str):
+        raise TypeError(
+            f"a run's id is a string such as '3fa9c1' (notebook_launcher.runs() lists them), "
+            f"not {type(run_id).__name__} {run_id!r}"
+        )
     base = root()
     path = os.path.join(base, run_id)
     missing = RunNotFound(
