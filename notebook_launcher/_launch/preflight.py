@@ -19,7 +19,7 @@ from .. import _placement
 from .._posix import deferred_interrupts, die_with_parent, quiet_fork
 from .._spec import LAUNCHER_ENV
 from ..errors import PreflightError
-from ..utils.constants import FP16_ON_CPU_WARNING, parse_mixed_precision
+from ..utils.constants import FP16_ON_CPU_WARNING, MIXED_PRECISION_MODES, parse_mixed_precision
 from .rendezvous import RendezvousConfig
 
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -114,6 +114,14 @@ def _arch_flags() -> list[str]:
 
 
 def check_mixed_precision(mixed_precision: Any, on_gpu: bool | int) -> str:
+    """The launch's mixed precision: one of the modes (``"no"`` by default). ``None`` and
+    ``""`` are refused as any unknown value is, as Accelerate's ``notebook_launcher`` refuses
+    them (``PrecisionType(mixed_precision.lower())``): leave it out for ``"no"``."""
+    if mixed_precision is None:
+        raise PreflightError(
+            "mixed_precision=None is not a mixed precision: leave it out (or pass 'no') for "
+            f"full precision, or choose one of {', '.join(map(repr, MIXED_PRECISION_MODES))}."
+        )
     try:
         value = parse_mixed_precision(mixed_precision, "notebook_launcher(mixed_precision=...)")
     except ValueError as exc:
