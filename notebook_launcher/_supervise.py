@@ -111,7 +111,7 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
     returns."""
     from ._launch.pool import RankPool
     from ._posix import quiet_fork
-    from ._wire.forkserver import Ping, Pong, Spare, recv_request, send
+    from ._wire.forkserver import Spare, Taken, recv_request, send
 
     code = 1
     pool = RankPool(close_in_child=(conn_fd,))
@@ -126,15 +126,12 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
             pool.prefork(ahead)
         except OSError:  # (no process to spare: its ranks are forked when it runs)
             pass
-        while True:
-            try:
-                order, fds = recv_request(link)
-                if not isinstance(order, Ping):
-                    break
-                send(link, Pong())  # here: the server may give it a run
-            except (EOFError, OSError):
-                pool.close()
-                os._exit(0)  # no run came: the server (and its kernel) ended
+        try:
+            order, fds = recv_request(link)
+            send(link, Taken())  # (the server kills a spare that does not say it in time)
+        except (EOFError, OSError):
+            pool.close()
+            os._exit(0)  # no run came: the server (and its kernel) ended
         link.close()
         pool.close_in_child = ()  # (its number may name another fd now: a restart's blank)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -187,6 +184,8 @@ def _supervise(
     if handshake:
         os.write(1, f"{os.getpid()}\n".encode())
         os.dup2(2, 1)  # the handshake is over: stdout joins stderr, in supervisor.log
+        if pool is not None:
+            pool.ask()  # (its ranks forked ahead answer while the kernel sends the go)
         key = _wait_for_go(go)
         if not key:  # the kernel gave up on the run (Ctrl-C, or its end) before its go
             if pool is not None:
@@ -201,10 +200,15 @@ def _supervise(
             pool.close()
         serve(run_dir, meta, key)
         return
-    detach.reserve(run_dir)  # room for the end, should the run fill the disk
+    import threading
+
+    # room for the end, should the run fill the disk (in a thread: not the start's business)
+    reserving = threading.Thread(target=detach.reserve, args=(run_dir,), daemon=True)
+    reserving.start()
     outcome = _why_terminated(
         _run(run_dir, listen_fd, key, in_job=not handshake, pool=pool), not handshake
     )
+    reserving.join()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     meta = detach.read_meta(run_dir)  # as the run left it (a cluster's job named)
@@ -375,6 +379,7 @@ def _pooled(plan: Any, task: bytes, pool: RankPool | None) -> bool:
 
     if pool is None:
         return False
+    pool.keep_answering()  # (one that did not answer -- stopped, stuck -- is not used)
     usable = plan.start_method == "fork" and len(task) <= MAX_TASK
     if not usable or not pool.covers(len(plan.specs)):
         pool.close()

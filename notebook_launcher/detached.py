@@ -429,10 +429,11 @@ def _start_cold(run_dir: str, said: int, log: int, go: int, listen_fd: int) -> N
 
 
 def _read_until_closed(fd: int, timeout: float, into: bytearray) -> None:
-    """Read ``fd`` into ``into`` until its end (or ``timeout``); each chunk is kept as it
-    comes, so an interrupt loses nothing that was read."""
+    """Read ``fd`` into ``into`` until its end or a whole line (the supervisor's pid), or
+    ``timeout``; each chunk is kept as it comes, so an interrupt loses nothing that was
+    read."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not into.endswith(b"\n"):
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         chunk = os.read(fd, 64) if ready else b""
         if not chunk:

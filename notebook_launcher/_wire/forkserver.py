@@ -20,9 +20,9 @@ frames on a socketpair of their own::
 
     server                                          spare supervisor
       <--- Spare(pid) --------------------------    out of the server's session
-      ---- Ping() ----------------------------->    (before it is given a run)
-      <--- Pong() ------------------------------    within SPARE_ANSWER, or it is killed
-      ---- Supervise(...) + fds --------------->    runs it
+      ---- Supervise(...) + fds --------------->    its run
+      <--- Taken() -----------------------------    within SPARE_ANSWER, or it is killed
+                                                    and a supervisor forked then gets it
 """
 
 from __future__ import annotations
@@ -69,19 +69,14 @@ class Supervise:
 @dataclass(frozen=True)
 class Spare:
     """A spare supervisor is out of the server's session: its pid (the server kills a spare
-    that does not answer its :class:`Ping`)."""
+    that does not say :class:`Taken` in time)."""
 
     pid: int
 
 
 @dataclass(frozen=True)
-class Ping:
-    """To a spare supervisor before it is given a run: is it there (not stopped, not stuck)?"""
-
-
-@dataclass(frozen=True)
-class Pong:
-    """A spare supervisor's answer to :class:`Ping`."""
+class Taken:
+    """A spare supervisor has its run (the server then lets go of the run's fds)."""
 
 
 @dataclass(frozen=True)
@@ -143,11 +138,10 @@ __all__ = [
     "Fork",
     "Forked",
     "FrameReader",
-    "Ping",
-    "Pong",
     "Ready",
     "Spare",
     "Supervise",
+    "Taken",
     "recv_request",
     "send",
 ]
