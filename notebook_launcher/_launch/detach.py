@@ -38,12 +38,16 @@ supervisor and every kernel that attaches share nothing but a directory, one per
 
     kernel                                    supervisor (its own session, parent: init)
     ------                                    ------------------------------------------
-    new_run() + write_private(task.pkl)
+    new_run() + task.pkl, sealed (seal)
     its forkserver forks _supervise -------> setsid, fork; meta: running, pid
     (or Popen: a cold python, if need be)
-                         <------- pid ------  load task.pkl, _Launch.run_to_end() with a
-    attach: replay events.log, then tail it   view that appends to events.log
+                         <------- pid ------  waits for its go (nothing run before)
+    the go: the run's key (a pipe) --------> task.pkl checked with the key, loaded;
+                                              _Launch.run_to_end() with a view that
+    attach: replay events.log, then tail it   appends to events.log
             meta.json says how it ended  <--  result.pkl, then meta.json: ok|failed|stopped
+                                              (a full disk: the result from memory,
+                                              result.sock)
     stop(): SIGINT to the supervisor  ------> every rank stopped, as Ctrl-C does
       (from another host: the stop file)
 
@@ -1179,7 +1183,7 @@ def hold(run_dir: str, meta: Meta, result: bytes, keep: float) -> bool:
             finally:
                 os.umask(old)
         listener.listen(4)
-        listener.settimeout(keep)
+        listener.settimeout(min(max(keep, 60.0), 1e8))  # (a retention of 0, or of inf)
         frame = pickle.dumps((asdict(meta), result), protocol=pickle.HIGHEST_PROTOCOL)
         while True:
             try:
