@@ -80,8 +80,7 @@ def in_job(run_dir: str) -> None:
     and the job ends when it does."""
     from ._launch import detach
 
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
-    log = os.open(os.path.join(run_dir, detach.LOG), flags, 0o600)
+    log = detach.open_private(run_dir, detach.LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     for fd in (1, 2):  # its words in the record, as a supervisor's on the kernel's host
         os.dup2(log, fd)
     os.close(log)
