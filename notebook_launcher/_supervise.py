@@ -14,7 +14,11 @@ run going. Two ways to start it, the same supervisor either way:
   forkserver cannot be had: a fresh interpreter, which imports torch (seconds).
 
 Its fds: 1, the handshake pipe (it writes its pid there, then fd 1 joins fd 2); 2, its
-log (``supervisor.log``); the rendezvous listener, bound by the kernel.
+log (``supervisor.log``); its go (a pipe: the cold one's stdin), where the kernel writes
+the run's key once it has the pid -- the supervisor runs nothing before, and the end of
+that pipe without a key (the kernel's Ctrl-C, or its death, during the hand-over) ends it
+and its record; the rendezvous listener, bound by the kernel. The key checks the run's
+task (``_launch.detach.seal``): a task that is not the one the kernel wrote is refused.
 
 It runs the launch exactly as a blocking ``notebook_launcher()`` does (the same
 ``launcher._Launch``: preflight was done by the kernel, which passes the plan, its bound
@@ -61,7 +65,11 @@ def main(argv: list[str]) -> None:
     run_dir, listen_fd = argv[0], int(argv[1])
     if os.fork():
         os._exit(0)  # the kernel reaps this one; init adopts the supervisor
-    _supervise(run_dir, listen_fd)
+    go = os.dup(0)  # its go comes on its stdin
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    _supervise(run_dir, listen_fd, go=go)
 
 
 def in_job(run_dir: str) -> None:
@@ -72,13 +80,16 @@ def in_job(run_dir: str) -> None:
     and the job ends when it does."""
     from ._launch import detach
 
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
-    log = os.open(os.path.join(run_dir, detach.LOG), flags, 0o600)
+    log = detach.open_private(run_dir, detach.LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     for fd in (1, 2):  # its words in the record, as a supervisor's on the kernel's host
         os.dup2(log, fd)
     os.close(log)
     print(f"supervisor: in Slurm job {os.environ.get('SLURM_JOB_ID', '?')}", file=sys.stderr)
-    _supervise(run_dir, -1, handshake=False)
+    try:  # the run's key, from the batch script sbatch got on its stdin
+        key = bytes.fromhex(os.environ.pop(detach.KEY_ENV, ""))
+    except ValueError:
+        key = b""
+    _supervise(run_dir, -1, handshake=False, key=key)
 
 
 def preload() -> None:
@@ -99,7 +110,7 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
     returns."""
     from ._launch.pool import RankPool
     from ._posix import quiet_fork
-    from ._wire.forkserver import recv_request
+    from ._wire.forkserver import Spare, Taken, recv_request, send
 
     code = 1
     pool = RankPool(close_in_child=(conn_fd,))
@@ -110,11 +121,13 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's handler: not ours
         link = socket.socket(fileno=conn_fd)
         try:
+            send(link, Spare(os.getpid()))  # (the server kills a spare that stops answering)
             pool.prefork(ahead)
         except OSError:  # (no process to spare: its ranks are forked when it runs)
             pass
         try:
             order, fds = recv_request(link)
+            send(link, Taken())  # (the server kills a spare that does not say it in time)
         except (EOFError, OSError):
             pool.close()
             os._exit(0)  # no run came: the server (and its kernel) ended
@@ -125,7 +138,7 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
             os.dup2(src, dst)
             os.close(src)
         print("supervisor: forked by the kernel's forkserver (warm)", file=sys.stderr)
-        _supervise(order.run_dir, fds[2] if order.has_listen else -1, pool=pool)
+        _supervise(order.run_dir, fds[3] if order.has_listen else -1, pool=pool, go=fds[2])
         code = 0
     except BaseException:  # noqa: BLE001 - into its log, as a fresh interpreter would
         import traceback
@@ -144,10 +157,16 @@ def spare(conn_fd: int, ahead: int = 0) -> NoReturn:
 
 
 def _supervise(
-    run_dir: str, listen_fd: int, handshake: bool = True, pool: RankPool | None = None
+    run_dir: str,
+    listen_fd: int,
+    handshake: bool = True,
+    pool: RankPool | None = None,
+    go: int = -1,
+    key: bytes = b"",
 ) -> None:
     """The supervisor, from its handshake (``handshake``: the kernel waits for its pid on
-    fd 1) to its run's record of the end. ``pool``: its ranks, forked ahead (a spare's)."""
+    fd 1, then sends the run's key on ``go``; else ``key`` is given) to its run's record of
+    the end. ``pool``: its ranks, forked ahead (a spare's)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the kernel ignored it
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -164,19 +183,33 @@ def _supervise(
     if handshake:
         os.write(1, f"{os.getpid()}\n".encode())
         os.dup2(2, 1)  # the handshake is over: stdout joins stderr, in supervisor.log
+        if pool is not None:
+            pool.ask()  # (its ranks forked ahead answer while the kernel sends the go)
+        key = _wait_for_go(go)
+        if not key:  # the kernel gave up on the run (Ctrl-C, or its end) before its go
+            if pool is not None:
+                pool.close()
+            detach.remove(run_dir)
+            print("supervisor: no go from the kernel: nothing ran", file=sys.stderr)
+            return
     if meta.kind == "session":  # a session's calls, served until it is stopped
         from .detached_session import serve
 
         if pool is not None:
             pool.close()
-        serve(run_dir, meta)
+        serve(run_dir, meta, key)
         return
+    import threading
+
+    # room for the end, should the run fill the disk (in a thread: not the start's business)
+    reserving = threading.Thread(target=detach.reserve, args=(run_dir,), daemon=True)
+    reserving.start()
     outcome = _why_terminated(
-        _run(run_dir, listen_fd, in_job=not handshake, pool=pool), not handshake
+        _run(run_dir, listen_fd, key, in_job=not handshake, pool=pool), not handshake
     )
+    reserving.join()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    detach.write_result(run_dir, outcome)
     meta = detach.read_meta(run_dir)  # as the run left it (a cluster's job named)
     meta.ended = time.time()
     if isinstance(outcome, KeyboardInterrupt):
@@ -186,7 +219,39 @@ def _supervise(
     else:
         meta.state = detach.OK
     meta.summary = _summary(outcome)
-    detach.write_meta(run_dir, meta)
+    if _recording_stopped:
+        meta.note = _recording_stopped[0]
+    result = detach.encode_result(outcome)
+    del outcome
+    if not detach.write_end(run_dir, meta, result):  # a full disk: held for a kernel
+        _say(f"supervisor: {meta.note or 'the record could not be written'}")
+        if not detach.hold(run_dir, meta, result, detach.retention()):
+            _say("supervisor: no kernel took the run's result in time: it is lost")
+
+
+def _say(line: str) -> None:
+    """A line in the supervisor's log, if the disk still takes one."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+#: why the run's log stopped being written (a full disk), once it did
+_recording_stopped: list[str] = []
+
+
+def _wait_for_go(go: int) -> bytes:
+    """The run's key, once the kernel sends it on ``go`` (empty: the pipe ended first)."""
+    from ._launch.detach import KEY_BYTES
+
+    key = b""
+    try:
+        while len(key) < KEY_BYTES and (chunk := os.read(go, KEY_BYTES - len(key))):
+            key += chunk
+    finally:
+        os.close(go)
+    return key if len(key) == KEY_BYTES else b""
 
 
 #: the supervisor got SIGTERM (``kill``, a shutdown; in its Slurm job: scancel, the time
@@ -246,8 +311,11 @@ def _summary(outcome: Any) -> str:
     return f"{len(outcome)} rank(s) returned"
 
 
-def _run(run_dir: str, listen_fd: int, in_job: bool = False, pool: RankPool | None = None) -> Any:
-    """The launch, to its end: the per-rank values or the exception to raise. ``in_job``:
+def _run(
+    run_dir: str, listen_fd: int, key: bytes, in_job: bool = False, pool: RankPool | None = None
+) -> Any:
+    """The launch, to its end: the per-rank values or the exception to raise (``key``: the
+    run's, which its task must carry: ``_launch.detach.read_task``). ``in_job``:
     inside the run's Slurm job, whose ``SLURM_*`` variables (the allocation the cluster
     starts its agents in) stand over the kernel's. ``pool``: ranks forked ahead, used
     when they are enough and the task is small (``_launch.pool``)."""
@@ -263,10 +331,7 @@ def _run(run_dir: str, listen_fd: int, in_job: bool = False, pool: RankPool | No
         from .launcher import _Launch
         from .ui import view_for
 
-        path = os.path.join(run_dir, detach.TASK)
-        with open(path, "rb") as f:
-            payload = pickle.loads(f.read())
-        os.unlink(path)  # the task (and what its arguments hold) stays no longer than needed
+        payload = pickle.loads(detach.read_task(run_dir, key))  # (then removed from the record)
         detach.take_on(payload["kernel"], in_job)  # forked ranks inherit it
         job = _serialization.loads(payload.pop("job"))
         del payload
@@ -313,6 +378,7 @@ def _pooled(plan: Any, task: bytes, pool: RankPool | None) -> bool:
 
     if pool is None:
         return False
+    pool.keep_answering()  # (one that did not answer -- stopped, stuck -- is not used)
     usable = plan.start_method == "fork" and len(task) <= MAX_TASK
     if not usable or not pool.covers(len(plan.specs)):
         pool.close()
@@ -373,7 +439,18 @@ class _Recording:
         self.stopping = False
 
     def handle(self, event: Any) -> None:
-        self.writer.write(event)
+        """Into the log -- until the disk is full: then the log stops there (said once,
+        and in the record's end), and the run goes on, beating and taking stops."""
+        if _recording_stopped:
+            return
+        from ._launch import detach
+
+        try:
+            self.writer.write(event)
+        except detach.RecordFull as exc:
+            when = time.strftime("%H:%M:%S")
+            _recording_stopped.append(f"Its log stops at {when}, where the disk became full: {exc}")
+            _say(f"supervisor: recording stopped at {when}: {exc}")
 
     def tick(self) -> None:
         from ._launch import detach

@@ -9,9 +9,12 @@ port bound), then handed to a supervisor process that is not this kernel's child
     ------------------------------                 -------------------------
     notebook_launcher(detach=True)
       plan_launch()  (preflight, port)
-      task.pkl  ---------------------------------> _Launch.run_to_end(): the ranks, as a
-      the forkserver forks it, pid back  <-------    blocking launch runs them; every event
-      attach(id)                                     appended to events.log
+      task.pkl, sealed with the run's key -------> (forked, or a spare forked ahead)
+      the forkserver forks it, pid back  <-------  meta: running, its pid
+      the go: the run's key (a pipe) ------------> the task checked against the key, then
+      attach(id)                                   _Launch.run_to_end(): the ranks, as a
+                                                     blocking launch runs them; every event
+                                                     appended to events.log
         replay events.log into a fresh view
         tail it (every 0.1 s) in a thread   <----- result.pkl, meta.json: ok|failed|stopped
         the handle settles with the result
@@ -39,6 +42,7 @@ import contextvars
 import dataclasses
 import os
 import pickle
+import secrets
 import select
 import signal
 import subprocess
@@ -92,20 +96,20 @@ def launch(
             task = dumps_checked((function, args, kwargs), "the launched function and its args")
             return {**job, "plan": plan, "task": task}
 
-        run_id = _hand_over(
+        def said(run_id: str) -> str:
+            return (
+                f"notebook_launcher: run {run_id} detached ({name}, {len(plan.specs)} ranks): "
+                f"it goes on without this kernel. notebook_launcher.attach({run_id!r}) follows "
+                "it from any kernel of yours on this machine; .stop() stops it."
+            )
+
+        return _hand_over(
             name, len(plan.specs), 1, body, listen.fileno() if listen is not None else -1,
-            forks=len(plan.specs),
+            said, dashboard, forks=len(plan.specs),
         )  # fmt: skip
     finally:
         if listen is not None:
             listen.close()
-    print(
-        f"notebook_launcher: run {run_id} detached ({name}, {len(plan.specs)} ranks): it "
-        f"goes on without this kernel. notebook_launcher.attach({run_id!r}) follows it "
-        "from any kernel of yours on this machine; .stop() stops it.",
-        flush=True,
-    )
-    return attach(run_id, dashboard=dashboard)
 
 
 def launch_on_cluster(
@@ -132,15 +136,16 @@ def launch_on_cluster(
             flush=True,
         )
         return attach(run_id, dashboard=dashboard)
-    run_id = _hand_over(name, ranks, nodes, lambda: job, -1)
-    print(
-        f"notebook_launcher: run {run_id} detached ({name}, {ranks} ranks on {nodes} "
-        f"node(s)): its supervisor starts the cluster's job and owns it; it goes on without "
-        f"this kernel. notebook_launcher.attach({run_id!r}) follows it from any kernel of "
-        "yours on this machine; .stop() stops it and ends the job.",
-        flush=True,
-    )
-    return attach(run_id, dashboard=dashboard)
+
+    def said(run_id: str) -> str:
+        return (
+            f"notebook_launcher: run {run_id} detached ({name}, {ranks} ranks on {nodes} "
+            f"node(s)): its supervisor starts the cluster's job and owns it; it goes on "
+            f"without this kernel. notebook_launcher.attach({run_id!r}) follows it from any "
+            "kernel of yours on this machine; .stop() stops it and ends the job."
+        )
+
+    return _hand_over(name, ranks, nodes, lambda: job, -1, said, dashboard)
 
 
 def _hand_over_to_job(
@@ -152,42 +157,56 @@ def _hand_over_to_job(
     supervisor starts."""
     from ._launch import slurm
 
-    run_dir = job_id = None
+    job_id = None
+    key = secrets.token_bytes(record.KEY_BYTES)
+    made: list[str] = []
     try:
-        run_id, run_dir = _new_record(name, ranks, nodes, dumps(job), record.QUEUED)
+        run_id = _new_record(name, ranks, nodes, dumps(job), record.QUEUED, key, made)
+        run_dir = made[0]
         code = _supervisor_code("in_job(sys.argv[1])")
-        script = os.path.join(run_dir, "job.sh")
         text = slurm.batch_script(
             cluster.sbatch_options, cluster.setup, (), os.path.join(run_dir, "slurm-%j.out"),
             supervisor=(cluster.python, "-c", code, run_dir),
         )  # fmt: skip
-        record.write_private(script, text.encode())
+        # the script as submitted goes to sbatch on its stdin, the run's key in it (its
+        # supervisor's environment): not read back from the record, as the key must not be
+        record.write_private(os.path.join(run_dir, "job.sh"), text.encode())
+        head, command = text.rsplit("\nexec ", 1)
+        keyed = f"{head}\nexport {record.KEY_ENV}={key.hex()}\nexec {command}"
         with deferred_interrupts():  # a job submitted and not written down: none
-            job_id = slurm.submit(script)
+            job_id = slurm.submit_text(keyed)
             record.write_private(os.path.join(run_dir, record.JOB), f"{job_id}\n".encode())
     except BaseException:  # Ctrl-C while it is submitted too: no job, no record left
         if job_id is not None:
             slurm.cancel(job_id)
-        if run_dir is not None:
+        for run_dir in made:
             record.remove(run_dir)
         raise
     return run_id, job_id
 
 
-def _new_record(name: str, ranks: int, nodes: int, job: bytes, state: str) -> tuple[str, str]:
+def _new_record(
+    name: str, ranks: int, nodes: int, job: bytes, state: str, key: bytes, made: list[str]
+) -> str:
     """A new run's record: its meta (``state``) and its task (``job``: what the
     supervisor's launch needs, pickled; with this kernel's path, environment and
-    directory, which the supervisor takes on). ``(run id, its directory)``."""
+    directory, which the supervisor takes on), sealed with the run's ``key``. Its id; its
+    directory is put in ``made`` as soon as it exists (whatever comes next, the caller
+    knows what to remove). All of it or (an error, an interrupt) none of it."""
     record.sweep()
-    run_id, run_dir = record.new_run(name)
+    payload = pickle.dumps({"kernel": record.the_kernel(), "job": job})
     try:
-        record.write_meta(run_dir, Meta(run_id, name, time.time(), ranks, state, nodes=nodes))
-        payload = pickle.dumps({"kernel": record.the_kernel(), "job": job})
-        record.write_private(os.path.join(run_dir, record.TASK), payload)
+        with deferred_interrupts():  # a record whole, or none: never an empty folder
+            run_id, run_dir = record.new_run(name)
+            made.append(run_dir)
+            record.write_meta(run_dir, Meta(run_id, name, time.time(), ranks, state, nodes=nodes))
+            record.write_private(os.path.join(run_dir, record.TASK), record.seal(key, payload))
     except BaseException:
-        record.remove(run_dir)
+        with deferred_interrupts():
+            for run_dir in made:
+                record.remove(run_dir)
         raise
-    return run_id, run_dir
+    return run_id
 
 
 def _hand_over(
@@ -196,20 +215,151 @@ def _hand_over(
     nodes: int,
     body: Callable[[], dict[str, Any]],
     listen_fd: int,
+    said: Callable[[str], str],
+    dashboard: bool | str | View,
     forks: int = 0,
-) -> str:
+) -> RunHandle:
     """A new run's record, its task written there (``body()``: what the supervisor's
-    launch needs), and its supervisor started (``forks``: how many ranks it forks); the
-    run's id."""
-    run_dir = None
+    launch needs), its supervisor started (``forks``: how many ranks it forks), then its
+    go, ``said(id)`` printed and the run's handle (``attach``) -- or, for an error or a
+    Ctrl-C before the go, nothing: no record, no supervisor, nothing run.
+
+    The go is the one point of no return: the supervisor runs nothing before it. It is
+    given, the run announced and its handle made as one step that Ctrl-C does not cut; a
+    Ctrl-C that comes during it is too late to undo the run, so its handle is returned
+    and the interrupt said."""
+    job = dumps(body())  # (before the record: a task that cannot be pickled leaves none)
+    handover = _Handover()
+    made: list[str] = []
     try:
-        run_id, run_dir = _new_record(name, ranks, nodes, dumps(body()), record.STARTING)
-        _spawn(run_dir, listen_fd, forks)
-    except BaseException:  # Ctrl-C while it starts too: no run left behind, half begun
-        if run_dir is not None:
-            _abandon(run_dir)
+        run_id = _new_record(name, ranks, nodes, job, record.STARTING, handover.key, made)
+        handover.start(made[0], listen_fd, forks)
+        with deferred_interrupts() as caught:
+            handover.commit()
+            print(said(run_id), flush=True)
+            handle = attach(run_id, dashboard=dashboard)
+            late = bool(caught)
+            caught.clear()
+    except BaseException:
+        if not handover.committed:  # nothing ran: nothing is left (another Ctrl-C waits)
+            with deferred_interrupts():
+                handover.abandon()
+                for run_dir in made:
+                    record.remove(run_dir)
         raise
-    return run_id
+    if late:
+        print(
+            f"notebook_launcher: Ctrl-C came as run {run_id} started: it goes on (this is "
+            "its handle); .stop() stops it.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return handle
+
+
+class _Handover:
+    """A run handed to a supervisor: :meth:`start` forks it (warm: by this kernel's
+    forkserver, which has imported torch and holds none of this kernel's memory or fds;
+    cold where the forkserver cannot be had: a fresh interpreter, which imports torch), and
+    it says its pid; then it waits for its go (:meth:`commit`: the run's key) before it
+    runs anything. Without one (:meth:`abandon`, or this kernel's death) it ends and
+    removes the record. Made before anything starts, so that whatever point an error or a
+    Ctrl-C cuts it at, :meth:`abandon` knows what to undo."""
+
+    def __init__(self) -> None:
+        #: the run's key: the supervisor's go, and the seal of its task
+        self.key = secrets.token_bytes(record.KEY_BYTES)
+        self.pid: int | None = None
+        self.said = self.go = -1  # our ends of the pid pipe and of the go pipe
+        self.heard = bytearray()  # what the supervisor said there so far (its pid)
+        self.ended = False  # the pid pipe was read to its end
+        self.committed = False
+
+    def start(self, run_dir: str, listen_fd: int, forks: int) -> None:
+        """Fork the supervisor of ``run_dir`` and read its pid (``forks``: the ranks it
+        forks; the server's next spare forks as many ahead of its run)."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
+        log = record.open_private(run_dir, record.LOG, flags)  # (read here if it fails)
+        said_w = go_r = -1
+        try:
+            try:
+                with deferred_interrupts():  # every end of the pipes known, or none opened
+                    self.said, said_w = os.pipe()
+                    go_r, self.go = os.pipe()
+                server = _forkserver()
+                with deferred_interrupts():  # a request half sent, a process nobody knows of
+                    warm = server is not None and _start_warm(
+                        server, run_dir, [said_w, log, go_r], listen_fd, forks
+                    )
+                    if not warm:
+                        _start_cold(run_dir, said_w, log, go_r, listen_fd)
+            finally:
+                for fd in (said_w, go_r):  # the supervisor holds the only copies left
+                    if fd >= 0:
+                        os.close(fd)
+            _read_until_closed(self.said, START_TIMEOUT, self.heard)
+            self.ended = True
+            self.pid = _said_pid(self.heard)
+            if self.pid is not None:
+                return
+            why = os.pread(log, 1 << 16, max(0, os.fstat(log).st_size - (1 << 16)))
+        finally:
+            os.close(log)
+        tail = why.decode(errors="replace")[-2000:].strip()
+        raise LaunchError(
+            "the supervisor of the detached run could not start"
+            + (f":\n{tail}" if tail else f" within {START_TIMEOUT:.0f} s (a loaded machine?)")
+        )
+
+    def commit(self) -> None:
+        """The go: the run's key down its pipe (the supervisor checks the task with it)."""
+        try:
+            os.write(self.go, self.key)  # (32 bytes into an empty pipe: never blocks)
+        except BrokenPipeError:
+            raise LaunchError(
+                f"the supervisor (pid {self.pid}) of the detached run ended before its go; "
+                "its log (supervisor.log in the run's record) may say why"
+            ) from None
+        finally:
+            self._close()
+        self.committed = True
+
+    def abandon(self) -> None:
+        """No go: a supervisor that got the request runs nothing and ends; returns once
+        it has."""
+        with deferred_interrupts():
+            if self.go >= 0:
+                os.close(self.go)
+                self.go = -1
+            if self.pid is None and self.said >= 0:
+                if not self.ended:  # (what was read before the interrupt is kept)
+                    _read_until_closed(self.said, START_TIMEOUT, self.heard)
+                self.pid = _said_pid(self.heard)
+            self._close()
+            if self.pid is not None:
+                _wait_gone(self.pid, START_TIMEOUT)
+
+    def _close(self) -> None:
+        for fd in (self.said, self.go):
+            if fd >= 0:
+                os.close(fd)
+        self.said = self.go = -1
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Wait until process ``pid`` (not a child of ours) has ended; SIGKILL it after
+    ``timeout``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if not select.select([fd], [], [], timeout)[0]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            select.select([fd], [], [], 5.0)
+    finally:
+        os.close(fd)
 
 
 def _abandon(run_dir: str) -> None:
@@ -224,43 +374,11 @@ def _abandon(run_dir: str) -> None:
     record.remove(run_dir)
 
 
-def _spawn(run_dir: str, listen_fd: int, forks: int = 0) -> int:
-    """Start the supervisor (see ``_supervise``); its pid, once it runs.
-
-    Warm where it can be: forked by this kernel's forkserver (started first if need be,
-    then kept for the next runs), which has imported torch and holds none of this
-    kernel's memory or fds. Cold where the forkserver cannot be had: a fresh interpreter,
-    which imports torch (seconds). The supervisor says its pid on a pipe, then closes it.
-    ``forks``: the ranks it forks (the server's next spare forks as many ahead of its run).
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-    log = os.open(os.path.join(run_dir, record.LOG), flags, 0o600)
-    said_r, said_w = os.pipe()
-    try:
-        try:
-            server = _forkserver()
-            with deferred_interrupts():  # a request half sent, a process nobody knows of
-                warm = server is not None and _start_warm(
-                    server, run_dir, said_w, log, listen_fd, forks
-                )
-                if not warm:
-                    _start_cold(run_dir, said_w, log, listen_fd)
-        finally:
-            os.close(said_w)  # the supervisor holds the only write end left
-            os.close(log)
-        said = _read_until_closed(said_r, START_TIMEOUT)
-    finally:
-        os.close(said_r)
+def _said_pid(said: bytes | bytearray) -> int | None:
     try:
         return int(said.decode().strip())
     except ValueError:
-        with open(os.path.join(run_dir, record.LOG), errors="replace") as f:
-            why = f.read()[-2000:].strip()
-        record.remove(run_dir)
-        raise LaunchError(
-            "the supervisor of the detached run could not start"
-            + (f":\n{why}" if why else f" within {START_TIMEOUT:.0f} s (a loaded machine?)")
-        ) from None
+        return None
 
 
 def _forkserver() -> Any:
@@ -274,11 +392,12 @@ def _forkserver() -> Any:
         return None
 
 
-def _start_warm(server: Any, run_dir: str, said: int, log: int, listen_fd: int, forks: int) -> bool:
-    """Ask the forkserver to fork the supervisor; False where the request could not be
-    sent (the server had died: nothing was forked). A server that dies once it has the
-    request raises: a supervisor may be running, so no second one is started."""
-    fds = [said, log] + ([listen_fd] if listen_fd >= 0 else [])
+def _start_warm(server: Any, run_dir: str, fds: list[int], listen_fd: int, forks: int) -> bool:
+    """Ask the forkserver to fork the supervisor with ``fds`` (its handshake pipe, its log,
+    its go pipe); False where the request could not be sent (the server had died: nothing
+    was forked). A server that dies once it has the request raises: a supervisor may be
+    running, so no second one is started."""
+    fds = fds + ([listen_fd] if listen_fd >= 0 else [])
     try:
         server.supervise(run_dir, fds, listen_fd >= 0, forks)
     except OSError:
@@ -297,11 +416,11 @@ def _supervisor_code(call: str) -> str:
     )
 
 
-def _start_cold(run_dir: str, said: int, log: int, listen_fd: int) -> None:
+def _start_cold(run_dir: str, said: int, log: int, go: int, listen_fd: int) -> None:
     code = _supervisor_code("main(sys.argv[1:])")
     proc = subprocess.Popen(
         [sys.executable, "-c", code, run_dir, str(listen_fd)],
-        stdin=subprocess.DEVNULL,
+        stdin=go,  # its go comes on its stdin
         stdout=said,
         stderr=log,
         pass_fds=(listen_fd,) if listen_fd >= 0 else (),
@@ -310,19 +429,23 @@ def _start_cold(run_dir: str, said: int, log: int, listen_fd: int) -> None:
     proc.wait()  # the first process forks the supervisor and exits: no zombie of ours
 
 
-def _read_until_closed(fd: int, timeout: float) -> bytes:
-    said = b""
+def _read_until_closed(fd: int, timeout: float, into: bytearray) -> None:
+    """Read ``fd`` into ``into`` until its end or a whole line (the supervisor's pid), or
+    ``timeout``; each chunk is kept as it comes, so an interrupt loses nothing that was
+    read."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not into.endswith(b"\n"):
         ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         chunk = os.read(fd, 64) if ready else b""
         if not chunk:
             break
-        said += chunk
-    return said
+        into += chunk
 
 
 # --- following a run -------------------------------------------------------------------
+
+#: An ended run whose result its supervisor is about to hand over (the next look takes it).
+_NOT_YET = object()
 
 
 class RunHandle(TaskHandle):
@@ -392,6 +515,10 @@ class RunHandle(TaskHandle):
             events = reader.read()
         finally:
             reader.close()
+        if reader.damaged:  # (what follows it cannot be read: not "every line")
+            raise record.RecordDamaged(
+                f"{reader.damaged}. The lines before it: attach({self.id!r}) shows them"
+            )
         if rank is not None:
             return "".join(e.text for e in events if type(e) is Output and e.rank == rank)
         lines: list[str] = []
@@ -445,14 +572,15 @@ class RunHandle(TaskHandle):
                 f"detached from run {self.id}: it goes on without this kernel. "
                 f"notebook_launcher.attach({self.id!r}) follows it again; .stop() stops it"
             ) from None
-        self._taken()
+        self._taken(exc)
         if exc is not None:
             raise exc
         return Future.result(self, 0)
 
-    def _taken(self) -> None:
-        """The result was taken: the record has done its work."""
-        if not self.keep:
+    def _taken(self, exc: BaseException | None) -> None:
+        """The result was taken: the record has done its work (a damaged one is kept, for
+        whoever can mend it)."""
+        if not self.keep and not isinstance(exc, record.RecordDamaged):
             record.remove(self.path)
 
     def __repr__(self) -> str:
@@ -504,6 +632,17 @@ class _Follower:
         #: while the run's Slurm job is queued: when to ask Slurm again, what it said
         self.next_look = 0.0
         self.waiting: str | None = None
+        #: a supervisor on another host: its heartbeat's last time seen, when it was seen
+        #: to change (this host's monotonic clock), and whether its silence was said
+        self.beat = -1.0
+        self.beat_seen = time.monotonic()
+        self.unheard = False
+        #: the run's end taken from its supervisor's memory (a full disk): (meta, result)
+        self.held: tuple[Meta, bytes] | None = None
+        #: the log told the view how the run ended
+        self.finished = False
+        #: a damaged log was said (once)
+        self.told_damage = False
 
     def follow(self) -> None:
         try:
@@ -521,34 +660,119 @@ class _Follower:
     def step(self) -> None:
         """Show what the log holds now; settle the handle when the run has ended."""
         try:
-            meta = record.read_meta(self.run_dir)
+            if self.held is None:  # (a full disk: its end, from its supervisor's memory)
+                self.held = record.take_held(self.run_dir)
+            meta = self.held[0] if self.held else record.read_meta(self.run_dir)
             state = record.state_of(meta, self.run_dir)  # (before the log: a final state
             # means a full log)
             if self.replayed:
                 self._show(self.reader.read())
             else:  # the history: only what the view can show is read (the rest counted)
                 self._show(*self.reader.read_history(history_lines(self.view)))
+            if state in record.ENDED and self.reader.pending() and not self.reader.damaged:
+                self.reader.damaged = (  # (an ended run's log is whole)
+                    f"the event log of run {meta.id} ({self.reader.path}) is damaged: it "
+                    f"ends with {self.reader.pending()} bytes that are not a whole frame"
+                )
+            if self.reader.damaged and not self.told_damage:
+                self.told_damage = True
+                print(
+                    f"notebook_launcher: {self.reader.damaged}. What it held before is "
+                    "shown; the run's end and result are read from the rest of its record.",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self.view.tick()
-            outcome = record.read_result(self.run_dir) if state in record.ENDED else None
+            outcome = self._outcome(meta) if state in record.ENDED else None
         except OSError:
             self._end(self._gone())
             return
         if state in record.ENDED:
+            if outcome is _NOT_YET:
+                return
+            self._ended(meta)
             self._end(outcome)
         elif state == record.QUEUED:
             self._queued(meta)
+        elif record.elsewhere(meta) and state != record.DIED:
+            self._listen(meta)
         elif state == record.DIED and meta.pid is None and meta.state == record.QUEUED:
             self._end(self._never_started(meta))
         elif state == record.DIED:
             where = f" on host {meta.host}" if record.elsewhere(meta) else ""
-            silent = f" (no heartbeat for over {record.HEARTBEAT_STALE:.0f} s)" if where else ""
+            found = f" (its host {meta.host} found it gone)" if where else ""
             why = (
                 f"the supervisor (pid {meta.pid}{where}) of run {meta.id} died before the "
-                f"run ended{silent}: its ranks were ended with it. " + record.log_said(self.run_dir)
+                f"run ended{found}: its ranks were ended with it. " + record.log_said(self.run_dir)
             )
             wall = time.time() - meta.started
             self.view.handle(LaunchFinished(False, why, None, wall, time.time()))
             self._end(LaunchError(why))
+
+    def _outcome(self, meta: Meta) -> Any:
+        """The ended run's values or exception: from its record, or from its supervisor's
+        memory where the disk was full (``_NOT_YET`` until it listens)."""
+        if self.held is not None:
+            held = self.held
+            with contextlib.suppress(OSError):  # the record whole again, if there is room
+                record.write_private(os.path.join(self.run_dir, record.RESULT), held[1])
+                record.write_meta(self.run_dir, dataclasses.replace(held[0], held=False))
+            return record.decode_result(held[1], self.run_dir)
+        if not meta.held:
+            try:
+                return record.read_result(self.run_dir)
+            except record.RecordDamaged as exc:  # (the history is shown; result() says it)
+                return exc
+        if record.elsewhere(meta):
+            return LaunchError(
+                f"run {meta.id} ended ({meta.state}), but its record's disk was full: its "
+                f"result is held in memory by its supervisor on host {meta.host}. Attach from "
+                f"a kernel there to take it: notebook_launcher.attach({meta.id!r}).result()"
+            )
+        if not record.running(meta.pid or 0):
+            return LaunchError(
+                f"run {meta.id} ended ({meta.state}), but its record's disk was full and its "
+                "supervisor, which held its result in memory, has ended: the result is lost. "
+                f"{meta.note}"
+            )
+        return _NOT_YET  # (its supervisor is about to listen)
+
+    def _ended(self, meta: Meta) -> None:
+        """What befell the record itself (a full disk), said; and the end drawn where the
+        log stopped before it (the view would wait for it)."""
+        if meta.note:
+            print(f"notebook_launcher: run {meta.id}: {meta.note}", file=sys.stderr, flush=True)
+        if not self.finished:
+            ok = meta.state == record.OK
+            wall = (meta.ended or time.time()) - meta.started
+            self.view.handle(LaunchFinished(ok, meta.summary, None, wall, time.time()))
+
+    def _listen(self, meta: Meta) -> None:
+        """A run whose supervisor runs on another host: say when its heartbeat has not
+        changed for longer than ``HEARTBEAT_STALE`` (by this host's own clock: how long
+        this kernel has seen no beat, whatever the other clocks say), and when it beats
+        again. Never taken for its end: only its own host can tell that."""
+        try:
+            beat = os.stat(os.path.join(self.run_dir, record.HEARTBEAT)).st_mtime
+        except OSError:
+            return
+        now = time.monotonic()
+        if beat != self.beat:
+            if self.unheard:
+                self.unheard = False
+                print(f"notebook_launcher: run {meta.id}: heard from again", file=sys.stderr)
+            self.beat, self.beat_seen = beat, now
+        elif now - self.beat_seen > record.HEARTBEAT_STALE and not self.unheard:
+            self.unheard = True
+            print(
+                f"notebook_launcher: run {meta.id}: its supervisor on host {meta.host} has "
+                f"not been heard from for {now - self.beat_seen:.0f} s (its heartbeat file "
+                "unchanged): still following. Only its own host can tell whether it ended "
+                "(a stalled or swapping machine, or a slow file server, catches up); "
+                "stop() asks it to stop through the record.",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _queued(self, meta: Meta) -> None:
         """The run's job waits in Slurm's queue: say its state when it changes."""
@@ -619,6 +843,8 @@ class _Follower:
                 self.handle.pids.clear()
             elif isinstance(event, WorkerStarted):
                 self.handle.pids[event.rank] = event.pid
+            elif isinstance(event, LaunchFinished):
+                self.finished = True
         if not self.replayed:  # the history: folded whole, drawn once
             self.replayed = True
             replay(self.view, events, left_out)
@@ -680,12 +906,17 @@ class RunInfo:
 
 
 class Runs(list[RunInfo]):
-    """The runs, one line each."""
+    """The runs, one line each; then the records that could not be read (:attr:`damaged`:
+    what is wrong with each)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: why each damaged record was left out
+        self.damaged: list[str] = []
 
     def __repr__(self) -> str:
-        if not self:
-            return f"no detached runs (records under {record.root()})"
-        return "\n".join(str(run) for run in self)
+        lines = [str(run) for run in self] or [f"no detached runs (records under {record.root()})"]
+        return "\n".join(lines + [f"left out: {why}" for why in self.damaged])
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(repr(self))
@@ -713,11 +944,20 @@ def runs() -> Runs:
         try:
             record.check_private(path)
             meta = record.read_meta(path)
+        except record.RecordDamaged as exc:
+            found.damaged.append(str(exc))
+            continue
         except (OSError, ValueError, TypeError, LaunchError):
             continue
         state = record.state_of(meta, path)
         if meta.state == record.QUEUED and not meta.cluster:  # (its supervisor names it)
             meta.cluster = f"Slurm job {record.job_of(path)}, {meta.nodes} node(s)"
+        unheard = record.unheard_for(meta, path) if state != record.DIED else None
+        if unheard is not None:
+            meta.summary = (
+                f"not heard from for {unheard:.0f} s by this host's clock (its host "
+                f"{meta.host} can tell whether it ended)"
+            )
         info = RunInfo(meta.id, meta.function, meta.started, state, meta.ranks, path)
         summary = meta.summary
         if meta.kind == "session" and state == record.DIED:  # nothing of it can be had

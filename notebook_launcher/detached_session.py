@@ -187,6 +187,13 @@ def _kernel_ending(window: float = SHUTDOWN_WINDOW) -> bool:
     return True
 
 
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """``(pid, uid)`` of the process at the other end of ``sock`` (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
 def _peer_gone(sock: socket.socket) -> bool:
     """The other end of ``sock`` closed it (a kernel that waits sends nothing more)."""
     try:
@@ -218,6 +225,8 @@ class _Job:
 
     def __init__(self, method: str, args: tuple[Any, ...], conn: socket.socket) -> None:
         self.method, self.args, self.conn = method, args, conn
+        #: the process of the kernel that made the call
+        self.caller = _peer(conn)[0]
         self.label = str(args[1]) if method == "run" else method
         self.reply: tuple[Any, ...] = ()
         #: its kernel asked to interrupt it
@@ -245,8 +254,7 @@ class _Server:
 
     def __init__(self, run_dir: str, meta: Meta) -> None:
         self.run_dir, self.meta = run_dir, meta
-        with open(os.path.join(run_dir, SECRET), "rb") as f:
-            self.secret = f.read()
+        self.secret = record.read_private(run_dir, SECRET)
         self.session: Session | None = None
         #: the session's cluster, started here (its job is this supervisor's)
         self.cluster: Any = None
@@ -257,13 +265,26 @@ class _Server:
         self.current: _Job | None = None  # the call that runs
         #: calls that ended while their kernel was gone (the next attach shows them)
         self.missed: list[_Job] = []
+        #: calls that ended and are not replied to yet (a kernel that attaches now waits
+        #: for them: each is then replied, or missed)
+        self.unreplied: list[_Job] = []
         self.writer = record.EventWriter(run_dir)
+        #: why the log stopped being written (a full disk), once it did
+        self.unrecorded = ""
+        #: why the session ends while a task may run (said to that task's kernel)
+        self.ending = ""
 
     # events: to the log, and to the kernel whose call runs
 
     def handle(self, event: Any) -> None:
         with self.lock:  # (the main thread starts the ranks; the pump runs the tasks)
-            self.writer.write(event)
+            if not self.unrecorded:
+                try:
+                    self.writer.write(event)
+                except record.RecordFull as exc:  # the log stops; the calls go on
+                    self.unrecorded = str(exc)
+                    with contextlib.suppress(OSError):
+                        print(f"supervisor: recording stopped: {exc}", file=sys.stderr)
             if self.current is not None:
                 self.current.events.append(event)
             if self.sink is None:
@@ -292,8 +313,7 @@ class _Server:
     def admit(self, conn: socket.socket) -> str | None:
         """Why ``conn`` is refused (None: admitted): its peer must be of this uid and send
         the run's secret first."""
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, _ = struct.unpack("3i", creds)
+        pid, uid = _peer(conn)
         if uid != os.getuid():
             return (
                 f"process {pid} of uid {uid} may not use session {self.meta.id} of uid "
@@ -318,6 +338,7 @@ class _Server:
                 return
             method, args = _recv(conn)
             if method == "close":  # a task that runs (another kernel's, say) ends first
+                self.ending = self._stopped_by(_peer(conn)[0])
                 self.call("interrupt", ())
             if method == "follow":
                 self.follow(conn)
@@ -332,6 +353,9 @@ class _Server:
             pass  # that kernel went away (or spoke nonsense): the session is unharmed
         finally:
             if job is not None:
+                with self.lock:
+                    if job in self.unreplied:
+                        self.unreplied.remove(job)
                 job.replied.set()
             conn.close()
 
@@ -367,7 +391,18 @@ class _Server:
     def follow(self, conn: socket.socket) -> None:
         """A kernel that attaches: the tasks that ended while no kernel was there (their
         events, how they ended), then the task that runs now if its kernel went away: its
-        events so far, then live, then its end."""
+        events so far, then live, then its end. A task that has ended but whose kernel is
+        not told yet is waited for first: told, or missed -- never neither (an attach
+        then showed none of a cell its dead kernel ran)."""
+        waited: list[_Job] = []
+        while True:
+            with self.lock:
+                ending = [j for j in self.unreplied if j not in waited]
+            if not ending:
+                break
+            for told in ending:  # (its reply goes out, or fails: missed, just below)
+                told.replied.wait(SEND_TIMEOUT)
+            waited += ending
         with self.lock:
             missed, self.missed = self.missed, []
             job = self.current
@@ -410,6 +445,8 @@ class _Server:
                     f"({type(exc).__name__}: {exc}): return plain data"
                 ) from None
         except BaseException as exc:  # noqa: BLE001 - the kernel raises it
+            if self.ending and isinstance(exc, KeyboardInterrupt):
+                exc = interrupted(self.ending)  # not "interrupted": why
             tb = exc.__traceback__
             exc.__traceback__ = tb.tb_next if tb is not None else None  # not this frame
             reply = ("raise", dump_exception(exc), f"{type(exc).__name__}: {exc}")
@@ -453,6 +490,26 @@ class _Server:
         if method == "ranks":
             return session.ranks
         raise LaunchError(f"a detached session has no call {method!r}")
+
+    def _stopped_by(self, pid: int) -> str:
+        """What a task that runs is told when process ``pid`` stops the session."""
+        job = self.current
+        if job is not None and job.caller == pid:
+            who = "this kernel (stop())"
+        else:
+            who = f"another kernel (process {pid}: its stop() or %dist stop)"
+        return (
+            f"session {self.meta.id} was stopped by {who} while this task ran: its ranks "
+            "left and their variables are gone"
+        )
+
+    def end(self, why: str) -> None:
+        """End the session from a thread of its own (its record removed): the task that
+        runs is interrupted and told ``why``; the main loop then ends, and with it the
+        session (``serve``: its ranks leave)."""
+        self.ending = why
+        self.finished = True
+        self.call("interrupt", ())
 
     def interrupt(self, job: _Job) -> None:
         """Interrupt ``job``'s task: at once if it runs on the ranks; a job still queued
@@ -506,6 +563,8 @@ class _Server:
         finally:
             with self.lock:
                 self.sink = self.current = None
+                if not job.replied.is_set():
+                    self.unreplied.append(job)
             if not job.reply:
                 job.reply = ("raise", None, "interrupted", "", "")
             job.done.set()
@@ -519,37 +578,21 @@ def _terminate(signum: int, frame: Any) -> None:
     raise _Stop
 
 
-def serve(run_dir: str, meta: Meta) -> None:
+def serve(run_dir: str, meta: Meta, key: bytes) -> None:
     """The supervisor of a detached session (``_supervise.main`` after its fork): listen,
-    run the calls, and at the end remove the record."""
+    run the calls, and at the end remove the record. ``key``: the run's, from the kernel
+    (its task, sealed with it, is the kernel's path, environment and directory)."""
     server: _Server | None = None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         signal.signal(signal.SIGTERM, _terminate)
-        path = os.path.join(run_dir, SOCKET)
-        # bound under another name, listening, then renamed into place: a kernel that sees
-        # the socket can connect (one that connected between the bind and listen() was
-        # refused, and said the supervisor "does not answer": a loaded machine's test)
-        bound = path + ".new"
-        with _bindable(bound) as address:
-            old = os.umask(0o177)
-            try:
-                listener.bind(address)
-            finally:
-                os.umask(old)
-        os.chmod(bound, 0o600)
-        listener.listen(16)
-        os.rename(bound, path)
-        try:
-            task = os.path.join(run_dir, record.TASK)
-            with open(task, "rb") as f:  # the kernel's path, environment and directory
-                record.take_on(pickle.loads(f.read())["kernel"])
-            os.unlink(task)
-        except OSError:
-            pass
+        # the kernel's path, environment and directory (a task that is not the kernel's:
+        # refused before anything listens, and the session ends)
+        record.take_on(pickle.loads(record.read_task(run_dir, key))["kernel"])
+        _listen(listener, run_dir)
         server = _Server(run_dir, meta)
         threading.Thread(target=server.accept, args=(listener,), daemon=True).start()
-        threading.Thread(target=_heartbeat, args=(run_dir,), daemon=True).start()
+        threading.Thread(target=_heartbeat, args=(server,), daemon=True).start()
         server.main_loop()
     except _Stop:
         pass
@@ -562,6 +605,24 @@ def serve(run_dir: str, meta: Meta) -> None:
                 _end(server)
         finally:
             record.remove(run_dir)
+
+
+def _listen(listener: socket.socket, run_dir: str) -> None:
+    """Bind ``listener`` to the record's socket, through a checked descriptor of the
+    record's directory (``_launch.detach``), and listen: bound under another name,
+    listening, then renamed into place, so that a kernel that sees the socket can connect
+    (one that connected between the bind and listen() was refused, and said the
+    supervisor "does not answer": a loaded machine's test)."""
+    bound = SOCKET + ".new"
+    with record._in(run_dir) as d:
+        old = os.umask(0o177)
+        try:
+            listener.bind(f"/proc/self/fd/{d}/{bound}")
+        finally:
+            os.umask(old)
+        os.chmod(bound, 0o600, dir_fd=d, follow_symlinks=False)
+        listener.listen(16)
+        os.rename(bound, SOCKET, src_dir_fd=d, dst_dir_fd=d)
 
 
 def _end(server: _Server) -> None:
@@ -591,15 +652,30 @@ def _hang_up(conn: socket.socket) -> None:
                 return  # the peer read the refusal and closed
 
 
-def _heartbeat(run_dir: str) -> None:
+def _heartbeat(server: _Server) -> None:
     """The session's heartbeat, for ``runs()`` on another host (its record on a shared
-    home); a session is attached to only on its own host (its Unix socket)."""
-    while True:
+    home; a session is attached to only on its own host, through its Unix socket) -- and
+    its record's watch: a record removed (by hand, a script, a cleaner) leaves no kernel a
+    way to reach the session, so it ends within a beat or two, its ranks with it, rather
+    than holding their memory (and GPUs) until someone finds its pid."""
+    run_dir = server.run_dir
+    while not server.finished:
         time.sleep(record.HEARTBEAT_INTERVAL)
         try:
             record.beat(run_dir)
+        except (FileNotFoundError, record.RecordNotPrivate):
+            if server.finished:
+                return  # (the session is ending: it removes its record itself)
+            why = (
+                f"session {server.meta.id} ended: its record ({run_dir}) was removed, so no "
+                "kernel could reach it any more; its ranks left and their variables are gone"
+            )
+            with contextlib.suppress(OSError):
+                print(f"supervisor: {why}", file=sys.stderr, flush=True)
+            server.end(why)
+            return
         except OSError:
-            return  # the record was removed: the session is ending
+            continue
 
 
 # --- the kernel's side -------------------------------------------------------------------
@@ -644,9 +720,7 @@ class DetachedSession(Session):
         self._down = None
         self._closed = False
         self._detached = False
-        record.check_private(os.path.join(run_dir, SECRET))
-        with open(os.path.join(run_dir, SECRET), "rb") as f:
-            self._secret = f.read()
+        self._secret = record.read_private(run_dir, SECRET)
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -698,6 +772,14 @@ class DetachedSession(Session):
         except OSError:
             sock.close()
             raise self._gone() from None
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _ = struct.unpack("3i", creds)
+        if uid != os.getuid():  # (what it says is unpickled here: never another user's)
+            sock.close()
+            raise SessionRefused(
+                f"the socket of session {self.id} ({os.path.join(self.path, SOCKET)}) is "
+                f"served by process {pid} of uid {uid}, not by one of yours: refused"
+            )
         return sock
 
     def _wait(self, sock: socket.socket, view: Any, interrupts: bool) -> Any:
@@ -916,7 +998,7 @@ def start_detached(
     cluster (``options["cluster"]``, not started) that supervisor, on this host, starts the
     cluster (submits its Slurm job, holds its hub: the agents connect to it) and ends it
     with the session."""
-    from .detached import _abandon, _spawn
+    from .detached import _abandon, _Handover
 
     cluster = options.get("cluster")
     nodes = 1
@@ -931,19 +1013,32 @@ def start_detached(
         )
     payload = dumps_checked({"num_processes": num_processes, **options}, "the session's options")
     record.sweep()
-    run_id, run_dir = record.new_run("session")
+    handover = _Handover()
+    made: list[str] = []
     try:
-        record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(SECRET_BYTES))
-        meta = Meta(run_id, "session", time.time(), num_processes or 0, kind="session", nodes=nodes)
-        record.write_meta(run_dir, meta)
-        payload_file = pickle.dumps({"kernel": record.the_kernel()})
-        record.write_private(os.path.join(run_dir, record.TASK), payload_file)
-        pid = _spawn(run_dir, -1)
+        with deferred_interrupts():  # a record whole, or none
+            run_id, run_dir = record.new_run("session")
+            made.append(run_dir)
+            record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(SECRET_BYTES))
+            meta = Meta(
+                run_id, "session", time.time(), num_processes or 0, kind="session", nodes=nodes
+            )
+            record.write_meta(run_dir, meta)
+            payload_file = pickle.dumps({"kernel": record.the_kernel()})
+            sealed = record.seal(handover.key, payload_file)
+            record.write_private(os.path.join(run_dir, record.TASK), sealed)
+        handover.start(run_dir, -1, 0)
+        handover.commit()
+        assert handover.pid is not None
         session = DetachedSession(run_id, run_dir, dashboard)
-        _wait_listening(run_dir, pid)
+        _wait_listening(run_dir, handover.pid)
         status = session._call("start", payload, view=session._view())
     except BaseException:  # a failed start, Ctrl-C: no supervisor, no record left
-        _abandon(run_dir)
+        with deferred_interrupts():
+            if not handover.committed:
+                handover.abandon()
+            for run_dir in made:
+                _abandon(run_dir)
         raise
     where = f" on {nodes} node(s), its supervisor here owning the cluster's job" if cluster else ""
     print(
@@ -961,8 +1056,11 @@ def _wait_listening(run_dir: str, pid: int) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while not os.path.exists(path):
         if not record.running(pid) or time.monotonic() > deadline:
-            with open(os.path.join(run_dir, record.LOG), errors="replace") as f:
-                why = f.read()[-2000:].strip()
+            try:
+                why = record.read_private(run_dir, record.LOG).decode(errors="replace")
+            except OSError:
+                why = ""
+            why = why[-2000:].strip()
             raise LaunchError(
                 "the supervisor of the detached session could not start"
                 + (f":\n{why}" if why else f" within {START_TIMEOUT:.0f} s")

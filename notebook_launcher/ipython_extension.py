@@ -258,6 +258,23 @@ class DistMagics:
             raise UsageError("no session: start one with %dist start -n 2")
         return self.session
 
+    @staticmethod
+    def _of_session(session: Any, ranks: list[int] | None, what: str) -> list[int] | None:
+        """``ranks`` (``--ranks``), every one a rank of ``session``; else a usage error that
+        names the ranks there are."""
+        if ranks is None:
+            return None
+        there = list(session.ranks)
+        unknown = sorted({r for r in ranks if r not in there})
+        if unknown:
+            named = ", ".join(map(str, unknown))
+            raise UsageError(
+                f"{what}: rank{'s' if len(unknown) > 1 else ''} {named} "
+                f"{'are' if len(unknown) > 1 else 'is'} not in this session, whose ranks are "
+                f"{', '.join(map(str, there))}"
+            )
+        return ranks
+
     # %dist ----------------------------------------------------------------------------------
 
     def dist(self, line: str) -> Any:
@@ -343,16 +360,16 @@ class DistMagics:
             missing = [n for n in args.names if n not in self.shell.user_ns]
             if missing or not args.names:
                 raise UsageError(f"%dist push NAME...: not defined here: {missing}")
-            session.push(
-                ranks=parse_ranks(args.ranks), **{n: self.shell.user_ns[n] for n in args.names}
-            )
+            some = self._of_session(session, parse_ranks(args.ranks), f"%dist {line}")
+            session.push(ranks=some, **{n: self.shell.user_ns[n] for n in args.names})
             return None
         if command == "pull":
             session = self._need_session()
             if len(args.names) != 1:
                 raise UsageError("%dist pull NAME")
             name = args.names[0]
-            self.shell.user_ns[name] = session.pull(name, ranks=parse_ranks(args.ranks))
+            some = self._of_session(session, parse_ranks(args.ranks), f"%dist {line}")
+            self.shell.user_ns[name] = session.pull(name, ranks=some)
             return None
         raise UsageError(f"unknown %dist command {command!r}\n{DIST_USAGE}")
 
@@ -481,7 +498,8 @@ class DistMagics:
             del words[at : at + 2]
         if not words:
             raise UsageError("%rankdiff NAME [NAME...]: which variables to compare")
-        return self._need_session().compare(*words, ranks=ranks)
+        session = self._need_session()
+        return session.compare(*words, ranks=self._of_session(session, ranks, f"%rankdiff {line}"))
 
     # %%distributed, %%rank -----------------------------------------------------------------
 
@@ -520,6 +538,7 @@ class DistMagics:
     def _cell(self, cell: str, ranks: list[int] | None, post_mortem: bool) -> Any:
         __tracebackhide__ = True
         session = self._need_session()
+        ranks = self._of_session(session, ranks, "the cell's ranks")
         raw = self._raw_cell()
         try:
             return self._run(session, cell, raw, ranks, post_mortem)

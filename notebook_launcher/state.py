@@ -590,7 +590,7 @@ def _build_partial_state(
         mp = _check_mixed_precision(mixed_precision, device.type == "cuda", "mixed_precision=")
     else:
         mp = _check_mixed_precision(
-            os.environ.get("ACCELERATE_MIXED_PRECISION"),
+            os.environ.get("ACCELERATE_MIXED_PRECISION") or None,  # (set empty: not set)
             device.type == "cuda",
             "env ACCELERATE_MIXED_PRECISION",
         )

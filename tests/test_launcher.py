@@ -283,6 +283,8 @@ def noop() -> None:
         ({"args": 5}, "args=(value,)"),
         ({"mixed_precision": "fp32"}, "Unknown mixed_precision"),
         ({"mixed_precision": "fp8"}, "'fp8' is not supported"),
+        ({"mixed_precision": None}, "mixed_precision=None is not a mixed precision: leave it"),
+        ({"mixed_precision": ""}, "Unknown mixed_precision ''"),
         ({"start_method": "thread"}, "start_method='thread'"),
         ({"use_port": "http"}, "use_port must be"),
         ({"max_restarts": -1}, "max_restarts must be a whole number >= 0"),

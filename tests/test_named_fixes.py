@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -71,6 +72,45 @@ def test_the_magics_rank_lists_and_quotes_are_usage_errors() -> None:
         magics.rankdiff("model 'half")
     with pytest.raises(UsageError, match="'x' is not a rank"):
         magics.rankdiff("model --ranks 0,x")
+
+
+class _TwoRanks:
+    """A session of ranks 0 and 1 that refuses other ranks as ``Session`` does
+    (``_launch/session.py``: ``ValueError("ranks must be some of ...")``)."""
+
+    ranks = [0, 1]
+
+    def _refuse(self, ranks: Any) -> None:
+        if ranks is not None and set(ranks) - set(self.ranks):
+            raise ValueError(f"ranks must be some of {self.ranks}, got {ranks}")
+
+    def compare(self, *names: str, ranks: Any = None) -> str:
+        self._refuse(ranks)
+        return "compared"
+
+    def pull(self, name: str, ranks: Any = None) -> list[int]:
+        self._refuse(ranks)
+        return [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (
+            lambda m: m.rankdiff("t --ranks 0,7"),
+            "rank 7 is not in this session, whose ranks are 0, 1",
+        ),
+        (lambda m: m.rankdiff("t --ranks 5-7"), "ranks 5, 6, 7 are not in this session"),
+        (lambda m: m.dist("pull t --ranks 9"), "rank 9 is not in this session"),
+    ],
+)
+def test_the_magics_name_the_ranks_a_session_has(call: Any, says: str) -> None:
+    """``%rankdiff t --ranks 0,7`` raised a raw ValueError from the session's insides."""
+    magics = DistMagics(shell=SimpleNamespace(user_ns={}))
+    magics.session = _TwoRanks()
+    with pytest.raises(UsageError, match=says):
+        call(magics)
+    assert magics.rankdiff("t --ranks 0,1") == "compared"
 
 
 def test_job_directories_of_ended_kernels_go_at_the_next_start(tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
 """The README's first screen and its test command (issue 26).
 
 The first screen says what the kit does and gives two commands: the demo and where the tests
-are. The test command (``.ci/run`` evals it verbatim) installs Chromium, slurm-wlm and munge
-where ``apt-get`` can, and runs the tests where it cannot (no root, not Debian): the browser
-and Slurm tests then skip, naming what they lack; under ``CI`` they fail, as CI runs every tier.
+are. The test command (``.ci/run`` evals it verbatim) installs Chromium, slurm-wlm, munge and
+faketime where ``apt-get`` can, and runs the tests where it cannot (no root, not Debian): the
+browser, Slurm and clock-skew tests then skip, naming what they lack; under ``CI`` they fail, as CI runs every tier.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def _run_with(
 def test_the_test_command_runs_the_tests_where_apt_get_cannot_install(tmp_path: Path) -> None:
     done = _run_with(tmp_path, 'echo "E: Permission denied, are you root?" >&2; exit 100')
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "could not install chromium, slurm-wlm and munge" in done.stdout
-    assert "the browser and Slurm tests will skip" in done.stdout
+    assert "could not install chromium, slurm-wlm, munge and faketime" in done.stdout
+    assert "the browser, Slurm and clock-skew tests will skip" in done.stdout
     assert done.stdout.splitlines()[-1] == "ran python -m pytest -n 3 --dist loadfile"
 
 
@@ -87,7 +87,7 @@ def test_the_test_command_installs_what_every_tier_needs_where_it_can(
 ) -> None:
     done = _run_with(tmp_path, 'echo "ran apt-get $*"', installed)  # root on Debian, as CI is
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "ran apt-get install -y -qq chromium slurm-wlm munge" in done.stdout
+    assert "ran apt-get install -y -qq chromium slurm-wlm munge faketime" in done.stdout
     assert "could not install" not in done.stdout
     assert done.stdout.splitlines()[-1] == "ran python -m pytest -n 3 --dist loadfile"
 

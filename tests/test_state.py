@@ -107,6 +107,7 @@ def test_mixed_precision_from_env_and_constructor(monkeypatch: pytest.MonkeyPatc
         (lambda: PartialState(nonsense=1), TypeError, "nonsense"),
         (lambda: AcceleratorState(mixed_precision="fp8"), ValueError, "fp8.*not supported"),
         (lambda: AcceleratorState(mixed_precision="fp64"), ValueError, "Unknown mixed_precision"),
+        (lambda: AcceleratorState(mixed_precision=""), ValueError, "Unknown mixed_precision ''"),
         (lambda: AcceleratorState(fsdp_plugin=object()), NotImplementedError, "fsdp_plugin"),
     ],
 )

@@ -4,7 +4,11 @@ rank (each one a copy of a process that imported torch: 5-10 ms, one after the o
 
 A *blank* rank is a child of the supervisor that holds its ends of a rank's channels (the
 control socket, stdout, stderr) and waits on the socket for its go: one byte, with the
-rendezvous listener for rank 0 (SCM_RIGHTS). It then runs the rank's entry as a forkserver's
+rendezvous listener for rank 0 (SCM_RIGHTS). Before any go, the supervisor asks every
+blank to answer (:meth:`RankPool.ask`, as its run comes: the answers come while it reads
+the run's task) and takes only those that did within :data:`BLANK_ANSWER`
+(:meth:`RankPool.keep_answering`): one that did not (stopped, or stuck) is killed, and
+ranks forked then take its place, so that no run waits on it. It then runs the rank's entry as a forkserver's
 rank does: its :class:`~notebook_launcher._wire.control.Setup` (who it is, the kernel's
 environment, directory and path) and :class:`~notebook_launcher._wire.control.Task` (the
 function, pickled) come down the socket. It dies with its supervisor (a parent-death
@@ -20,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
@@ -33,6 +38,10 @@ if TYPE_CHECKING:
 #: Largest pickled task the pool's ranks each unpickle themselves (bytes); a larger one is
 #: unpickled once, in the supervisor, and forked ranks inherit it.
 MAX_TASK = 1 << 20
+#: Seconds a blank forked ahead has to answer (:meth:`RankPool.ask`) before its run uses it.
+BLANK_ANSWER = 2.0
+#: The supervisor's question to a blank, and the blank's answer (a go is ``L`` or ``N``).
+_ASK, _ANSWER = b"?", b"!"
 
 
 @dataclass
@@ -63,6 +72,35 @@ class RankPool:
 
     def covers(self, ranks: int) -> bool:
         return len(self.blanks) >= ranks
+
+    def ask(self) -> None:
+        """Ask every blank to answer (:meth:`keep_answering` takes the answers)."""
+        for blank in self.blanks:
+            try:
+                blank.sock.send(_ASK)
+            except OSError:
+                pass  # (it died: it gives no answer)
+
+    def keep_answering(self, timeout: float = BLANK_ANSWER) -> None:
+        """Keep the blanks that answered :meth:`ask` within ``timeout``; kill the others
+        (stopped, stuck or dead: a run must not wait on them)."""
+        import select
+
+        waiting = {blank.sock: blank for blank in self.blanks}
+        failed = []
+        deadline = time.monotonic() + timeout
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for sock in select.select(list(waiting), [], [], left)[0]:
+                blank = waiting.pop(sock)
+                try:
+                    answered = sock.recv(1) == _ANSWER
+                except OSError:
+                    answered = False
+                if not answered:  # (it died)
+                    failed.append(blank)
+        for blank in [*failed, *waiting.values()]:
+            self.blanks.remove(blank)
+            self._kill(blank)
 
     def _fork(self, stale: Sequence[int] = ()) -> Blank:
         """A blank, forked now; it closes ``stale`` first (a running group's fds: its
@@ -137,10 +175,13 @@ class RankPool:
 
 
 def _wait_for_go(sock: socket.socket, out_w: int, err_w: int, parent: int) -> NoReturn:
-    """A blank rank: wait for the go, then be the rank (``_worker.entry.run``)."""
+    """A blank rank: answer the supervisor's questions (:meth:`RankPool.ask`), wait for
+    the go, then be the rank (``_worker.entry.run``)."""
     die_with_parent(parent)
     try:
-        go, fds, _, _ = socket.recv_fds(sock, 1, 1)
+        while (said := socket.recv_fds(sock, 1, 1))[0] == _ASK:
+            sock.sendall(_ANSWER)
+        go, fds, _, _ = said
     except OSError:
         os._exit(0)
     if not go:  # the supervisor closed it: no run for this one

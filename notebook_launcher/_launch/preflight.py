@@ -25,7 +25,7 @@ from .._posix import (
 )
 from .._spec import LAUNCHER_ENV
 from ..errors import PreflightError
-from ..utils.constants import FP16_ON_CPU_WARNING, parse_mixed_precision
+from ..utils.constants import FP16_ON_CPU_WARNING, MIXED_PRECISION_MODES, parse_mixed_precision
 from .rendezvous import RendezvousConfig
 
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -151,6 +151,14 @@ def check_placement(placement: _placement.Placement, found: _placement.Inventory
 
 
 def check_mixed_precision(mixed_precision: Any, on_gpu: bool | int) -> str:
+    """The launch's mixed precision: one of the modes (``"no"`` by default). ``None`` and
+    ``""`` are refused as any unknown value is, as Accelerate's ``notebook_launcher`` refuses
+    them (``PrecisionType(mixed_precision.lower())``): leave it out for ``"no"``."""
+    if mixed_precision is None:
+        raise PreflightError(
+            "mixed_precision=None is not a mixed precision: leave it out (or pass 'no') for "
+            f"full precision, or choose one of {', '.join(map(repr, MIXED_PRECISION_MODES))}."
+        )
     try:
         value = parse_mixed_precision(mixed_precision, "notebook_launcher(mixed_precision=...)")
     except ValueError as exc:

@@ -122,8 +122,14 @@ def command(name: str) -> str:
     return path
 
 
-def run(args: Sequence[str], timeout: float = 60.0, env: Mapping[str, str] | None = None) -> str:
-    """Run a Slurm command; its stdout, or :class:`SlurmError` with what it said."""
+def run(
+    args: Sequence[str],
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+    stdin: str | None = None,
+) -> str:
+    """Run a Slurm command (``stdin``: what it reads there); its stdout, or
+    :class:`SlurmError` with what it said."""
     argv = [command(args[0]), *args[1:]]
     try:
         done = subprocess.run(
@@ -134,7 +140,7 @@ def run(args: Sequence[str], timeout: float = 60.0, env: Mapping[str, str] | Non
             timeout=timeout,
             env=dict(env) if env is not None else None,
             start_new_session=True,
-            stdin=subprocess.DEVNULL,
+            **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}),
         )
     except subprocess.TimeoutExpired:
         raise SlurmError(f"`{shlex.join(args)}` did not answer within {timeout:g} s") from None
@@ -147,6 +153,13 @@ def run(args: Sequence[str], timeout: float = 60.0, env: Mapping[str, str] | Non
 def submit(script: str) -> str:
     """``sbatch`` the script at ``script``; the job id."""
     out = run(["sbatch", "--parsable", script]).strip()
+    return out.split(";", 1)[0]
+
+
+def submit_text(text: str) -> str:
+    """``sbatch`` the script ``text``, given on its stdin (not read from a file); the job
+    id."""
+    out = run(["sbatch", "--parsable"], stdin=text).strip()
     return out.split(";", 1)[0]
 
 
@@ -367,5 +380,6 @@ __all__ = [
     "sbatch_quote",
     "state",
     "submit",
+    "submit_text",
     "tail",
 ]

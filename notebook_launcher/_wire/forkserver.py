@@ -14,6 +14,15 @@ rank 0 the rendezvous listener)::
       ---- Supervise(run_dir, has_listen) + fds ->  forks a detached run's supervisor,
                                                     which forks once more and leaves
       <--- Forked(pid) -------------------------    (that first child, reaped already)
+
+The server and a spare supervisor it forked ahead (``_supervise.spare``) speak the same
+frames on a socketpair of their own::
+
+    server                                          spare supervisor
+      <--- Spare(pid) --------------------------    out of the server's session
+      ---- Supervise(...) + fds --------------->    its run
+      <--- Taken() -----------------------------    within SPARE_ANSWER, or it is killed
+                                                    and a supervisor forked then gets it
 """
 
 from __future__ import annotations
@@ -47,13 +56,27 @@ class Fork:
 class Supervise:
     """Fork the supervisor of the detached run recorded in ``run_dir`` (``_supervise``),
     with the fds that come with this frame: the write end of its handshake pipe, its log
-    (``supervisor.log``), and the rendezvous listener when ``has_listen``. ``forks``: how
+    (``supervisor.log``), the read end of its go pipe (the run's key comes there), and the
+    rendezvous listener when ``has_listen``. ``forks``: how
     many ranks it forks on this machine (0: none, a session's or a cluster's): the next
     spare forks as many ahead (``_launch.pool``)."""
 
     run_dir: str
     has_listen: bool
     forks: int = 0
+
+
+@dataclass(frozen=True)
+class Spare:
+    """A spare supervisor is out of the server's session: its pid (the server kills a spare
+    that does not say :class:`Taken` in time)."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A spare supervisor has its run (the server then lets go of the run's fds)."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +139,9 @@ __all__ = [
     "Forked",
     "FrameReader",
     "Ready",
+    "Spare",
     "Supervise",
+    "Taken",
     "recv_request",
     "send",
 ]

@@ -23,12 +23,15 @@ so that a detached run's ranks start about as soon as an attached run's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from .. import _settings
 from .._posix import (
@@ -38,7 +41,18 @@ from .._posix import (
     kill_process_group,
     quiet_fork,
 )
-from .._wire.forkserver import Exited, Fork, Forked, Ready, Supervise, recv_request, send
+from .._wire.forkserver import (
+    Exited,
+    Fork,
+    Forked,
+    FrameReader,
+    Ready,
+    Spare,
+    Supervise,
+    Taken,
+    recv_request,
+    send,
+)
 
 PRELOAD = (
     "torch",
@@ -75,12 +89,17 @@ def serve(sock: socket.socket) -> None:
     send(sock, Ready())
     spare_due: float | None = None  # when to fork the next spare supervisor
     ahead = 0  # the ranks it forks ahead: as many as the last run started
+    global _spare
     while True:
-        wait = None if spare_due is None else max(0.0, spare_due - time.monotonic())
-        readable, _, _ = select.select([sock.fileno(), wake_r], [], [], wait)
+        due = [t for t in (spare_due, *(h.deadline for h in _handing)) if t is not None]
+        wait = None if not due else max(0.0, min(due) - time.monotonic())
+        links = [h.spare.link.fileno() for h in _handing]
+        readable, _, _ = select.select([sock.fileno(), wake_r, *links], [], [], wait)
         if spare_due is not None and time.monotonic() >= spare_due:
             spare_due = None
-            _fork_spare(sock, (wake_r, wake_w), ahead)  # for the next detached run
+            _spare = _fork_spare(sock, (wake_r, wake_w), ahead)  # for the next detached run
+        for handing in list(_handing):
+            _follow(handing, handing.spare.link.fileno() in readable, sock, (wake_r, wake_w))
         if wake_r in readable:
             try:
                 os.read(wake_r, 4096)
@@ -99,10 +118,8 @@ def serve(sock: socket.socket) -> None:
                 for fd in fds:
                     os.close(fd)
                 send(sock, Forked(pid))
-            elif isinstance(msg, Supervise):
+            elif isinstance(msg, Supervise):  # (its fds: kept until a supervisor took it)
                 pid = _fork_supervisor(sock, fds, msg, wake=(wake_r, wake_w))
-                for fd in fds:
-                    os.close(fd)
                 send(sock, Forked(pid))
                 # the next spare a little later: not while this run's ranks start
                 spare_due = time.monotonic() + SPARE_DELAY
@@ -141,7 +158,10 @@ def _fork_worker(
     for fd in wake:
         os.close(fd)
     if _spare is not None:  # (else the spare would wait as long as this rank lives)
-        _spare.close()
+        _spare.link.close()
+    for handing in _handing:  # (nor a run being handed over)
+        handing.spare.link.close()
+        close_quietly(*handing.fds)
     conn_fd, out_w, err_w = fds[:3]
     listen_fd = fds[3] if has_listen else None
     entry.run(Connection(conn_fd), out_w, err_w, listen_fd, server)
@@ -150,9 +170,73 @@ def _fork_worker(
 #: Seconds after a detached run's start before the next spare supervisor is forked.
 SPARE_DELAY = 0.25
 
-#: This server's end of the link to its spare supervisor (see :func:`_fork_supervisor`),
-#: once a detached run asked for one; every process forked here closes it.
-_spare: socket.socket | None = None
+
+class _Spare:
+    """A spare supervisor, seen from here: this server's end of the link to it, and its pid
+    once it said it (:class:`Spare`)."""
+
+    def __init__(self, link: socket.socket) -> None:
+        self.link = link
+        self.pid: int | None = None
+        self.said = FrameReader()
+        self.ended = False  # it closed the link (its last words heard first)
+
+    def hear(self) -> list[Any]:
+        """What it said since the last look (its pid noted); :attr:`ended` once it closed
+        the link (a spare that took its run closes it at once)."""
+        self.link.setblocking(False)
+        heard: list[Any] = []
+        try:
+            while not self.ended:
+                data = self.link.recv(4096)
+                self.ended = not data
+                heard += self.said.feed(data)
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.ended = True
+        finally:
+            self.link.setblocking(True)
+        for said in heard:
+            if isinstance(said, Spare):
+                self.pid = said.pid
+        return heard
+
+    def close(self, kill: bool = False) -> None:
+        """Let go of it (``kill``: one that did not take its run -- stopped, or stuck --
+        killed, its ranks forked ahead with it; one that never said its pid leaves when it
+        sees the link closed)."""
+        if kill:
+            self.hear()
+            if self.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+        close_quietly(self.link.detach())
+
+
+@dataclass
+class _Handing:
+    """A run sent to a spare supervisor, until it says it took it (:class:`Taken`): its
+    request and fds (the kernel's) are kept until then."""
+
+    spare: _Spare
+    msg: Supervise
+    fds: list[int]
+    deadline: float
+    fresh: bool  # a supervisor forked for this run (not one that waited)
+
+
+#: The spare supervisor waiting for the next detached run (:func:`_fork_supervisor`), once
+#: one was asked for; every process forked here closes its link.
+_spare: _Spare | None = None
+#: The runs sent to a supervisor that has not said it took them yet.
+_handing: list[_Handing] = []
+#: Seconds a spare that waited has to say it took its run: one that does not (stopped, or
+#: stuck) is killed, and a supervisor forked then gets the run. One forked for the run has
+#: :data:`FRESH_ANSWER`. Checked beside the server's other work: the kernel, told at once,
+#: waits for its supervisor's pid as it always does.
+SPARE_ANSWER = 2.0
+FRESH_ANSWER = 30.0
 
 
 def _fork_supervisor(
@@ -161,30 +245,62 @@ def _fork_supervisor(
     """Hand a detached run to a supervisor forked ahead of need (a *spare*: out of our
     session and parentage already, waiting for its run); :func:`serve` forks the next one
     a little later, so that a kernel's second and later detached runs wait for no fork.
-    The first run's spare is forked for it. Returns the pid of the forked go-between (0: the spare was
-    ready); no :class:`Exited` follows, a supervisor is not our child."""
+    The first run's spare is forked for it. The spare must say it took the run
+    (:func:`_follow`). Returns 0; no :class:`Exited` follows, a supervisor is not our
+    child."""
     global _spare
-    pid = 0
+    spare, fresh = _spare, False
+    _spare = None  # (it is the run's now)
+    if spare is None:
+        spare, fresh = _fork_spare(sock, wake), True
+    _hand(spare, msg, fds, fresh, sock, wake)
+    return 0  # (the next spare is forked a little later: serve())
+
+
+def _hand(
+    spare: _Spare,
+    msg: Supervise,
+    fds: list[int],
+    fresh: bool,
+    sock: socket.socket,
+    wake: tuple[int, int],
+) -> None:
     for _ in range(2):  # a spare that died meanwhile: one more, forked now
-        if _spare is None:
-            pid = _fork_spare(sock, wake)
-        assert _spare is not None
         try:
-            send(_spare, msg, fds)
-            break
+            send(spare.link, msg, fds)
         except OSError:
-            close_quietly(_spare.detach())
-            _spare = None
-    if _spare is not None:
-        close_quietly(_spare.detach())  # the spare took its run: it is the run's now
-        _spare = None
-    return pid  # (the next spare is forked a little later: serve())
+            spare.close()
+            spare, fresh = _fork_spare(sock, wake), True
+            continue
+        wait = FRESH_ANSWER if fresh else SPARE_ANSWER
+        _handing.append(_Handing(spare, msg, fds, time.monotonic() + wait, fresh))
+        return
+    spare.close()
+    close_quietly(*fds)  # (the kernel hears no pid, and says the supervisor did not start)
 
 
-def _fork_spare(sock: socket.socket, wake: tuple[int, int], ahead: int = 0) -> int:
+def _follow(handing: _Handing, readable: bool, sock: socket.socket, wake: tuple[int, int]) -> None:
+    """A run being handed over: done when its supervisor says it took it; handed to a
+    supervisor forked now when the spare does not say so in time (or ends first)."""
+    took = readable and any(isinstance(said, Taken) for said in handing.spare.hear())
+    if not took and handing.spare.ended:
+        handing.deadline = 0.0  # (it ended before it took the run)
+    if took:
+        _handing.remove(handing)
+        handing.spare.close()
+        close_quietly(*handing.fds)
+    elif time.monotonic() >= handing.deadline:
+        _handing.remove(handing)
+        handing.spare.close(kill=True)
+        if handing.fresh:  # (one forked for it did not take it either: given up)
+            close_quietly(*handing.fds)
+            return
+        _hand(_fork_spare(sock, wake), handing.msg, handing.fds, True, sock, wake)
+
+
+def _fork_spare(sock: socket.socket, wake: tuple[int, int], ahead: int = 0) -> _Spare:
     """Fork a spare supervisor (``_supervise.spare``; it forks ``ahead`` ranks while it
     waits); returns once its go-between left."""
-    global _spare
     from .. import _supervise  # the first time: its modules, for this one and the next
 
     _supervise.preload()
@@ -193,8 +309,7 @@ def _fork_spare(sock: socket.socket, wake: tuple[int, int], ahead: int = 0) -> i
     if pid:
         theirs.close()
         os.waitpid(pid, 0)  # it forks the spare and leaves
-        _spare = ours
-        return pid
+        return _Spare(ours)
     try:
         signal.set_wakeup_fd(-1)
         sock.detach()  # (closed below, with every fd of the server's: no object owns them)

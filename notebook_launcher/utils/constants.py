@@ -54,12 +54,14 @@ FP16_ON_CPU_WARNING = (
 
 
 def parse_mixed_precision(value: object, source: str) -> str:
-    """Normalise a ``mixed_precision`` setting (``None`` and ``""`` mean ``"no"``).
+    """Normalise a ``mixed_precision`` setting (``None``: not set, ``"no"``).
 
     Raises ``ValueError`` naming ``source`` (where the value came from) for an unknown or
-    unsupported value; whether the machine can run it is the caller's question.
+    unsupported value -- ``""`` included, as Accelerate's ``Accelerator`` refuses it
+    (``Unknown mixed_precision mode``); whether the machine can run it is the caller's
+    question.
     """
-    mode = "no" if value is None or str(value).strip() == "" else str(value).strip().lower()
+    mode = "no" if value is None else str(value).strip().lower()
     if mode in UNSUPPORTED_MIXED_PRECISION:
         raise ValueError(f"{UNSUPPORTED_MIXED_PRECISION[mode]} (from {source})")
     if mode not in MIXED_PRECISION_MODES:
