@@ -25,7 +25,12 @@
 Targets (issue 27): history shown <= 1 s, live <= 0.2 s after, detached step time and
 start-up <= 1.02x attached.
 
-3. **kills**: a plain Python process starts a detached run and is SIGKILLed mid-run (a
+3. **a kernel's first detached run**: in fresh interpreters that imported torch, the first
+   ``detach=True``'s call to its return (target <= 0.3 s: it starts a fresh interpreter's
+   supervisor and returns, the kernel's forkserver starting behind it for the next runs),
+   and to its ranks' first line; then a second one.
+
+4. **kills**: a plain Python process starts a detached run and is SIGKILLed mid-run (a
    kernel that dies); this process attaches: every line is there, and the longest gap
    between two lines of a rank (as its supervisor read them) says whether the run paused.
    Then a supervisor SIGKILLed: how long until every rank is gone, and what the next
@@ -234,6 +239,51 @@ print(json.dumps([max(r["entered"] for r in out) - called, max(r["step"] for r i
 """
 
 
+FIRST = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+sys.path.insert(0, {here!r})
+import torch
+from notebook_launcher import notebook_launcher
+from notebook_launcher._launch import forkserver
+from detach import steps
+out = {{}}
+for name in ("first", "second"):
+    called = time.time()
+    handle = notebook_launcher(steps, args=(5,), num_processes=2, dashboard=False, detach=True)
+    out[name] = time.time() - called
+    out[name + "_started"] = max(r["entered"] for r in handle.result(timeout=120)) - called
+called = time.time()
+notebook_launcher(steps, args=(5,), num_processes=2, dashboard=False)
+out["attached"] = time.time() - called
+forkserver.shutdown()
+print(json.dumps(out))
+"""
+
+
+def bench_first(runs: int) -> None:
+    """A kernel's first detach=True (issue 33: 1.3-2.8 s, the forkserver's start), in fresh
+    interpreters that imported torch: the call to its return, and to the ranks' first line;
+    a second one; a blocking launch of the same function from the same kernel after them."""
+    import json
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = FIRST.format(root=os.path.dirname(here), here=here)
+    rows = []
+    for _ in range(runs):
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    print(f"\na kernel's first detached run, {runs} fresh kernels, medians:")
+    print(f"  first detach=True: returns in {med['first']:.3f} s (target <= 0.3 s), "
+          f"its ranks running after {med['first_started']:.3f} s")  # fmt: skip
+    print(f"  second detach=True: returns in {med['second']:.3f} s, ranks running after "
+          f"{med['second_started']:.3f} s")  # fmt: skip
+    print(f"  a blocking launch from that kernel, call to return: {med['attached']:.3f} s")
+
+
 def bench_run(n: int, runs: int) -> None:
     import json
 
@@ -376,6 +426,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         os.environ[record.ROOT_ENV] = os.path.join(root, "runs")
         bench_attach(args.lines)
+        bench_first(max(args.runs, 3))
         bench_run(args.steps, args.runs)
         bench_kills()
 

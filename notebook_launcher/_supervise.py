@@ -61,7 +61,9 @@ PRELOAD = (
 
 
 def main(argv: list[str]) -> None:
-    """The cold start, in a fresh interpreter (``detached._spawn``)."""
+    """The cold start, in a fresh interpreter (``detached._Handover``): a kernel's first
+    detached run, while its forkserver starts behind it, or where that server cannot be
+    had."""
     run_dir, listen_fd = argv[0], int(argv[1])
     if os.fork():
         os._exit(0)  # the kernel reaps this one; init adopts the supervisor
@@ -69,6 +71,9 @@ def main(argv: list[str]) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    print(
+        "supervisor: a fresh interpreter (cold; its imports after the hand-over)", file=sys.stderr
+    )
     _supervise(run_dir, listen_fd, go=go)
 
 

@@ -64,6 +64,7 @@ from ._events import (
     WorkerStarted,
 )
 from ._launch import detach as record
+from ._launch import forkserver
 from ._launch.detach import Meta
 from ._launch.plan import LaunchPlan
 from ._launch.session import TaskHandle
@@ -260,11 +261,13 @@ def _hand_over(
 class _Handover:
     """A run handed to a supervisor: :meth:`start` forks it (warm: by this kernel's
     forkserver, which has imported torch and holds none of this kernel's memory or fds;
-    cold where the forkserver cannot be had: a fresh interpreter, which imports torch), and
-    it says its pid; then it waits for its go (:meth:`commit`: the run's key) before it
-    runs anything. Without one (:meth:`abandon`, or this kernel's death) it ends and
-    removes the record. Made before anything starts, so that whatever point an error or a
-    Ctrl-C cuts it at, :meth:`abandon` knows what to undo."""
+    cold while that server is not up: a fresh interpreter, which imports torch after the
+    hand-over -- a kernel's first detached run returns at once rather than wait a second or
+    two for the server, which then starts behind it, for the next runs), and it says its
+    pid; then it waits for its go (:meth:`commit`: the run's key) before it runs anything.
+    Without one (:meth:`abandon`, or this kernel's death) it ends and removes the record.
+    Made before anything starts, so that whatever point an error or a Ctrl-C cuts it at,
+    :meth:`abandon` knows what to undo."""
 
     def __init__(self) -> None:
         #: the run's key: the supervisor's go, and the seal of its task
@@ -274,6 +277,8 @@ class _Handover:
         self.heard = bytearray()  # what the supervisor said there so far (its pid)
         self.ended = False  # the pid pipe was read to its end
         self.committed = False
+        #: started cold: the forkserver is started behind the run once it is up
+        self.behind: tuple[str, int] | None = None
 
     def start(self, run_dir: str, listen_fd: int, forks: int) -> None:
         """Fork the supervisor of ``run_dir`` and read its pid (``forks``: the ranks it
@@ -286,13 +291,14 @@ class _Handover:
                 with deferred_interrupts():  # every end of the pipes known, or none opened
                     self.said, said_w = os.pipe()
                     go_r, self.go = os.pipe()
-                server = _forkserver()
+                server = forkserver.running()
                 with deferred_interrupts():  # a request half sent, a process nobody knows of
                     warm = server is not None and _start_warm(
                         server, run_dir, [said_w, log, go_r], listen_fd, forks
                     )
                     if not warm:
                         _start_cold(run_dir, said_w, log, go_r, listen_fd)
+                        self.behind = (run_dir, forks)
             finally:
                 for fd in (said_w, go_r):  # the supervisor holds the only copies left
                     if fd >= 0:
@@ -323,6 +329,12 @@ class _Handover:
         finally:
             self._close()
         self.committed = True
+        if self.behind is not None:
+            run_dir, forks = self.behind
+            events = os.path.join(run_dir, record.EVENTS)
+            # once the cold supervisor has done its imports (it writes its first event
+            # then), not beside them: on a small machine the two would slow each other
+            forkserver.start_behind(forks, after=lambda: _has_data(events))
 
     def abandon(self) -> None:
         """No go: a supervisor that got the request runs nothing and ends; returns once
@@ -381,15 +393,11 @@ def _said_pid(said: bytes | bytearray) -> int | None:
         return None
 
 
-def _forkserver() -> Any:
-    """This kernel's forkserver (started, about as long as a cold supervisor's imports, if
-    it is not running); None where it cannot start."""
-    from ._launch import forkserver
-
+def _has_data(path: str) -> bool:
     try:
-        return forkserver.get()
-    except (LaunchError, OSError):
-        return None
+        return os.stat(path).st_size > 0
+    except OSError:
+        return True  # gone (ended, removed): nothing to wait for
 
 
 def _start_warm(server: Any, run_dir: str, fds: list[int], listen_fd: int, forks: int) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from notebook_launcher import attach, detached, notebook_launcher, runs
+from notebook_launcher import attach, notebook_launcher, runs
 from notebook_launcher._events import LaunchFinished, LaunchStarted, Output, WorkerStarted
 from notebook_launcher._launch import detach as record
 from notebook_launcher._launch import forkserver
@@ -66,6 +66,15 @@ def runs_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def _gone(pid: int, timeout: float, what: str) -> None:
     wait_until(lambda: not record.running(pid), timeout, what)
+
+
+def _forkserver_up() -> int:
+    """The kernel's forkserver's pid: running, or started behind its first detached run
+    (which goes to a fresh interpreter's supervisor rather than wait for the server)."""
+    wait_until(lambda: forkserver.pid() is not None, 30, "the forkserver to start")
+    server = forkserver.pid()
+    assert server is not None
+    return server
 
 
 def _meta(run_id: str) -> record.Meta:
@@ -202,6 +211,7 @@ def test_a_run_outlives_a_killed_kernel_and_attach_gets_every_line(
 
 @pytest.mark.timeout(90)
 def test_ctrl_c_detaches_and_stop_leaves_nothing(runs_dir: Path) -> None:
+    forkserver.get()  # a kernel whose forkserver runs: its supervisor is forked warm
     handle = notebook_launcher(_steps(600, 0.05), num_processes=2, detach=True, dashboard=False)
     pids = _ranks_running(handle.id)
     meta = _meta(handle.id)
@@ -253,11 +263,63 @@ def _pipes_and_sockets(pid: int) -> set[str]:
     return found
 
 
+_FIRST_DETACH = """
+import os, sys, threading, time
+from notebook_launcher import notebook_launcher
+from notebook_launcher._launch import forkserver
+
+released = threading.Event()
+start = forkserver.ForkServer.__init__
+def slow_start(self, *args, **kwargs):  # a forkserver whose imports take as long as we like
+    released.wait(120)
+    start(self, *args, **kwargs)
+forkserver.ForkServer.__init__ = slow_start
+
+def steps():
+    import torch.distributed as dist
+    return dist.get_rank() * 10
+
+handle = notebook_launcher(steps, num_processes=2, detach=True, dashboard=False)
+print("RETURNED", forkserver.running() is None, flush=True)  # the server was not waited for
+print("RESULT", handle.result(timeout=60), flush=True)
+released.set()
+deadline = time.monotonic() + 60
+while forkserver.running() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("SERVER", forkserver.running() is not None, flush=True)  # up behind, for the next runs
+second = notebook_launcher(steps, num_processes=2, detach=True, dashboard=False)
+print("SECOND", second.result(timeout=60), flush=True)
+forkserver.shutdown()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_kernels_first_detached_run_does_not_wait_for_its_forkserver(runs_dir: Path) -> None:
+    """The first detach=True of a kernel returned only once the kernel's forkserver had
+    started (its imports: 1.3-2.8 s) to fork the supervisor warm. Now it starts a fresh
+    interpreter's supervisor (which imports behind the hand-over) and returns; the server
+    starts behind it, with a spare supervisor ahead, for the next runs. Here the server's
+    start is held back until the run has ended: the call returns, the run runs."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FIRST_DETACH],
+        capture_output=True, text=True, timeout=110, env=kernel_env(), check=False,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "RETURNED True" in out and "RESULT [0, 10]" in out, out
+    assert "SERVER True" in out and "SECOND [0, 10]" in out, out
+    logs = [p / record.LOG for p in runs_dir.iterdir()] if runs_dir.exists() else []
+    assert not logs  # both records taken (result() removes them)
+
+
 @pytest.mark.timeout(60)
 def test_without_the_forkserver_the_supervisor_starts_cold(
     runs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(detached, "_forkserver", lambda: None)  # as where it cannot start
+    monkeypatch.setattr(forkserver, "running", lambda: None)  # as where it cannot start
+    monkeypatch.setattr(forkserver, "start_behind", lambda *args, **kwargs: None)
     handle = notebook_launcher(_steps(2, 0.0), num_processes=2, detach=True, dashboard=False)
     meta = _meta(handle.id)
     assert handle.result(timeout=50) == [0, 10]
@@ -601,8 +663,7 @@ def test_a_spare_supervisor_waits_for_the_next_run_and_ends_with_the_forkserver(
     ran_first = _meta(first.id).pid
     assert first.result(timeout=50) == [0, 10] and ran_first is not None
     _gone(ran_first, 10, "the first run's supervisor to exit")  # (a fork of the server too)
-    server = forkserver.pid()
-    assert server is not None
+    server = _forkserver_up()
     wait_until(lambda: len(_spares(server)) == 1, 10, "a spare supervisor")
     [spare] = _spares(server)
     second = notebook_launcher(_steps(1, 0.0), num_processes=2, detach=True, dashboard=False)
@@ -645,8 +706,7 @@ def test_a_detached_runs_ranks_are_forked_ahead_and_take_on_the_kernel_as_it_is_
     the blanks as it starts. Nothing is left."""
     first = notebook_launcher(_steps(1, 0.0), num_processes=2, detach=True, dashboard=False)
     assert first.result(timeout=50) == [0, 10]
-    server = forkserver.pid()
-    assert server is not None
+    server = _forkserver_up()
     spare, blanks = _next_spare(server, 2)
 
     monkeypatch.setenv("NL_POOL_PROBE", "set after the spare forked")

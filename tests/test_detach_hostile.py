@@ -576,14 +576,14 @@ def _interrupt_at(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
 
         monkeypatch.setattr(record, "write_private", written)
     elif point == "forkserver had":
-        get = detached._forkserver
+        get = detached.forkserver.running
 
         def had() -> Any:
             server = get()
             _interrupt()
             return server
 
-        monkeypatch.setattr(detached, "_forkserver", had)
+        monkeypatch.setattr(detached.forkserver, "running", had)
     elif point in ("waiting for the pid", "pid read"):
         read = detached._read_until_closed
 
@@ -632,12 +632,11 @@ def test_ctrl_c_during_the_hand_over_leaves_no_run_or_returns_its_handle(
     handle (the interrupt said)."""
     from notebook_launcher._launch import forkserver
 
-    from .test_detach import _next_spare
+    from .test_detach import _forkserver_up, _next_spare
 
     warm = notebook_launcher(_two, num_processes=2, detach=True, dashboard=False)
     assert warm.result(timeout=60) == [[1, 2], [1, 2]]
-    server = forkserver.pid()
-    assert server is not None
+    server = _forkserver_up()
     spare, _ = _next_spare(server, 2)  # the supervisor the next run goes to
     marker = tmp_path / "ran"
     with monkeypatch.context() as patch:
@@ -718,13 +717,12 @@ def test_a_stopped_process_forked_ahead_is_replaced_not_waited_on(
     killed if it does not answer, and a process forked then takes its place."""
     from notebook_launcher._launch import forkserver
 
-    from .test_detach import _next_spare
+    from .test_detach import _forkserver_up, _next_spare
 
     try:
         first = notebook_launcher(_two, num_processes=2, detach=True, dashboard=False)
         assert first.result(timeout=60) == [[1, 2], [1, 2]]
-        server = forkserver.pid()
-        assert server is not None
+        server = _forkserver_up()
         spare, blanks = _next_spare(server, 2)
         victim = blanks[0] if stopped == "a blank rank" else spare
         os.kill(victim, signal.SIGSTOP)

@@ -212,7 +212,8 @@ def test_every_path_of_a_clean_kernel_forks_ranks_that_can_use_cuda(tmp_path: Pa
         tmp_path,
     )
     assert r["inventory"] == ["nvml", 2, "2 GPU(s) (NVIDIA H100 80GB HBM3)"]
-    assert r["fork"] == {"ranks": ON_TWO_GPUS, "method": ["fork", "fast, nothing to pickle"]}
+    assert r["fork"]["ranks"] == ON_TWO_GPUS and r["fork"]["method"][0] == "fork"
+    assert r["fork"]["method"][1].startswith("fast, nothing to pickle")  # (a busy port is said)
     assert r["one"]["ranks"] == [ON_TWO_GPUS[0]] and r["one"]["method"][0] == "fork"
     assert [x[1] for x in r["shared"]["ranks"]] == ["cuda:0", "cuda:1", "cuda:0"]
     assert r["shared"]["method"][0] == "fork"

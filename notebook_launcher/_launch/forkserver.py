@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import wait
+from typing import Any
 
 from .._posix import deferred_interrupts
 from .._wire.forkserver import Exited, Fork, Forked, FrameReader, Ready, Supervise, send
@@ -54,7 +55,12 @@ def child_env() -> dict[str, str]:
 class ForkServer:
     """The running server, seen from the kernel: ``fork(fds)`` a rank, learn exit codes."""
 
-    def __init__(self) -> None:
+    #: the pid of a server whose start is under way (behind the kernel: :func:`start_behind`)
+    starting: int | None = None
+
+    def __init__(self, spare_ahead: int | None = None) -> None:
+        """Start the server (about 1 s of imports); ``spare_ahead``: it forks a detached
+        run's spare supervisor at once, with that many ranks ahead."""
         self._lock = threading.Lock()
         self._reader = FrameReader()
         self._exits: dict[int, int] = {}
@@ -73,6 +79,7 @@ class ForkServer:
                         "notebook_launcher._worker.forkserver",
                         str(theirs.fileno()),
                         str(os.getpid()),
+                        *([str(spare_ahead)] if spare_ahead is not None else []),
                     ],
                     pass_fds=[theirs.fileno()],
                     stdin=subprocess.DEVNULL,
@@ -85,12 +92,15 @@ class ForkServer:
             finally:
                 theirs.close()
             self._sock = ours
+        ForkServer.starting = self._popen.pid
         try:
             while not (self._ready or self._dead):  # ~1 s of imports: Ctrl-C may come
                 self._read(None)
         except BaseException:
             self.close(kill=True)
             raise
+        finally:
+            ForkServer.starting = None
         if self._dead:
             self.close(kill=True)
             raise LaunchError(
@@ -188,14 +198,45 @@ _server: ForkServer | None = None
 _server_lock = threading.Lock()
 
 
-def get() -> ForkServer:
-    """The kernel's forkserver, started (about 1 s) if it is not running."""
+def get(spare_ahead: int | None = None) -> ForkServer:
+    """The kernel's forkserver, started (about 1 s) if it is not running (``spare_ahead``:
+    see :class:`ForkServer`)."""
     global _server
     with _server_lock:
         if _server is None or not _server.alive():
-            _server = ForkServer()
+            _server = ForkServer(spare_ahead)
             atexit.register(shutdown)
         return _server
+
+
+def running() -> ForkServer | None:
+    """The kernel's forkserver if it is up, without starting it."""
+    server = _server
+    return server if server is not None and server.alive() else None
+
+
+#: Seconds :func:`start_behind` waits at most for its ``after`` to say go.
+BEHIND_WAIT = 10.0
+
+
+def start_behind(spare_ahead: int | None = None, after: Any = None) -> None:
+    """Start the forkserver in a thread of its own, for later launches and detached runs,
+    unless it is up or starting: the caller does not wait for its ~1 s of imports
+    (``spare_ahead``: see :class:`ForkServer`; ``after``: a check the thread waits for, up
+    to :data:`BEHIND_WAIT` s, before it starts the server)."""
+    if running() is not None or _server_lock.locked():
+        return
+
+    def start() -> None:
+        deadline = time.monotonic() + BEHIND_WAIT
+        while after is not None and not after() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            get(spare_ahead)
+        except (LaunchError, OSError):  # the next caller that needs it says why
+            pass
+
+    threading.Thread(target=start, name="notebook-launcher-forkserver", daemon=True).start()
 
 
 def fileno_if_running() -> int | None:
@@ -205,8 +246,9 @@ def fileno_if_running() -> int | None:
 
 
 def pid() -> int | None:
+    """The server's pid: the running one's, or the one's being started behind."""
     server = _server
-    return server.pid if server is not None and server.alive() else None
+    return server.pid if server is not None and server.alive() else ForkServer.starting
 
 
 def shutdown() -> None:
@@ -218,4 +260,14 @@ def shutdown() -> None:
             _server = None
 
 
-__all__ = ["WARM", "ForkServer", "child_env", "get", "pid", "shutdown", "warm_modules"]
+__all__ = [
+    "WARM",
+    "ForkServer",
+    "child_env",
+    "get",
+    "pid",
+    "running",
+    "shutdown",
+    "start_behind",
+    "warm_modules",
+]

@@ -80,15 +80,20 @@ def _preload() -> None:
         pass
 
 
-def serve(sock: socket.socket) -> None:
+def serve(sock: socket.socket, spare_now: int | None = None) -> None:
+    """Serve the kernel's requests until its socket ends. ``spare_now``: fork a spare
+    supervisor at once, with that many ranks ahead (a server started behind a kernel's
+    first detached run, for its next one)."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     os.set_blocking(wake_r, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     send(sock, Ready())
-    spare_due: float | None = None  # when to fork the next spare supervisor
-    ahead = 0  # the ranks it forks ahead: as many as the last run started
+    # when to fork the next spare supervisor, and the ranks it forks ahead: as many as the
+    # last run started
+    spare_due = time.monotonic() if spare_now is not None else None
+    ahead = spare_now or 0
     global _spare
     while True:
         due = [t for t in (spare_due, *(h.deadline for h in _handing)) if t is not None]
@@ -331,9 +336,10 @@ def main() -> None:
     # (they reset SIGINT when forked), not for the server that outlives launches.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=int(sys.argv[1]))
+    spare_now = int(sys.argv[3]) if len(sys.argv) > 3 else None
     _preload()
     try:
-        serve(sock)
+        serve(sock, spare_now)
     except (BrokenPipeError, ConnectionResetError):
         pass  # the kernel went away (or gave up on us while we imported): nothing to say
     finally:
