@@ -664,7 +664,7 @@ def test_a_spare_supervisor_waits_for_the_next_run_and_ends_with_the_forkserver(
     assert first.result(timeout=50) == [0, 10] and ran_first is not None
     _gone(ran_first, 10, "the first run's supervisor to exit")  # (a fork of the server too)
     server = _forkserver_up()
-    wait_until(lambda: len(_spares(server)) == 1, 10, "a spare supervisor")
+    wait_until(lambda: len(_spares(server)) == 1, 30, "a spare supervisor")
     [spare] = _spares(server)
     second = notebook_launcher(_steps(1, 0.0), num_processes=2, detach=True, dashboard=False)
     assert _meta(second.id).pid == spare  # the spare took the run
@@ -689,7 +689,8 @@ def _next_spare(server: int, ranks: int) -> tuple[int, list[int]]:
         found[:] = [(spares[0], _blanks(spares[0]))] if len(spares) == 1 else []
         return bool(found) and len(found[0][1]) == ranks
 
-    wait_until(ready, 15, f"a spare with {ranks} ranks forked ahead")
+    # (30 s: the server may still be starting, behind the kernel's first detached run)
+    wait_until(ready, 30, f"a spare with {ranks} ranks forked ahead")
     return found[0]
 
 
