@@ -659,6 +659,7 @@ def test_a_spare_supervisor_waits_for_the_next_run_and_ends_with_the_forkserver(
     """After a detached run the forkserver forks the next run's supervisor ahead of need
     (so that its ranks wait for no fork); that spare runs the next run, and a spare that
     no run came for ends with the server (the kernel's end): nothing is left."""
+    forkserver.shutdown()  # (one started behind an earlier test's session: its spare forks none)
     first = notebook_launcher(_steps(1, 0.0), num_processes=2, detach=True, dashboard=False)
     ran_first = _meta(first.id).pid
     assert first.result(timeout=50) == [0, 10] and ran_first is not None
@@ -705,6 +706,7 @@ def test_a_detached_runs_ranks_are_forked_ahead_and_take_on_the_kernel_as_it_is_
     task (unpickled once in the supervisor, inherited), forks its own, and the blanks it
     did not take end; a restart forks its attempt's ranks; a run that spawns its ranks ends
     the blanks as it starts. Nothing is left."""
+    forkserver.shutdown()  # (one started behind an earlier test's session: its spare forks none)
     first = notebook_launcher(_steps(1, 0.0), num_processes=2, detach=True, dashboard=False)
     assert first.result(timeout=50) == [0, 10]
     server = _forkserver_up()

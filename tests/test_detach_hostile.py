@@ -634,6 +634,7 @@ def test_ctrl_c_during_the_hand_over_leaves_no_run_or_returns_its_handle(
 
     from .test_detach import _forkserver_up, _next_spare
 
+    forkserver.shutdown()  # (one started behind an earlier test's session: its spare forks none)
     warm = notebook_launcher(_two, num_processes=2, detach=True, dashboard=False)
     assert warm.result(timeout=60) == [[1, 2], [1, 2]]
     server = _forkserver_up()
@@ -719,6 +720,7 @@ def test_a_stopped_process_forked_ahead_is_replaced_not_waited_on(
 
     from .test_detach import _forkserver_up, _next_spare
 
+    forkserver.shutdown()  # (one started behind an earlier test's session: its spare forks none)
     try:
         first = notebook_launcher(_two, num_processes=2, detach=True, dashboard=False)
         assert first.result(timeout=60) == [[1, 2], [1, 2]]

@@ -219,22 +219,39 @@ def running() -> ForkServer | None:
 BEHIND_WAIT = 10.0
 
 
+#: A start behind (:func:`start_behind`) that has not started the server yet ("pending"),
+#: the spare size the latest caller asked for, and the :func:`shutdown` calls so far (one
+#: since it was asked cancels it).
+_behind: dict[str, Any] = {"pending": 0, "ahead": None, "shutdowns": 0}
+
+
 def start_behind(spare_ahead: int | None = None, after: Any = None) -> None:
     """Start the forkserver in a thread of its own, for later launches and detached runs,
-    unless it is up or starting: the caller does not wait for its ~1 s of imports
+    unless it is up or about to start: the caller does not wait for its ~1 s of imports
     (``spare_ahead``: see :class:`ForkServer`; ``after``: a check the thread waits for, up
-    to :data:`BEHIND_WAIT` s, before it starts the server)."""
-    if running() is not None or _server_lock.locked():
-        return
+    to :data:`BEHIND_WAIT` s, before it starts the server). A :func:`shutdown` meanwhile
+    (the kernel ending) cancels it."""
+    with _server_lock:
+        _behind["ahead"] = spare_ahead  # (the latest run's size, if one is pending)
+        if running() is not None or _behind["pending"]:
+            return
+        _behind["pending"] += 1
+        asked = _behind["shutdowns"]
 
     def start() -> None:
+        global _server
         deadline = time.monotonic() + BEHIND_WAIT
         while after is not None and not after() and time.monotonic() < deadline:
             time.sleep(0.05)
-        try:
-            get(spare_ahead)
-        except (LaunchError, OSError):  # the next caller that needs it says why
-            pass
+        with _server_lock:
+            _behind["pending"] -= 1
+            if _behind["shutdowns"] != asked or running() is not None:
+                return
+            try:
+                _server = ForkServer(_behind["ahead"])
+                atexit.register(shutdown)
+            except (LaunchError, OSError):  # the next caller that needs it says why
+                pass
 
     threading.Thread(target=start, name="notebook-launcher-forkserver", daemon=True).start()
 
@@ -252,9 +269,11 @@ def pid() -> int | None:
 
 
 def shutdown() -> None:
-    """Stop the forkserver (it starts again on the next CUDA-safe launch)."""
+    """Stop the forkserver (it starts again on the next CUDA-safe launch); a start behind
+    that has not begun is cancelled."""
     global _server
     with _server_lock:
+        _behind["shutdowns"] += 1
         if _server is not None:
             _server.close()
             _server = None
