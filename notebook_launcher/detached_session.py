@@ -659,11 +659,19 @@ def _heartbeat(server: _Server) -> None:
     way to reach the session, so it ends within a beat or two, its ranks with it, rather
     than holding their memory (and GPUs) until someone finds its pid."""
     run_dir = server.run_dir
+    said_unsafe = False
     while not server.finished:
         time.sleep(record.HEARTBEAT_INTERVAL)
         try:
             record.beat(run_dir)
-        except (FileNotFoundError, record.RecordNotPrivate):
+        except record.RecordNotPrivate as exc:  # not written to, and said once; it lives on
+            # (a chmod of the folder is no reason to end the ranks and lose their variables)
+            if not said_unsafe:
+                said_unsafe = True
+                with contextlib.suppress(OSError):
+                    print(f"supervisor: heartbeat not written: {exc}", file=sys.stderr, flush=True)
+            continue
+        except FileNotFoundError:
             if server.finished:
                 return  # (the session is ending: it removes its record itself)
             why = (
