@@ -116,3 +116,33 @@ def test_the_slurm_tests_skip_without_slurm(
     monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match=r"a test Slurm cluster needs .*slurmctld"):
         SlurmTestCluster.start(tmp_path / "cluster")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_the_readme_is_a_tour_and_every_link_to_the_docs_resolves() -> None:
+    """Issue 33, item 8: the README is the two commands, a one-screen tour and where to go
+    next (<= 300 lines), the rest in docs/ pages it links; every relative link of the README
+    and of those pages names a file that exists, and a heading there when it has an anchor."""
+    assert len(README.splitlines()) <= 300
+    pages = {"README.md": README} | {
+        f"docs/{p.name}": p.read_text() for p in (ROOT / "docs").glob("*.md")
+    }
+    linked = set()
+    for name, text in pages.items():
+        here = (ROOT / name).parent
+        for target in re.findall(r"\]\(([^)#\s]*)(#[^)\s]*)?\)", text):
+            path, anchor = target
+            if path.startswith(("http://", "https://")):
+                continue
+            file = (here / path).resolve() if path else (ROOT / name).resolve()
+            assert file.exists(), f"{name} links to {path}, which does not exist"
+            linked.add(file.relative_to(ROOT).as_posix())
+            if anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
+                assert anchor[1:] in {_slug(h) for h in headings}, f"{name}: {path}{anchor}"
+    assert {f for f in pages if f.startswith("docs/")} <= linked  # no page left unlinked
