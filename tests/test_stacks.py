@@ -382,6 +382,49 @@ def test_the_flight_recorder_names_the_rank_behind() -> None:
     assert stall.flight_findings({0: [], 1: []}) == []
 
 
+def test_the_kernel_finds_a_ranks_stack_files_and_asks_its_helper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33, item 9: a rank's stack files are memory files (no temporary directory to
+    probe, nothing to rename on every rank's start) and its helper's request pipe is named
+    by the answer file (fd and inode); the kernel finds both among the rank's open files
+    and asks. Where memory files are refused, a temporary file of the same name is found
+    the same way."""
+    import time
+
+    from notebook_launcher._stacks import FILE_PREFIX, PYSTACKS_PREFIX
+    from notebook_launcher._worker import stacks as rank_stacks
+
+    me = os.getpid()
+    fds = rank_stacks._serve_requests(PYSTACKS_PREFIX, me, lambda: b"every stack\n")
+    answer = None
+    try:
+        found = stall._find(me, f"{PYSTACKS_PREFIX}out-")
+        assert found is not None and found[0].startswith(f"/proc/{me}/fd/")
+        assert os.readlink(found[0]).startswith(f"/memfd:{PYSTACKS_PREFIX}out-{me}-")
+        answer = stall.ask_through_pipe(me, PYSTACKS_PREFIX)
+        assert answer is not None
+        deadline = time.monotonic() + 10
+        while os.pread(answer, 64, 0) != b"every stack\n" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.pread(answer, 64, 0) == b"every stack\n"
+    finally:
+        for fd in (*fds, *([answer] if answer is not None else [])):
+            os.close(fd)  # (the helper's read fails: it ends)
+
+    def refused(name: str, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    fd = rank_stacks._named_file(f"{FILE_PREFIX}7f-{me}")
+    try:
+        found = stall._find(me, FILE_PREFIX)
+        assert found is not None and found[1] == f"7f-{me}"
+        assert os.readlink(found[0]).endswith(f"/{FILE_PREFIX}7f-{me} (deleted)")
+    finally:
+        os.close(fd)
+
+
 # --- values compared across ranks -----------------------------------------------------------
 
 
