@@ -16,12 +16,14 @@ forkserver, or a fresh interpreter with ``spawn``):
 
 from __future__ import annotations
 
+import _thread
 import faulthandler
 import io
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
@@ -212,7 +214,9 @@ def run(
             _adopt_multiprocessing()
         die_with_parent(expected_parent)
         lead_own_process_group()  # the kernel's interrupts are not ours; our children are
-        guard_process_group()  # ...and they die with us, even if the kernel is killed
+        # ...and they die with us, even if the kernel is killed: the guard (a process) is
+        # started meanwhile, and waited for before any code of the user's runs
+        guarded = _in_background(guard_process_group)
         become_subreaper()  # daemons we start (setsid) stay in our tree, to end with us
         _reset_signals()
         _redirect_output(out_fd, err_fd)
@@ -220,7 +224,7 @@ def run(
             setup = channel.recv()
             assert isinstance(setup, Setup), setup
             spec = setup.spec
-        code = _serve(spec, channel, listen_fd, task)
+        code = _serve(spec, channel, listen_fd, task, guarded)
     except BaseException:  # noqa: BLE001 - last resort: say something, then exit
         try:
             import traceback
@@ -237,6 +241,31 @@ def run(
         except BaseException:  # noqa: BLE001
             pass
         os._exit(code)
+
+
+def _in_background(work: Callable[[], None]) -> Callable[[], None]:
+    """Start ``work`` on a thread of its own; the call returned waits until it is done.
+
+    For the process group's guard: starting a process makes the caller wait until the new
+    one has been scheduled -- on a loaded machine, a wait of its own on every rank's start
+    (issue 33) -- while the rank meets the others (waits of their own, for the others to
+    come). A plain ``_thread``: ``threading``'s start waits for the thread to run, too."""
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            done.release()
+
+    _thread.start_new_thread(run, ())
+
+    def wait() -> None:
+        with done:
+            pass
+
+    return wait
 
 
 def _adopt_multiprocessing() -> None:
@@ -281,8 +310,14 @@ def _forget_accelerates_state() -> None:
 
 
 def _serve(
-    spec: WorkerSpec, channel: Channel, listen_fd: int | None, task: TaskTuple | bytes | None
+    spec: WorkerSpec,
+    channel: Channel,
+    listen_fd: int | None,
+    task: TaskTuple | bytes | None,
+    guarded: Callable[[], None] = lambda: None,
 ) -> int:
+    """Run the task (or serve the session's); ``guarded()`` is called before any code of
+    the user's runs (unpickling the task may run some)."""
     runtime.install(channel.send)
     _set_environment(spec)
     stacks.install()  # the kernel can see where this rank is, from now on
@@ -303,12 +338,15 @@ def _serve(
             phase("loading")  # unpickling imports what the function refers to
             message = channel.recv()
             assert isinstance(message, Task), message
+            guarded()
             task = load_task(message.data, spec.rank)
         elif isinstance(task, bytes):  # forked by a node's agent: the task as it came
             phase("loading")
+            guarded()
             task = load_task(task, spec.rank)
         phase("joining")  # waits here until every rank has come
         device, store = _init_process_group(spec, listen_fd)
+        guarded()
         if listen_fd is not None:
             os.close(listen_fd)
         if spec.settings is not None:  # what a forked rank inherits (and `random`)
