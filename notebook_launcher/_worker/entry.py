@@ -16,14 +16,12 @@ forkserver, or a fresh interpreter with ``spawn``):
 
 from __future__ import annotations
 
-import _thread
 import faulthandler
 import io
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
@@ -214,9 +212,6 @@ def run(
             _adopt_multiprocessing()
         die_with_parent(expected_parent)
         lead_own_process_group()  # the kernel's interrupts are not ours; our children are
-        # ...and they die with us, even if the kernel is killed: the guard (a process) is
-        # started meanwhile, and waited for before any code of the user's runs
-        guarded = _in_background(guard_process_group)
         become_subreaper()  # daemons we start (setsid) stay in our tree, to end with us
         _reset_signals()
         _redirect_output(out_fd, err_fd)
@@ -224,7 +219,7 @@ def run(
             setup = channel.recv()
             assert isinstance(setup, Setup), setup
             spec = setup.spec
-        code = _serve(spec, channel, listen_fd, task, guarded)
+        code = _serve(spec, channel, listen_fd, task)
     except BaseException:  # noqa: BLE001 - last resort: say something, then exit
         try:
             import traceback
@@ -241,31 +236,6 @@ def run(
         except BaseException:  # noqa: BLE001
             pass
         os._exit(code)
-
-
-def _in_background(work: Callable[[], None]) -> Callable[[], None]:
-    """Start ``work`` on a thread of its own; the call returned waits until it is done.
-
-    For the process group's guard: starting a process makes the caller wait until the new
-    one has been scheduled -- on a loaded machine, a wait of its own on every rank's start
-    (issue 33) -- while the rank meets the others (waits of their own, for the others to
-    come). A plain ``_thread``: ``threading``'s start waits for the thread to run, too."""
-    done = _thread.allocate_lock()
-    done.acquire()
-
-    def run() -> None:
-        try:
-            work()
-        finally:
-            done.release()
-
-    _thread.start_new_thread(run, ())
-
-    def wait() -> None:
-        with done:
-            pass
-
-    return wait
 
 
 def _adopt_multiprocessing() -> None:
@@ -314,13 +284,15 @@ def _serve(
     channel: Channel,
     listen_fd: int | None,
     task: TaskTuple | bytes | None,
-    guarded: Callable[[], None] = lambda: None,
 ) -> int:
-    """Run the task (or serve the session's); ``guarded()`` is called before any code of
-    the user's runs (unpickling the task may run some)."""
+    """Run the task (or serve the session's)."""
     runtime.install(channel.send)
     _set_environment(spec)
-    stacks.install()  # the kernel can see where this rank is, from now on
+    # The kernel can see where this rank is, from now on; what the rank's code starts dies
+    # with it, even if the kernel is killed: the guard (a process) is started on the stack
+    # helper's thread while the rank meets the others, and waited for (``guarded()``)
+    # before any code of the user's runs (unpickling the task may run some).
+    guarded = stacks.install(first=guard_process_group)
     stacks.install_flight(spec.backend)
     runtime.run_start_hooks()  # forget what a forked rank inherited (e.g. the state)
     _forget_accelerates_state()

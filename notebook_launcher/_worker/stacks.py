@@ -101,12 +101,38 @@ def _named_file(name: str) -> int:
     return fd
 
 
-def install(helper: bool = True) -> None:
+def install(helper: bool = True, first: Callable[[], None] | None = None) -> Callable[[], None]:
     """Make this process dump its stacks on :data:`STACK_SIGNAL`, and (``helper``) answer
-    the kernel's requests from a helper thread without one (idempotent per process)."""
+    the kernel's requests from a helper thread without one (idempotent per process).
+
+    ``first``: work of the rank's start that must not hold it up (its process group's
+    guard, whose start waits for a new process to be scheduled): the helper thread does it
+    before it waits for requests -- one thread, not one more that starts and ends on every
+    rank (each costs a wake-up on a loaded machine, at its start and at the rank's exit).
+    Returns a call that waits until ``first`` is done."""
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def first_then_done() -> None:
+        try:
+            if first is not None:
+                first()
+        finally:
+            done.release()
+
+    if not helper or not _install_helper(first_then_done):
+        first_then_done()
+
+    def wait() -> None:
+        with done:
+            pass
+
+    _install_handler()
+    return wait
+
+
+def _install_handler() -> None:
     global _fd, _pid, _hooked
-    if helper:
-        _install_helper()
     if _pid == os.getpid():
         return
     inherited = _fd if _pid is not None else None
@@ -132,14 +158,15 @@ def install(helper: bool = True) -> None:
         os.register_at_fork(after_in_child=_after_fork)
 
 
-def _install_helper() -> None:
+def _install_helper(first: Callable[[], None]) -> bool:
     """The helper thread that writes every thread's stack when the kernel asks (see the
-    module docstring)."""
+    module docstring), once it has done ``first``; False if it was there already."""
     global _helper_pid, _helper_fds
     pid = os.getpid()
     if _helper_pid == pid:
-        return
-    _helper_pid, _helper_fds = pid, _serve_requests(PYSTACKS_PREFIX, pid, _stacks_answer)
+        return False
+    _helper_pid, _helper_fds = pid, _serve_requests(PYSTACKS_PREFIX, pid, _stacks_answer, first)
+    return True
 
 
 def _stacks_answer() -> bytes | None:
@@ -150,11 +177,14 @@ def _stacks_answer() -> bytes | None:
 
 
 def _serve_requests(
-    prefix: str, pid: int, answer_for: Callable[[], bytes | None]
+    prefix: str,
+    pid: int,
+    answer_for: Callable[[], bytes | None],
+    first: Callable[[], None] = lambda: None,
 ) -> tuple[int, int, int]:
-    """A daemon thread that writes ``answer_for()`` to the answer file each time the kernel
-    writes to the request pipe (the answer file is named for ``prefix``, this pid and the
-    pipe); returns their fds. The pipe is made first: the kernel asks only a rank whose
+    """A daemon thread that does ``first()``, then writes ``answer_for()`` to the answer file
+    each time the kernel writes to the request pipe (the answer file is named for
+    ``prefix``, this pid and the pipe); returns their fds. The pipe is made first: the kernel asks only a rank whose
     pipe it finds."""
     request, keep_open = os.pipe()  # (its write end kept: the read never sees an end)
     inode = os.fstat(request).st_ino
@@ -163,6 +193,7 @@ def _serve_requests(
     fcntl.fcntl(answer, fcntl.F_SETFL, flags | os.O_APPEND)
 
     def serve() -> None:
+        first()
         while os.getpid() == pid:
             try:
                 if not os.read(request, 64):
@@ -278,7 +309,7 @@ def _after_fork() -> None:
     if _pid is None:
         return
     try:
-        install(helper=False)  # (a child forked by the rank: no thread of ours started there)
+        _install_handler()  # (a child forked by the rank: no thread of ours started there)
     except Exception:  # noqa: BLE001 - a child without stacks is still a working child
         pass
 
