@@ -257,3 +257,38 @@ def test_every_group_and_rank_handle_keeps_the_contract(protocol: str, kind: str
         if inspect.isfunction(expected) and inspect.isfunction(actual):
             want = list(inspect.signature(expected).parameters)
             assert list(inspect.signature(actual).parameters) == want, (name, member)
+
+
+@pytest.mark.parametrize(
+    ("looks", "paced"),
+    [
+        # (seconds after the first look, what it brought, whether it was paced) ...
+        ([(0.0, "stdout", False)], False),  # one line: the next look is not held back
+        ([(0.0, "stdout", False), (0.01, "conn", False)], True),  # chatty: paced
+        ([(0.0, "stdout", False), (0.2, "stdout", False)], False),  # far apart: not chatty
+        ([(0.0, "stdout", False), (0.01, "stdout", False), (0.07, "stdout", True)], True),
+        ([(0.0, "stdout", False), (0.01, "stdout", False), (0.07, "answer", True)], False),
+        ([(0.0, "stdout", False), (0.01, "stdout", False), (0.07, "exit", True)], False),
+    ],
+)
+def test_the_pump_paces_chatty_ranks_until_an_answer_or_an_exit(
+    monkeypatch: pytest.MonkeyPatch, looks: list[tuple[float, str, bool]], paced: bool
+) -> None:
+    """Issue 33, item 9: ranks that print and report fast (a tqdm bar and 100 lines a second
+    each) woke the kernel ~100 times a second; while they are chatty the pump looks at them
+    every PACE_S, taking what came together. An answer or an exit ends the pace: the next
+    look is not held back (a session's next quick task is not paced)."""
+    from notebook_launcher._launch import group as G
+
+    clock = [100.0]
+    monkeypatch.setattr(G.time, "monotonic", lambda: clock[0])
+    wg = G.WorkerGroup([], "fork", None, None, lambda e: None, lambda p: None)
+    try:
+        for at, what, was_paced in looks:
+            clock[0] = 100.0 + at
+            wg._answered = what == "answer"
+            kind = "conn" if what == "answer" else what  # (an answer comes on the channel)
+            wg._keep_pace([(kind, None)], was_paced)  # type: ignore[list-item]
+        assert (wg._paced_until > clock[0]) == paced
+    finally:
+        wg.close()
