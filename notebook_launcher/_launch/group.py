@@ -18,6 +18,7 @@ and every exit to the caller's callbacks. Knows nothing of torch or widgets.
 from __future__ import annotations
 
 import codecs
+import collections
 import os
 import selectors
 import signal
@@ -54,14 +55,18 @@ MAX_PARTIAL_CHARS = 1 << 16
 #: dashboard.py, "no view"): 2 ms cost the kernel 3.3-4.4% of a core, 10 ms 2.1%; no one
 #: sees 10 ms.
 OUTPUT_BATCH_S = 0.01
-#: While the ranks are chatty -- two wake-ups within this long that brought only output
-#: and plain events (progress, barriers, metrics) -- the pump looks at them at most this
-#: often, taking what came meanwhile together: an exit, or the wake fd, is seen at once;
-#: an answer (Returned, Raised) waits this long at most, and ends the pace. 8 ranks with a tqdm bar each and 100
+#: While the ranks are chatty -- PACE_AFTER looks within PACE_WITHIN seconds that brought
+#: only output and plain events (progress, barriers, metrics) -- the pump looks at them at
+#: most every PACE_S, taking what came meanwhile together: an exit, or the wake fd, is seen
+#: at once; an answer (Returned, Raised) waits PACE_S at most, and ends the pace. A launch's
+#: start (each rank says it joins, then that it runs) is not chatty: its failures are not
+#: held back. 8 ranks with a tqdm bar each and 100
 #: lines/s (bench/dashboard.py): their ~80 progress events a second each woke the kernel,
 #: on top of the output (~100 wake-ups a second, 3.5-7.5% of a core with the dashboard;
 #: issue 33); the dashboard redraws every 0.25 s at most, so no one sees 50 ms.
 PACE_S = 0.05
+PACE_AFTER = 8
+PACE_WITHIN = 0.2
 
 # --- one worker process -------------------------------------------------------------------
 
@@ -329,7 +334,8 @@ class WorkerGroup:
         # chatty the pump waits on it alone, until ``_paced_until`` (see PACE_S)
         self._urgent = selectors.DefaultSelector()
         self._paced_until = float("-inf")
-        self._last_plain = float("-inf")  # the last wake-up that brought nothing urgent
+        #: when the last looks that brought nothing urgent were (PACE_AFTER of them)
+        self._plain_looks: collections.deque[float] = collections.deque(maxlen=PACE_AFTER)
         self._answered = False  # a message that is not a plain event was read
         self._wake: int | None = None
 
@@ -512,18 +518,20 @@ class WorkerGroup:
         return True, max(0.0, timeout - (time.monotonic() - start))
 
     def _keep_pace(self, ready: list[tuple[str, WorkerProcess]], paced: bool) -> None:
-        """Pace the next looks when this look brought only output and plain events, and so
-        did the one before within PACE_S (or this one was paced); an exit or an answer
-        ends the pace."""
+        """Pace the next looks when this look brought only output and plain events, and
+        either it was paced or PACE_AFTER such looks came within PACE_WITHIN; an exit or an
+        answer ends the pace."""
         if not ready:
             return
         now = time.monotonic()
+        looks = self._plain_looks
         if self._answered or any(kind == "exit" for kind, _ in ready):
-            self._paced_until = self._last_plain = float("-inf")
+            self._paced_until = float("-inf")
+            looks.clear()
             return
-        if paced or now - self._last_plain < PACE_S:
+        looks.append(now)
+        if paced or (len(looks) == PACE_AFTER and now - looks[0] < PACE_WITHIN):
             self._paced_until = now + PACE_S
-        self._last_plain = now
 
     def _ready(self, timeout: float | None) -> list[tuple[str, WorkerProcess]]:
         return [key.data for key, _ in self._selector.select(timeout) if key.data[0] != "wake"]
