@@ -244,6 +244,7 @@ def compare_figures(
         for label, t in times.items():
             note = "(target <= 2 s)" if t is mine else f"ours is {mine / t:5.2f}x this"
             print(f"  {label:44s} {t:8.2f} s   {note}")
+    session.run_cell("del huge, one_differs")  # (not kept for the figures that follow)
 
 
 # --- the kernel ------------------------------------------------------------------------------
