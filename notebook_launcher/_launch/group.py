@@ -60,10 +60,10 @@ OUTPUT_BATCH_S = 0.01
 #: most every PACE_S, taking what came meanwhile together: an exit, or the wake fd, is seen
 #: at once; an answer (Returned, Raised) waits PACE_S at most, and ends the pace. A launch's
 #: start (each rank says it joins, then that it runs) is not chatty: its failures are not
-#: held back. 8 ranks with a tqdm bar each and 100
-#: lines/s (bench/dashboard.py): their ~80 progress events a second each woke the kernel,
-#: on top of the output (~100 wake-ups a second, 3.5-7.5% of a core with the dashboard;
-#: issue 33); the dashboard redraws every 0.25 s at most, so no one sees 50 ms.
+#: held back. 8 ranks with a tqdm bar each and 100 lines/s (bench/dashboard.py): their ~80
+#: progress events a second each woke the kernel, on top of the output (~100 wake-ups a
+#: second, 3.4-3.7% of a core with the dashboard at load 4-9; paced, 1.5-1.7%; issue 33);
+#: the dashboard redraws every 0.25 s at most, so no one sees 50 ms.
 PACE_S = 0.05
 PACE_AFTER = 8
 PACE_WITHIN = 0.2
