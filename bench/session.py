@@ -37,7 +37,6 @@ Timing varies with machine load: compare figures from one run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import os
 import signal
@@ -48,14 +47,14 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import notebook_launcher
 from notebook_launcher import notebook_launcher as launch
-from notebook_launcher import session as session_module
 from notebook_launcher._launch import forkserver
 from notebook_launcher.ui import NullView
 
@@ -154,42 +153,54 @@ import hashlib as _hashlib, pickle as _pickle
 """
 
 
-def ranks_side_at(ref: str) -> ModuleType:
-    """``notebook_launcher._worker.compare`` as it was at git revision ``ref``, loaded
-    beside ours (before the ranks are forked, so that they have it too)."""
-    source = subprocess.run(
-        ["git", "show", f"{ref}:notebook_launcher/_worker/compare.py"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    name = "notebook_launcher._worker._compare_before"
-    path = os.path.join(tempfile.mkdtemp(prefix="nl-bench-"), "_compare_before.py")
-    with open(path, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+class Before:
+    """``session.compare`` as it was at git revision ``ref``: both its sides (the ranks'
+    ``_worker.compare`` and the kernel's ``_launch.compare``) loaded beside ours, before the
+    ranks are forked so that they have them too, and its rounds as ``Session.compare`` ran
+    them then (the whole's round is new: at 57bffc6 a large value came as its groups)."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+        self.ranks = self._load(ref, "_worker", "compare")
+        self.kernel = self._load(ref, "_launch", "compare")
+
+    @staticmethod
+    def _load(ref: str, package: str, module: str) -> ModuleType:
+        source = subprocess.run(
+            ["git", "show", f"{ref}:notebook_launcher/{package}/{module}.py"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        name = f"notebook_launcher.{package}._{module}_before"
+        path = os.path.join(tempfile.mkdtemp(prefix="nl-bench-"), f"_{module}_before.py")
+        with open(path, "w") as f:
+            f.write(source)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[name] = loaded
+        spec.loader.exec_module(loaded)
+        return loaded
+
+    def compare(self, session: notebook_launcher.Session, name: str) -> Any:
+        ranks, kernel = self.ranks, self.kernel
+        asked = sorted(range(session.status().world_size))
+        rows = session.run(ranks.digests, [name], ranks=asked)
+        found = kernel.compare(dict(zip(asked, rows, strict=True)), [name])
+        groups = kernel.groups_wanted(found)
+        if groups:
+            rows = session.run(ranks.digests, list(groups), groups, ranks=asked)
+            kernel.expand(found, dict(zip(asked, rows, strict=True)))
+        want = kernel.wanted(found)
+        if want:
+            values = session.run(ranks.values, want, ranks=asked)
+            kernel.details(found, dict(zip(asked, values, strict=True)))
+        return found
 
 
-@contextlib.contextmanager
-def ranks_side(module: ModuleType) -> Iterator[None]:
-    """``Session.compare`` with ``module`` as the ranks' side."""
-    ours = session_module.rank_compare
-    session_module.rank_compare = module  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        session_module.rank_compare = ours
-
-
-def compare_figures(
-    session: notebook_launcher.Session, reps: int, before: ModuleType | None
-) -> None:
+def compare_figures(session: notebook_launcher.Session, reps: int, before: Before | None) -> None:
     session.run_cell(HUGE)
     expected = {
         "huge": "huge: identical on ranks 0, 1 (1,000,000 entries)",
@@ -209,8 +220,7 @@ def compare_figures(
     def theirs(name: str) -> Callable[[], object]:
         def run() -> None:
             assert before is not None
-            with ranks_side(before):
-                said = str(session.compare(name))
+            said = str(before.compare(session, name))
             assert said == expected[name], said
 
         return run
@@ -231,7 +241,7 @@ def compare_figures(
             f'session.compare("{name}") (ours)': ours(name)
         }
         if before is not None:
-            contenders[f"the same at {before.__ref__}"] = theirs(name)  # type: ignore[attr-defined]
+            contenders[f"the same at {before.ref}"] = theirs(name)
         contenders["each rank hashes its pickle (by hand)"] = hashed(name)
         contenders["pull both, == in the kernel (by hand)"] = pulled(name)
         load = os.getloadavg()[0]
@@ -366,10 +376,7 @@ def main() -> None:
     parser.add_argument("--before", metavar="REF", help="compare's ranks' side at REF as well")
     args = parser.parse_args()
 
-    before = None
-    if args.before:
-        before = ranks_side_at(args.before)
-        before.__ref__ = args.before  # type: ignore[attr-defined]
+    before = Before(args.before) if args.before else None
     session = notebook_launcher.start(num_processes=2, dashboard=NullView())
     stops: list[Callable[[], None]] = [session.close]
     try:

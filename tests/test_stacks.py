@@ -546,11 +546,21 @@ def test_a_large_values_groups_tell_apart_what_its_entries_digests_do() -> None:
         return out
 
     def compared(mine: dict[Any, Any], theirs: dict[Any, Any]) -> values.Comparison:
+        """The rounds of ``Session.compare``: the wholes, their groups, their entries."""
         rows = {
-            0: {"d": rank_compare._rows(mine, None)},
-            1: {"d": rank_compare._rows(theirs, None)},
+            0: {"d": rank_compare._rows(mine, None, whole=True)},
+            1: {"d": rank_compare._rows(theirs, None, whole=True)},
         }
+        assert [p for p, _, _ in rows[0]["d"]] == [values.WHOLE]
         found = values.compare(rows, ["d"])
+        if values.wholes_wanted(found) == ["d"]:
+            values.expand(
+                found,
+                {
+                    0: {"d": rank_compare._rows(mine, None)},
+                    1: {"d": rank_compare._rows(theirs, None)},
+                },
+            )
         only = set(values.groups_wanted(found).get("d", ()))
         if only:
             values.expand(
@@ -566,6 +576,11 @@ def test_a_large_values_groups_tell_apart_what_its_entries_digests_do() -> None:
     rows = {0: {"d": rank_compare._rows(mine, None)}, 1: {"d": rank_compare._rows(theirs, None)}}
     assert values.groups_wanted(values.compare(rows, ["d"])) == {}  # (no group differs)
     assert str(compared(mine, theirs)) == "d: identical on ranks 0, 1 (12,055 entries)"
+    # in the same order, the wholes alone say so (one round); in another, the groups do
+    same = {r: {"d": rank_compare._rows(build(False), None, whole=True)} for r in (0, 1)}
+    assert values.wholes_wanted(values.compare(same, ["d"])) == []
+    other = {0: same[0], 1: {"d": rank_compare._rows(theirs, None, whole=True)}}
+    assert values.wholes_wanted(values.compare(other, ["d"])) == ["d"]
     for path, other in [
         ("k1", True),  # == 1, and hashes alike
         ("k7", 7.0),
