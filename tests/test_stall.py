@@ -148,6 +148,22 @@ def test_a_sleeping_rank_while_the_others_wait_then_the_stall_resolves(method: s
     assert "time.sleep(2.5)" in html
 
 
+@pytest.mark.timeout(10)
+def test_a_stall_seen_as_the_last_ranks_returned_is_gone_once_the_launch_ended_ok() -> None:
+    """On a loaded machine a look can come after every rank said it returned (they were
+    tearing down, still alive): the dashboard then showed "no rank made progress" under a
+    launch that had ended ok (test_stall_kernel, at load 5). An ok end clears it; a failed
+    one keeps where the ranks were."""
+    from notebook_launcher._events import LaunchFinished
+
+    seen = StacksTaken("stall", 1.2, (), ("rank 1 is in `teardown`",), (1,), time.time())
+    for ok in (True, False):
+        model = LaunchModel()
+        model.apply(seen)
+        changes = model.apply(LaunchFinished(ok, "", None if ok else 1, 1.0, time.time()))
+        assert (model.stall is None) is ok and (("stall",) in changes) is ok
+
+
 # --- DDP: one rank's forward skips a layer; the others hang in backward --------------------------
 
 

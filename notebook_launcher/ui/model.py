@@ -1040,6 +1040,9 @@ class LaunchModel:
     def _on_LaunchFinished(self, e: LaunchFinished) -> list[Change]:
         self.finished = e
         changes: list[Change] = [("launch",)]
+        if e.ok and self.stall is not None:  # every rank returned: whatever stall was seen
+            self.stall = None  # is over (a look that came as the last ones returned, on a
+            changes.append(("stall",))  # loaded machine, saw them in their teardown)
         changes += [("output", rank) for rank, _, _ in self.flush_tails()]
         cause = e.root_cause_rank
         for s in self.ranks.values():
