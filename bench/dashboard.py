@@ -23,10 +23,14 @@ a front end receives on iopub per second: widget messages (``comm_*``) and the o
 Usage::
 
     python bench/dashboard.py [--seconds 10] [--rate 100] [--ranks 8] [--only dashboard,text]
+                              [--busy N]
 
 Targets (issue 13): the dashboard at most ~20 widget messages a second and at most 3% of a
-core for 8 ranks printing 100 lines/s under a tqdm bar. Timing varies with machine load:
-compare figures from one run.
+core for 8 ranks printing 100 lines/s under a tqdm bar -- whatever the load (issue 33):
+``--busy N`` runs N spinning processes throughout, the same for every scenario. The load
+average is printed with the figures, and the dashboard's steady cost over its peer's
+(one ``tqdm.notebook`` loop in the kernel, printing: what a notebook without the launcher
+pays for one such loop). Timing varies with machine load: compare figures from one run.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import argparse
 import os
 import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -88,6 +94,8 @@ SCENARIOS = {
     ),
 }
 WIDGET = ("comm_open", "comm_msg", "comm_close")
+#: The scenarios that start ranks (their first ``--warmup`` seconds are left out of "steady").
+WARMED = ("no view", "dashboard", "text", "quiet", "plot")
 SKIP = ("status", "execute_input", "execute_result", "error")
 
 
@@ -208,10 +216,27 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--warmup", type=float, default=2.5)
     parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--busy", type=int, default=0, help="spinning processes (a load)")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)
+    ]
+    try:
+        measured = _measure(args, env)
+    finally:
+        load_after = os.getloadavg()[0]
+        for p in spinners:
+            p.kill()
+            p.wait()
+    runs, load = measured
+    _report(args, runs, load, load_after)
+
+
+def _measure(args: argparse.Namespace, env: dict[str, str]) -> tuple[list[Run], float]:
     km, kc = start_new_kernel(kernel_name="python3", env=env)
     runs: list[Run] = []
+    load = os.getloadavg()[0]
     try:
         pid = km.provisioner.process.pid  # type: ignore[union-attr]
         proc = psutil.Process(pid)
@@ -234,21 +259,21 @@ def main() -> None:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+    return runs, load
+
+
+def _report(args: argparse.Namespace, runs: list[Run], load: float, load_after: float) -> None:
     print(
         f"{args.ranks} ranks x {args.rate:g} lines/s under a tqdm bar, {args.seconds:g} s "
-        f"(quiet: 2 ranks, bar only); kernel pid CPU, one core = 100%"
+        f"(quiet: 2 ranks, bar only); kernel pid CPU, one core = 100%; {args.busy} spinning "
+        f"processes, load average {load:.1f} -> {load_after:.1f} on {os.cpu_count()} cores"
     )
     head = f"{'':18} {'kernel CPU':>21} {'widget msgs/s':>21} {'other msgs/s':>13}"
     print(head)
     print(f"{'':18} {'steady':>10} {'cell':>10} {'steady':>10} {'cell':>10} {'steady':>13}")
     for run in runs:
         a, b = (
-            run.t0
-            + (
-                args.warmup
-                if run.name in ("no view", "dashboard", "text", "quiet", "plot")
-                else 0.5
-            ),
+            run.t0 + (args.warmup if run.name in WARMED else 0.5),
             run.t1 - 0.5,
         )
         cells = (
@@ -260,6 +285,17 @@ def main() -> None:
         )
         line = f"{run.name:18} {cells[0]:9.1f}% {cells[1]:9.1f}% {cells[2]:10.1f} {cells[3]:10.1f} {cells[4]:13.1f}"
         print(line + (f"   ERROR {run.error[-200:]}" if run.error else ""))
+    steady = {
+        run.name: 100
+        * run.cpu_between(run.t0 + (args.warmup if run.name in WARMED else 0.5), run.t1 - 0.5)
+        for run in runs
+    }
+    if "dashboard" in steady and "tqdm.notebook" in steady:
+        ours, peer = steady["dashboard"], steady["tqdm.notebook"]
+        print(
+            f"dashboard ({args.ranks} ranks) {ours:.1f}% | tqdm.notebook (one loop) {peer:.1f}% | "
+            f"ratio {ours / peer:.2f}x; target <= 3% whatever the load"
+        )
     for run in runs:
         if run.name == "plot":
             a, b = run.t0 + args.warmup, run.t1 - 0.5

@@ -1,27 +1,36 @@
 """Launch overhead and failure latency, against peers measured in the same run.
 
-    python bench/launch.py [--reps 20]
+    python bench/launch.py [--reps 20] [--busy N] [--launch-only]
 
 Prints, for 2 CPU workers running a trivial function with one barrier (warm):
   * notebook_launcher (fork)         vs hand-written torch.multiprocessing (fork) + gloo
   * notebook_launcher (forkserver)   vs hand-written torch.multiprocessing (spawn) + gloo
   * Accelerate's notebook_launcher, when it is installed
+  * the fork pair again on a loaded machine: ``--busy N`` processes that spin (default:
+    twice the cores), started by this bench for that row only, the same for both sides
+    (issue 33: ours lost more to contention than the hand-written launch did; target
+    <= 1.0x under load), with the CPU time each launch costs (kernel and ranks together,
+    from ``getrusage``) -- what a loaded machine makes a launch wait for
 the time from a rank raising to the exception reaching the caller, and from Ctrl-C
 (SIGINT to the kernel alone, one rank stuck in a C++ barrier) to KeyboardInterrupt with
 every rank gone; and the failure latency of each hard-to-carry failure and each pickling
 stage of the crash table (``--failures-only`` measures just these). Targets (issue 2):
 fork launch <= 1.2x the hand-written fork baseline; failure <= 0.3 s; interrupt <= 1 s.
+The machine's load average is printed with the figures: compare figures from one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import resource
 import socket
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -107,6 +116,34 @@ def timeit(contenders: list[Contender], reps: int) -> list[float]:
             fn(*args)
             times[i].append(time.perf_counter() - t)
     return [statistics.median(t) for t in times]
+
+
+@contextlib.contextmanager
+def busy(n: int) -> Iterator[None]:
+    """``n`` processes that spin (a loaded machine) while the block runs."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(0.5)  # (they are running)
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+        for p in spinners:
+            p.wait()
+
+
+def cpu_per_call(fn: Callable[..., None], args: tuple[object, ...], reps: int) -> float:
+    """CPU seconds one call costs this process and the children it waited for."""
+
+    def used() -> float:
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    before = used()
+    for _ in range(reps):
+        fn(*args)
+    return (used() - before) / reps
 
 
 def raise_at(path: str) -> None:
@@ -279,6 +316,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--failures-only", action="store_true")
+    parser.add_argument(
+        "--busy", type=int, default=2 * (os.cpu_count() or 1), help="spinners for the loaded row"
+    )
+    parser.add_argument("--launch-only", action="store_true", help="the launch rows only")
     options = parser.parse_args()
     reps = options.reps
     if options.failures_only:
@@ -293,6 +334,7 @@ def main() -> None:
         contenders.append((accelerate_launch, ()))
     except ImportError:
         print("(Accelerate not installed: no comparison with it)")
+    load = os.getloadavg()[0]
     fork_times = timeit(contenders, reps)
     our_fork = fork_times[0]
     rows.append(("fork: notebook_launcher", our_fork, "hand-written mp fork", fork_times[1]))
@@ -306,12 +348,38 @@ def main() -> None:
     rows.append(
         ("CUDA-safe: notebook_launcher forkserver", our_fs, "hand-written spawn", base_spawn)
     )
-    print(f"launch-to-return, 2 CPU ranks, one barrier, median of {reps} warm runs")
+    print(
+        f"launch-to-return, 2 CPU ranks, one barrier, median of {reps} warm runs "
+        f"(load average {load:.1f} -> {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores)"
+    )
     for name, ours_t, peer, peer_t in rows:
         print(
             f"  {name:42s} {ours_t * 1e3:8.1f} ms | {peer:30s} {peer_t * 1e3:8.1f} ms"
             f" | ratio {ours_t / peer_t:5.2f}x"
         )
+    pair: list[Contender] = [(ours, ("fork",)), (handwritten, ("fork",))]
+    cpu = [cpu_per_call(fn, args, max(5, reps // 2)) for fn, args in pair]
+    print(
+        f"  CPU per launch (kernel and ranks): ours {cpu[0] * 1e3:.1f} ms | hand-written "
+        f"{cpu[1] * 1e3:.1f} ms | ratio {cpu[0] / cpu[1]:5.2f}x"
+    )
+    if options.busy:
+        with busy(options.busy):
+            load = os.getloadavg()[0]
+            loaded = timeit(pair, reps)
+            load_after = os.getloadavg()[0]
+        print(
+            f"the same under load: {options.busy} spinning processes on {os.cpu_count()} cores "
+            f"(load average {load:.1f} -> {load_after:.1f}), median of {reps}"
+        )
+        print(
+            f"  {'fork: notebook_launcher':42s} {loaded[0] * 1e3:8.1f} ms | "
+            f"{'hand-written mp fork':30s} {loaded[1] * 1e3:8.1f} ms | "
+            f"ratio {loaded[0] / loaded[1]:5.2f}x (target <= 1.0x)"
+        )
+    if options.launch_only:
+        forkserver.shutdown()
+        return
     for method in ("fork", "forkserver"):
         lat = failure_latency(method, max(5, reps // 2))
         print(f"rank raises -> exception in caller ({method}): median {lat * 1e3:.1f} ms")

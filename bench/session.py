@@ -1,6 +1,7 @@
 """What a session costs, against its peers measured in the same run (issue 11).
 
     python bench/session.py [--reps 200] [--idle 10] [--skip-peers]
+    python bench/session.py --compare-only [--compare-reps 5] [--before 57bffc6]
 
 Prints, for 2 CPU ranks and a trivial function (warm, median of ``--reps`` calls,
 interleaved with the peers so that load falls on all alike):
@@ -21,20 +22,34 @@ with the ratio of each to ``session.run``. Then, in one real ipykernel (jupyter_
 * the kernel's CPU time over ``--idle`` seconds of an idle session (target ~0), next to
   the same kernel idle with no session, and the ranks' own CPU over those seconds.
 
+And ``session.compare`` of a 1,000,000-entry dict (issue 33, item 9: 16 s at 57bffc6; target
+<= 2 s), identical on both ranks and with one entry that differs (three rounds: digests,
+the differing group's entries, the differing entry's values), next to the peers a user
+could write by hand in the same session: each rank hashes its pickle and the kernel
+compares the hashes (says only "same or not", and depends on the dict's order), and
+pulling both dicts into the kernel to compare them with ``==``. ``--before REF``: the
+ranks' side of ``compare`` as it was at git revision REF as well, interleaved with ours
+(before/after in one run). The machine's load average is printed with the figures.
+
 Timing varies with machine load: compare figures from one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -125,6 +140,121 @@ def ipyparallel_engines() -> tuple[Callable[[], object], Callable[[], None]] | s
         cluster.stop_cluster_sync()
 
     return run, stop
+
+
+# --- compare ---------------------------------------------------------------------------------
+
+HUGE = """
+huge = {i: i for i in range(1_000_000)}
+one_differs = dict(huge)
+if rank == 1:
+    one_differs[123_456] = -1
+import hashlib as _hashlib, pickle as _pickle
+"""
+
+
+class Before:
+    """``session.compare`` as it was at git revision ``ref``: both its sides (the ranks'
+    ``_worker.compare`` and the kernel's ``_launch.compare``) loaded beside ours, before the
+    ranks are forked so that they have them too, and its rounds as ``Session.compare`` ran
+    them then (the whole's round is new: at 57bffc6 a large value came as its groups)."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+        self.ranks = self._load(ref, "_worker", "compare")
+        self.kernel = self._load(ref, "_launch", "compare")
+
+    @staticmethod
+    def _load(ref: str, package: str, module: str) -> ModuleType:
+        source = subprocess.run(
+            ["git", "show", f"{ref}:notebook_launcher/{package}/{module}.py"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        name = f"notebook_launcher.{package}._{module}_before"
+        path = os.path.join(tempfile.mkdtemp(prefix="nl-bench-"), f"_{module}_before.py")
+        with open(path, "w") as f:
+            f.write(source)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[name] = loaded
+        spec.loader.exec_module(loaded)
+        return loaded
+
+    def compare(self, session: notebook_launcher.Session, name: str) -> Any:
+        ranks, kernel = self.ranks, self.kernel
+        asked = sorted(range(session.status().world_size))
+        rows = session.run(ranks.digests, [name], ranks=asked)
+        found = kernel.compare(dict(zip(asked, rows, strict=True)), [name])
+        groups = kernel.groups_wanted(found)
+        if groups:
+            rows = session.run(ranks.digests, list(groups), groups, ranks=asked)
+            kernel.expand(found, dict(zip(asked, rows, strict=True)))
+        want = kernel.wanted(found)
+        if want:
+            values = session.run(ranks.values, want, ranks=asked)
+            kernel.details(found, dict(zip(asked, values, strict=True)))
+        return found
+
+
+def compare_figures(session: notebook_launcher.Session, reps: int, before: Before | None) -> None:
+    session.run_cell(HUGE)
+    expected = {
+        "huge": "huge: identical on ranks 0, 1 (1,000,000 entries)",
+        "one_differs": (
+            "one_differs: ranks differ in 1 of 1,000,000 entries (999,999 identical)\n"
+            "  123456 (123456): rank 1 differs from rank 0 (-1 vs 123456)"
+        ),
+    }
+
+    def ours(name: str) -> Callable[[], object]:
+        def run() -> None:
+            said = str(session.compare(name))
+            assert said == expected[name], said
+
+        return run
+
+    def theirs(name: str) -> Callable[[], object]:
+        def run() -> None:
+            assert before is not None
+            said = str(before.compare(session, name))
+            assert said == expected[name], said
+
+        return run
+
+    def hashed(name: str) -> Callable[[], object]:
+        code = f"_hashlib.blake2b(_pickle.dumps({name})).hexdigest()"
+        return lambda: len(set(session.run_cell(code))) == 1
+
+    def pulled(name: str) -> Callable[[], object]:
+        def run() -> bool:
+            first, *others = session.pull(name)
+            return all(first == other for other in others)
+
+        return run
+
+    for name, what in (("huge", "identical"), ("one_differs", "one entry differs")):
+        contenders: dict[str, Callable[[], object]] = {
+            f'session.compare("{name}") (ours)': ours(name)
+        }
+        if before is not None:
+            contenders[f"the same at {before.ref}"] = theirs(name)
+        contenders["each rank hashes its pickle (by hand)"] = hashed(name)
+        contenders["pull both, == in the kernel (by hand)"] = pulled(name)
+        load = os.getloadavg()[0]
+        times = timeit(contenders, reps)
+        print(
+            f"compare a 1,000,000-entry dict on 2 ranks, {what}; median of {reps} "
+            f"(load average {load:.1f} -> {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores):"
+        )
+        mine = times[f'session.compare("{name}") (ours)']
+        for label, t in times.items():
+            note = "(target <= 2 s)" if t is mine else f"ours is {mine / t:5.2f}x this"
+            print(f"  {label:44s} {t:8.2f} s   {note}")
+    session.run_cell("del huge, one_differs")  # (not kept for the figures that follow)
 
 
 # --- the kernel ------------------------------------------------------------------------------
@@ -241,11 +371,18 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle measured")
     parser.add_argument("--skip-peers", action="store_true", help="session figures only")
     parser.add_argument("--skip-kernel", action="store_true", help="no ipykernel figures")
+    parser.add_argument("--compare-only", action="store_true", help="the compare figures only")
+    parser.add_argument("--compare-reps", type=int, default=5, help="calls per compare figure")
+    parser.add_argument("--before", metavar="REF", help="compare's ranks' side at REF as well")
     args = parser.parse_args()
 
+    before = Before(args.before) if args.before else None
     session = notebook_launcher.start(num_processes=2, dashboard=NullView())
     stops: list[Callable[[], None]] = [session.close]
     try:
+        compare_figures(session, args.compare_reps, before)
+        if args.compare_only:
+            return
         quick: dict[str, Callable[[], object]] = {"session.run (ours)": lambda: session.run(noop)}
         fresh: dict[str, Callable[[], object]] = {
             "session.run (ours)": lambda: session.run(noop),

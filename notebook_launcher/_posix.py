@@ -121,6 +121,33 @@ def close_quietly(*fds: int) -> None:
             pass
 
 
+#: The pid of the process that forked last (set in it just before): a child's hooks tell
+#: from it whether they run in a child of the process that registered them.
+_forked_by = [0]
+
+
+def _note_forking() -> None:
+    _forked_by[0] = os.getpid()
+
+
+os.register_at_fork(before=_note_forking)
+
+
+def close_in_children(*fds: int) -> None:
+    """Close ``fds`` in each child this process forks from now on, at once -- in its own
+    children only. A hook that closed them by number in every descendant would, in a
+    grandchild, close whatever the child had opened under those numbers since (the child
+    closed them, so they were free): the fork-answer child of a forkserver's or agent's
+    probe lost its pipe so, and its answer with it."""
+    owner = os.getpid()
+
+    def close() -> None:
+        if _forked_by[0] == owner:
+            close_quietly(*fds)
+
+    os.register_at_fork(after_in_child=close)
+
+
 def lead_own_process_group() -> None:
     """Make this process the leader of a new process group (its pid is the group id).
 
@@ -176,7 +203,7 @@ def guard_process_group() -> None:
         return
     finally:
         os.close(read_end)
-    os.register_at_fork(after_in_child=lambda: close_quietly(write_end))
+    close_in_children(write_end)
 
 
 @contextlib.contextmanager

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import ast
 import atexit
+import contextlib
 import itertools
 import linecache
+import secrets
 import sys
 import weakref
 from collections.abc import Callable
@@ -491,16 +493,27 @@ class Session:
                 )
             )
         asked = sorted(self._ranks(ranks))
-        rows = self.run(rank_compare.digests, list(names), ranks=asked)
-        found = compare_values.compare(dict(zip(asked, rows, strict=True)), names)
-        groups = compare_values.groups_wanted(found)
-        if groups:  # a large value whose group digests differ: its entries, one by one
-            rows = self.run(rank_compare.digests, list(groups), groups, ranks=asked)
-            compare_values.expand(found, dict(zip(asked, rows, strict=True)))
-        want = compare_values.wanted(found)
-        if want:
-            values = self.run(rank_compare.values, want, ranks=asked)
-            compare_values.details(found, dict(zip(asked, values, strict=True)))
+        token = secrets.token_hex(8)  # (the ranks keep what they walked for its rounds)
+        try:
+            rows = self.run(rank_compare.digests, list(names), None, True, token, ranks=asked)
+            found = compare_values.compare(dict(zip(asked, rows, strict=True)), names)
+            split = compare_values.wholes_wanted(found)
+            if split:  # a large value that differs somewhere: its groups (in any order)
+                rows = self.run(rank_compare.digests, split, None, False, token, ranks=asked)
+                compare_values.expand(found, dict(zip(asked, rows, strict=True)))
+            groups = compare_values.groups_wanted(found)
+            if groups:  # a large value whose group digests differ: its entries, one by one
+                rows = self.run(
+                    rank_compare.digests, list(groups), groups, True, token, ranks=asked
+                )
+                compare_values.expand(found, dict(zip(asked, rows, strict=True)))
+            want = compare_values.wanted(found)
+            if want:
+                values = self.run(rank_compare.values, want, token, ranks=asked)
+                compare_values.details(found, dict(zip(asked, values, strict=True)))
+        finally:
+            with contextlib.suppress(Exception):  # (best effort: a new comparison does it too)
+                self.run(rank_compare.forget, token, ranks=asked)
         return found
 
     def status(self) -> SessionStatus:

@@ -358,3 +358,39 @@ def test_a_broken_nvml_never_takes_the_kernel_down(
     assert note in said
     if fault == "badutf8":
         assert names == ["NVIDIA \ufffd\ufffd GPU"] * 2  # decoded, not raised
+
+
+def test_fork_hooks_close_only_in_the_children_of_who_registered_them() -> None:
+    """A process that holds an fd its children must not (an agent's link to the kernel, the
+    process-group guard's pipe) closes it in each child it forks -- and only there. A child
+    reuses the freed number for its own files; a hook closing that number again in the
+    child's own children took their pipe: the fork-answer child of an agent's warm-import
+    probe (which asks whether the probe poisoned fork) lost its answer, the probe said
+    "touched CUDA", and the agents' ranks imported torch._dynamo again each launch (the
+    only-CPU CI run of 0d24631 saw it in test_agent_hub)."""
+    code = """
+        import os, sys
+        from notebook_launcher import _posix
+        held_r, held = os.pipe()
+        _posix.close_in_children(held)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                gone = not os.path.exists(f"/proc/self/fd/{held}")
+                r, w = os.pipe()  # the freed number is the next pipe's ...
+                reused = held in (r, w)
+                _posix.close_quietly(r, w)
+                answer = _posix.fork_answer(lambda: b"ok", timeout=10)  # ... as here
+                print(gone, reused, answer, flush=True)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        print("parent holds it:", os.path.exists(f"/proc/self/fd/{held}"))
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True True b'ok'", "parent holds it: True"], (
+        done.stdout + done.stderr
+    )

@@ -257,3 +257,45 @@ def test_every_group_and_rank_handle_keeps_the_contract(protocol: str, kind: str
         if inspect.isfunction(expected) and inspect.isfunction(actual):
             want = list(inspect.signature(expected).parameters)
             assert list(inspect.signature(actual).parameters) == want, (name, member)
+
+
+def _chatty(n: int, every: float) -> list[tuple[float, str, bool]]:
+    return [(i * every, "stdout" if i % 2 else "conn", False) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("looks", "paced"),
+    [
+        # (seconds after the first look, what it brought, whether it was paced) ...
+        ([(0.0, "stdout", False)], False),  # one line: the next look is not held back
+        (_chatty(4, 0.01), False),  # a launch's start (joining, running): not chatty
+        (_chatty(8, 0.01), True),  # lines and progress, 100 looks a second: chatty
+        (_chatty(8, 0.05), False),  # 20 looks a second: not worth pacing
+        ([*_chatty(8, 0.01), (0.13, "stdout", True)], True),  # paced, and still chatty
+        ([*_chatty(8, 0.01), (0.13, "answer", True)], False),  # an answer ends the pace
+        ([*_chatty(8, 0.01), (0.13, "exit", True)], False),  # and so does an exit
+        ([*_chatty(8, 0.01), (0.13, "exit", True), (0.14, "conn", False)], False),
+    ],
+)
+def test_the_pump_paces_chatty_ranks_until_an_answer_or_an_exit(
+    monkeypatch: pytest.MonkeyPatch, looks: list[tuple[float, str, bool]], paced: bool
+) -> None:
+    """Issue 33, item 9: ranks that print and report fast (a tqdm bar and 100 lines a second
+    each) woke the kernel ~100 times a second; while they are chatty the pump looks at them
+    every PACE_S, taking what came together. A launch's start is not chatty (a failure
+    then is not held back), and an answer or an exit ends the pace: the next look is not
+    held back (a session's next quick task is not paced)."""
+    from notebook_launcher._launch import group as G
+
+    clock = [100.0]
+    monkeypatch.setattr(G.time, "monotonic", lambda: clock[0])
+    wg = G.WorkerGroup([], "fork", None, None, lambda e: None, lambda p: None)
+    try:
+        for at, what, was_paced in looks:
+            clock[0] = 100.0 + at
+            wg._answered = what == "answer"
+            kind = "conn" if what == "answer" else what  # (an answer comes on the channel)
+            wg._keep_pace([(kind, None)], was_paced)  # type: ignore[list-item]
+        assert (wg._paced_until > clock[0]) == paced
+    finally:
+        wg.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -297,3 +298,49 @@ def test_dashboard_false_still_prints_rank_output_and_the_summary(
     assert out[-1].startswith("notebook_launcher: 2 ranks, ") and out[-1].endswith(": ok")
     assert sorted(err) == ["[rank0] warning from 0", "[rank1] warning from 1"]
     assert "quiet bar" not in captured.out + captured.err  # no progress lines
+
+
+def _first_bar() -> tuple[bool, bool, int]:
+    made_before = hasattr(tqdm.std.TqdmDefaultWriteLock, "mp_lock")
+    bar = tqdm.std.tqdm(range(3), desc="first")
+    for _ in bar:
+        pass
+    return made_before, hasattr(tqdm.std.TqdmDefaultWriteLock, "mp_lock"), bar.n
+
+
+class _HoldsTheBarsLock(threading.Thread):
+    """Stands in for tqdm's monitor thread (``tqdm._monitor.TMonitor``, a Thread of that
+    module: the fork check leaves it be), which takes the bars' lock while it looks at
+    them: here it holds it across the fork."""
+
+    __module__ = "tqdm._monitor"
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.holding, self.done = threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        with tqdm.std.TqdmDefaultWriteLock.th_lock:
+            self.holding.set()
+            self.done.wait(60)
+
+
+@pytest.mark.timeout(60)
+def test_a_ranks_first_bar_makes_the_bars_lock_then(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33, item 9: tqdm's write lock is made when a rank's first bar takes it, not as
+    every rank starts (it makes a multiprocessing lock: an import and a semaphore, ~2 ms
+    of every launch, for ranks that may never draw a bar); and it is not the thread lock
+    a kernel thread held at the fork (the first bar would wait for it forever)."""
+    monkeypatch.delattr(tqdm.std.TqdmDefaultWriteLock, "mp_lock", raising=False)
+    holder = _HoldsTheBarsLock()
+    holder.start()
+    assert holder.holding.wait(10)
+    rec = Recorder()
+    try:
+        got = notebook_launcher(_first_bar, num_processes=2, start_method="fork", dashboard=rec)
+    finally:
+        holder.done.set()
+        holder.join()
+    assert got == [(False, True, 3)] * 2
+    done = [(e.rank, e.n, e.total) for e in rec.of(ProgressUpdate) if e.n == e.total]
+    assert sorted(set(done)) == [(0, 3, 3), (1, 3, 3)]

@@ -76,7 +76,7 @@ def test_the_test_command_runs_the_tests_where_apt_get_cannot_install(tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "could not install chromium, slurm-wlm, munge and faketime" in done.stdout
     assert "the browser, Slurm and clock-skew tests will skip" in done.stdout
-    assert done.stdout.splitlines()[-1] == "ran python -m pytest -n 3 --dist loadfile"
+    assert done.stdout.splitlines()[-1] == "ran python -m pytest -n 3 --dist loadfile --durations=25"
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_the_test_command_installs_what_every_tier_needs_where_it_can(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ran apt-get install -y -qq chromium slurm-wlm munge faketime" in done.stdout
     assert "could not install" not in done.stdout
-    assert done.stdout.splitlines()[-1] == "ran python -m pytest -n 3 --dist loadfile"
+    assert done.stdout.splitlines()[-1] == "ran python -m pytest -n 3 --dist loadfile --durations=25"
 
 
 def test_a_system_package_not_installed_skips_saying_what_but_fails_in_ci(

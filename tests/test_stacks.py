@@ -382,6 +382,49 @@ def test_the_flight_recorder_names_the_rank_behind() -> None:
     assert stall.flight_findings({0: [], 1: []}) == []
 
 
+def test_the_kernel_finds_a_ranks_stack_files_and_asks_its_helper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33, item 9: a rank's stack files are memory files (no temporary directory to
+    probe, nothing to rename on every rank's start) and its helper's request pipe is named
+    by the answer file (fd and inode); the kernel finds both among the rank's open files
+    and asks. Where memory files are refused, a temporary file of the same name is found
+    the same way."""
+    import time
+
+    from notebook_launcher._stacks import FILE_PREFIX, PYSTACKS_PREFIX
+    from notebook_launcher._worker import stacks as rank_stacks
+
+    me = os.getpid()
+    fds = rank_stacks._serve_requests(PYSTACKS_PREFIX, me, lambda: b"every stack\n")
+    answer = None
+    try:
+        found = stall._find(me, f"{PYSTACKS_PREFIX}out-")
+        assert found is not None and found[0].startswith(f"/proc/{me}/fd/")
+        assert os.readlink(found[0]).startswith(f"/memfd:{PYSTACKS_PREFIX}out-{me}-")
+        answer = stall.ask_through_pipe(me, PYSTACKS_PREFIX)
+        assert answer is not None
+        deadline = time.monotonic() + 10
+        while os.pread(answer, 64, 0) != b"every stack\n" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.pread(answer, 64, 0) == b"every stack\n"
+    finally:
+        for fd in (*fds, *([answer] if answer is not None else [])):
+            os.close(fd)  # (the helper's read fails: it ends)
+
+    def refused(name: str, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    fd = rank_stacks._named_file(f"{FILE_PREFIX}7f-{me}")
+    try:
+        found = stall._find(me, FILE_PREFIX)
+        assert found is not None and found[1] == f"7f-{me}"
+        assert os.readlink(found[0]).endswith(f"/{FILE_PREFIX}7f-{me} (deleted)")
+    finally:
+        os.close(fd)
+
+
 # --- values compared across ranks -----------------------------------------------------------
 
 
@@ -440,6 +483,119 @@ def test_a_large_value_is_compared_whole_whatever_the_order_of_its_entries() -> 
         "d: ranks differ in 1 of 12,000 entries (11,999 identical)",
         "  k11999 (11999): rank 1 differs from rank 0 (-1 vs 11999)",
     ]
+
+
+def test_a_values_entries_are_named_as_they_always_were() -> None:
+    """Issue 33, item 9: a dict's or a list's scalars are walked in runs (loops in C), the
+    rest one by one; the paths are the same either way, and in the same order: keys that
+    end in a dot or are empty, keys of other types, short tuples kept whole, dataclasses."""
+    import dataclasses
+
+    torch = pytest.importorskip("torch")
+    from notebook_launcher._worker import compare as rank_compare
+
+    @dataclasses.dataclass
+    class Settings:
+        lr: float = 0.1
+        steps: list[Any] = dataclasses.field(default_factory=lambda: [1, "two"])
+
+    value = {
+        "a.": 1, "a": 2, "": 3, 1: "x", "1": b"y", 2.5: None,
+        "nested": {"k": 1.5, "t": (1, 2), "deep": {"": None, "x.": 1j}},
+        "lst": [1, [2, 3], {"z": True}, "s."],
+        "long": tuple(range(18)),
+        "tensor": torch.ones(2),
+        "dc": Settings(),
+        "mixed": {"p": 1, "q": torch.zeros(1), "r": 2, "s": [3]},
+    }  # fmt: skip
+    found = list(rank_compare.entries(value))
+    assert [path for path, _ in found] == [
+        "a", "a", "(value)", "1", "1", "2.5", "nested.k", "nested.t", "nested.deep",
+        "nested.deep.x", "lst.0", "lst.1", "lst.2.z", "lst.3",
+        *(f"long.{i}" for i in range(18)),
+        "tensor", "dc.lr", "dc.steps", "mixed.p", "mixed.q", "mixed.r", "mixed.s",
+    ]  # fmt: skip
+    assert [type(leaf).__name__ for _, leaf in found][:14] == [
+        "int", "int", "int", "str", "bytes", "NoneType", "float", "tuple", "NoneType",
+        "complex", "int", "list", "bool", "str",
+    ]  # fmt: skip
+    assert [path for path, _ in rank_compare.entries({"": {"": 1}})] == ["(value)"]
+
+
+def test_a_large_values_groups_tell_apart_what_its_entries_digests_do() -> None:
+    """Issue 33, item 9: a large value's groups are digested in bulk (its entries' bytes,
+    sorted), not entry by entry: equal values are equal however they were built (in
+    another order, strings shared or not, two keys that read alike), and one entry that
+    differs -- in its type only, in the sign of a zero, in a tensor's element -- makes its
+    group differ still, and is named."""
+    torch = pytest.importorskip("torch")
+    from notebook_launcher._worker import compare as rank_compare
+
+    def build(backwards: bool) -> dict[Any, Any]:
+        word = "".join(["w", "ord"])
+        out: dict[Any, Any] = {}
+        for i in reversed(range(12_000)) if backwards else range(12_000):
+            out[f"k{i}"] = i
+            # one string object shared by every entry on one rank, one each on the other
+            out[f"s{i % 50}"] = "".join(["w", "ord"]) if backwards else word
+        key = "".join(["sa", "me"])  # a value that is its own key's object on one rank
+        out[key] = "".join(["s", "ame"]) if backwards else key
+        out.update({"zero": 0.0, "t": {"x": torch.arange(4.0)}})
+        out.update({"1": "a str key", 1: "an int key"} if backwards else {1: "an int key"})
+        out["1"] = "a str key"
+        return out
+
+    def compared(mine: dict[Any, Any], theirs: dict[Any, Any]) -> values.Comparison:
+        """The rounds of ``Session.compare``: the wholes, their groups, their entries."""
+        rows = {
+            0: {"d": rank_compare._rows(mine, None, whole=True)},
+            1: {"d": rank_compare._rows(theirs, None, whole=True)},
+        }
+        assert [p for p, _, _ in rows[0]["d"]] == [values.WHOLE]
+        found = values.compare(rows, ["d"])
+        if values.wholes_wanted(found) == ["d"]:
+            values.expand(
+                found,
+                {
+                    0: {"d": rank_compare._rows(mine, None)},
+                    1: {"d": rank_compare._rows(theirs, None)},
+                },
+            )
+        only = set(values.groups_wanted(found).get("d", ()))
+        if only:
+            values.expand(
+                found,
+                {
+                    0: {"d": rank_compare._rows(mine, only)},
+                    1: {"d": rank_compare._rows(theirs, only)},
+                },
+            )
+        return found
+
+    mine, theirs = build(False), build(True)
+    rows = {0: {"d": rank_compare._rows(mine, None)}, 1: {"d": rank_compare._rows(theirs, None)}}
+    assert values.groups_wanted(values.compare(rows, ["d"])) == {}  # (no group differs)
+    assert str(compared(mine, theirs)) == "d: identical on ranks 0, 1 (12,055 entries)"
+    # in the same order, the wholes alone say so (one round); in another, the groups do
+    same = {r: {"d": rank_compare._rows(build(False), None, whole=True)} for r in (0, 1)}
+    assert values.wholes_wanted(values.compare(same, ["d"])) == []
+    other = {0: same[0], 1: {"d": rank_compare._rows(theirs, None, whole=True)}}
+    assert values.wholes_wanted(values.compare(other, ["d"])) == ["d"]
+    for path, other in [
+        ("k1", True),  # == 1, and hashes alike
+        ("k7", 7.0),
+        ("zero", -0.0),
+        ("s3", b"word"),
+        ("t.x", torch.tensor([0.0, 1.0, 2.0, 3.5])),
+    ]:
+        changed = build(True)
+        if path == "t.x":
+            changed["t"] = {"x": other}
+        else:
+            changed[path] = other
+        found = compared(mine, changed)
+        assert values.wanted(found) == {"d": [path]}, (path, str(found))
+        assert str(found).startswith("d: ranks differ in 1 of 12,055 entries (12,054 identical)")
 
 
 # --- collectives: what a check compares and says ----------------------------------------------

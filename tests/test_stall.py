@@ -684,6 +684,22 @@ def test_compare_says_which_ranks_differ_where_and_by_how_much(
     )
 
 
+def test_compare_walks_a_large_value_once_and_lets_it_go(
+    shared: notebook_launcher.Session,
+) -> None:
+    """Issue 33, item 9: the rounds of one comparison of a large value (its whole, its
+    groups, their entries, the values that differ) take its entries from one walk, kept in
+    the rank between them; nothing of it is kept once the comparison is over."""
+    shared.run_cell("walked = {i: i for i in range(20_000)}\nif rank == 1:\n    walked[7] = -7\n")
+    assert str(shared.compare("walked")).splitlines() == [
+        "walked: ranks differ in 1 of 20,000 entries (19,999 identical)",
+        "  7 (7): rank 1 differs from rank 0 (-7 vs 7)",
+    ]
+    kept = "from notebook_launcher._worker import compare as _c\nlen(_c._walks['by_name'])"
+    assert shared.run_cell(kept) == ["0", "0"]
+    shared.run_cell("del walked")
+
+
 def test_compare_leaves_nothing_out_and_names_what_it_cannot_compare(
     shared: notebook_launcher.Session,
 ) -> None:

@@ -28,7 +28,7 @@ from .._events import MetricsLogged, Output, ProgressUpdate
 from .._launch import preflight, stall
 from .._launch.group import WorkerGroup, WorkerProcess
 from .._launch.plan import FORK_PRELOAD, threads_per_rank
-from .._posix import close_quietly, import_without_cuda
+from .._posix import close_in_children, import_without_cuda
 from .._wire import agent as wire
 from .._wire.control import Raised, Returned
 from .._wire.store import StoreForwarder
@@ -81,7 +81,7 @@ class Agent:
         # A forked rank must not hold the kernel's connection (the kernel would not see it
         # end when the agent goes) -- nor its writer's lock, which it never touches.
         link_fd = self.link.fileno()
-        os.register_at_fork(after_in_child=lambda: close_quietly(link_fd))
+        close_in_children(link_fd)
         pending = self.link.receive(first) if first else []
         selector = selectors.DefaultSelector()
         selector.register(link_fd, selectors.EVENT_READ)

@@ -14,10 +14,13 @@ many elements differ, the largest difference and where::
         largest |difference| 0.0312 at [1, 3] (0.5 vs 0.4688)
     optimizer: identical on ranks 0-3 (6 entries)
 
-A value of more than 10,000 entries comes as group digests over all its entries
-(``_worker.compare.GROUPS``); the groups that differ are asked for entry by entry
-(:func:`groups_wanted`, :func:`expand`), so "identical" is said only of what was compared
-whole. An entry a rank could not read is named, with why, and the others are compared.
+A value of more than 10,000 entries comes as one digest of all its entries in their
+order (``_worker.compare.WHOLE``): the same on every rank, it is identical. Where not, it
+is asked for as group digests over all its entries (``_worker.compare.GROUPS``, which do
+not depend on the order: :func:`wholes_wanted`, :func:`expand`), and the groups that differ
+entry by entry (:func:`groups_wanted`, :func:`expand`), so "identical" is said only of what
+was compared whole. An entry a rank could not read is named, with why, and the others are
+compared.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ Rows = list[tuple[str, str, str]]  # (path, description, digest)
 #: The ranks' markers (``_worker.compare``): a group's row, the row of entries not listed,
 #: the digest of an entry that could not be read, a value sent as its repr.
 GROUP = "\0group "
+WHOLE = "\0whole"
 MORE = "\0more"
 UNREADABLE = ""
 SHOWN = "\0repr"
@@ -86,8 +90,8 @@ class ValueDiff:
         n = self.entries
         if self.identical:
             return [f"{self.name}: identical on {who} ({n:,} entr{'y' if n == 1 else 'ies'})"]
-        groups = [d for d in self.differing if d.path.startswith(GROUP)]
-        named = [d for d in self.differing if not d.path.startswith(GROUP)]
+        groups = [d for d in self.differing if _gathers(d.path)]
+        named = [d for d in self.differing if not _gathers(d.path)]
         bad = len(named) + len(self.only_on)
         unread = len(self.unreadable)
         if self.unlisted or groups:
@@ -163,7 +167,7 @@ def compare(per_rank: Mapping[int, Mapping[str, Any]], names: Sequence[str]) -> 
             continue
         value.entries = max(
             (
-                sum(int(d.split()[0]) if p.startswith(GROUP) else 1 for p, d, _ in rows)
+                sum(int(d.split()[0]) if _gathers(p) else 1 for p, d, _ in rows)
                 for rows in rows_of.values()
             ),
             default=0,
@@ -171,6 +175,11 @@ def compare(per_rank: Mapping[int, Mapping[str, Any]], names: Sequence[str]) -> 
         _fold(value, rows_of)
         out.append(value)
     return Comparison(out)
+
+
+def _gathers(path: str) -> bool:
+    """A row of many entries: a group's, or a large value's whole."""
+    return path == WHOLE or path.startswith(GROUP)
 
 
 def _fold(value: ValueDiff, rows_of: Mapping[int, Rows]) -> None:
@@ -187,13 +196,13 @@ def _fold(value: ValueDiff, rows_of: Mapping[int, Rows]) -> None:
             continue
         have = [r for r in ranks if path in table[r]]
         if len(have) != len(ranks):
-            if path.startswith(GROUP):  # (a group some ranks lack: compared entry by entry)
+            if _gathers(path):  # (what some ranks lack: compared in parts)
                 value.differing.append(EntryDiff(value.name, path, {}, [have, []]))
             else:
                 value.only_on[path] = have
             continue
         unread = {r: table[r][path][0] for r in ranks if table[r][path][1] == UNREADABLE}
-        if unread and not path.startswith(GROUP):
+        if unread and not _gathers(path):
             value.unreadable[path] = unread
             continue
         by_digest: dict[str, list[int]] = {}
@@ -205,6 +214,14 @@ def _fold(value: ValueDiff, rows_of: Mapping[int, Rows]) -> None:
         value.differing.append(
             EntryDiff(value.name, path, {r: table[r][path][0] for r in ranks}, groups)
         )
+
+
+def wholes_wanted(comparison: Comparison) -> list[str]:
+    """The names of the large values whose wholes differ (or hold an entry some rank could
+    not read): the round that asks for their groups."""
+    return [
+        value.name for value in comparison.values if any(d.path == WHOLE for d in value.differing)
+    ]
 
 
 def groups_wanted(comparison: Comparison) -> dict[str, list[int]]:
@@ -219,11 +236,12 @@ def groups_wanted(comparison: Comparison) -> dict[str, list[int]]:
 
 
 def expand(comparison: Comparison, per_rank: Mapping[int, Mapping[str, Any]]) -> None:
-    """The groups' round: ``per_rank[rank][name]`` is the rows of the entries of that
-    name's differing groups; they replace the groups (a rank that could not send them:
-    the name could not be read there)."""
+    """The round that looks closer: ``per_rank[rank][name]`` is the rows that name's
+    differing whole is made of (its groups), or its differing groups (their entries); they
+    replace the whole or the groups (a rank that could not send them: the name could not
+    be read there)."""
     for value in comparison.values:
-        if not any(d.path.startswith(GROUP) for d in value.differing):
+        if not any(_gathers(d.path) for d in value.differing):
             continue
         rows_of: dict[int, Rows] = {}
         for rank in value.ranks:
@@ -234,7 +252,7 @@ def expand(comparison: Comparison, per_rank: Mapping[int, Mapping[str, Any]]) ->
                 rows_of[rank] = list(got)
         if value.error:
             continue
-        value.differing = [d for d in value.differing if not d.path.startswith(GROUP)]
+        value.differing = [d for d in value.differing if not _gathers(d.path)]
         value.only_on, value.unreadable, value.unlisted = {}, {}, 0
         _fold(value, rows_of)
 
@@ -249,7 +267,7 @@ def wanted(comparison: Comparison) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for value in comparison.values:
         for d in value.differing:
-            if d.path.startswith(GROUP):
+            if _gathers(d.path):
                 continue
             if RANDOM in d.description.values():
                 for group in d.groups[1:]:
@@ -267,7 +285,7 @@ def details(
     from the values ``per_rank[rank][name][path]``."""
     for value in comparison.values:
         for d in value.differing:
-            if d.details or d.path.startswith(GROUP):
+            if d.details or _gathers(d.path):
                 continue
             ref_values = per_rank.get(d.reference[0], {}).get(value.name, {})
             for group in d.groups[1:]:
@@ -340,4 +358,5 @@ __all__ = [
     "details",
     "expand",
     "groups_wanted",
+    "wholes_wanted",
 ]

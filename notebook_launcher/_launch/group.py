@@ -18,6 +18,7 @@ and every exit to the caller's callbacks. Knows nothing of torch or widgets.
 from __future__ import annotations
 
 import codecs
+import collections
 import os
 import selectors
 import signal
@@ -49,11 +50,23 @@ PIDFD_SIGNAL_THREAD = 1
 #: Unterminated output kept per stream before it is passed on as it is (bounded memory).
 MAX_PARTIAL_CHARS = 1 << 16
 #: When only output is ready, wait this long for more before reading: ranks that print
-#: line by line then cost the kernel one wake-up per batch, not per line. Control
-#: messages and exits are never held back, and a rank's answer takes the output it printed
-#: first along. 8 ranks printing 100 lines/s (bench/dashboard.py, "no view"): 2 ms cost
-#: the kernel 3.3-4.4% of a core, 10 ms 2.1%; no one sees 10 ms.
+#: line by line then cost the kernel one wake-up per batch, not per line. A rank's answer
+#: takes the output it printed first along. 8 ranks printing 100 lines/s (bench/
+#: dashboard.py, "no view"): 2 ms cost the kernel 3.3-4.4% of a core, 10 ms 2.1%; no one
+#: sees 10 ms.
 OUTPUT_BATCH_S = 0.01
+#: While the ranks are chatty -- PACE_AFTER looks within PACE_WITHIN seconds that brought
+#: only output and plain events (progress, barriers, metrics) -- the pump looks at them at
+#: most every PACE_S, taking what came meanwhile together: an exit, or the wake fd, is seen
+#: at once; an answer (Returned, Raised) waits PACE_S at most, and ends the pace. A launch's
+#: start (each rank says it joins, then that it runs) is not chatty: its failures are not
+#: held back. 8 ranks with a tqdm bar each and 100 lines/s (bench/dashboard.py): their ~80
+#: progress events a second each woke the kernel, on top of the output (~100 wake-ups a
+#: second, 3.4-3.7% of a core with the dashboard at load 4-9; paced, 1.5-1.7%; issue 33);
+#: the dashboard redraws every 0.25 s at most, so no one sees 50 ms.
+PACE_S = 0.05
+PACE_AFTER = 8
+PACE_WITHIN = 0.2
 
 # --- one worker process -------------------------------------------------------------------
 
@@ -317,6 +330,13 @@ class WorkerGroup:
         # One epoll set for the group's life: each fd is registered once, not on every
         # wake-up (a pump wakes hundreds of times a second under chatty ranks).
         self._selector = selectors.DefaultSelector()
+        # ...and one of what is never held back (exits, the wake fd): while the ranks are
+        # chatty the pump waits on it alone, until ``_paced_until`` (see PACE_S)
+        self._urgent = selectors.DefaultSelector()
+        self._paced_until = float("-inf")
+        #: when the last looks that brought nothing urgent were (PACE_AFTER of them)
+        self._plain_looks: collections.deque[float] = collections.deque(maxlen=PACE_AFTER)
+        self._answered = False  # a message that is not a plain event was read
         self._wake: int | None = None
 
     # -- start -------------------------------------------------------------------------
@@ -377,12 +397,14 @@ class WorkerGroup:
         for stream, fd in proc.pipes.items():
             self._selector.register(fd, selectors.EVENT_READ, (stream, proc))
         self._selector.register(proc.pidfd, selectors.EVENT_READ, ("exit", proc))
+        self._urgent.register(proc.pidfd, selectors.EVENT_READ, ("exit", proc))
 
     def _unwatch(self, fd: int) -> None:
-        try:
-            self._selector.unregister(fd)
-        except (KeyError, ValueError, OSError):
-            pass
+        for selector in (self._selector, self._urgent):
+            try:
+                selector.unregister(fd)
+            except (KeyError, ValueError, OSError):
+                pass
 
     def _conn_closed(self, proc: WorkerProcess) -> None:
         if proc.conn_open:
@@ -418,7 +440,8 @@ class WorkerGroup:
 
     def _parent_fds(self, req: StartRequest) -> list[int]:
         """Fds a forked child must close: the parent's ends, its siblings', the listener."""
-        fds = [req.parent_conn.fileno(), req.out_r, req.err_r, self._selector.fileno()]
+        fds = [req.parent_conn.fileno(), req.out_r, req.err_r]
+        fds += [self._selector.fileno(), self._urgent.fileno()]
         for p in self.procs:
             fds += [p.channel.fileno(), p.pidfd, *p.pipes.values()]
         if self._listen is not None and req.listen_fd is None:
@@ -456,13 +479,16 @@ class WorkerGroup:
             if self._wake is not None:
                 self._unwatch(self._wake)
             self._selector.register(wake, selectors.EVENT_READ, ("wake", None))
+            self._urgent.register(wake, selectors.EVENT_READ, ("wake", None))
             self._wake = wake
         if not self._selector.get_map():
             return
+        paced, timeout = self._pace(timeout)  # (chatty ranks: waited on exits alone)
         ready = self._ready(timeout)
-        if ready and all(kind in ("stdout", "stderr") for kind, _ in ready):
+        if not paced and ready and all(kind in ("stdout", "stderr") for kind, _ in ready):
             time.sleep(OUTPUT_BATCH_S)  # more lines are on their way: take them together
             ready = self._ready(0)
+        self._answered = False
         for kind, proc in ready:
             if kind == "conn":
                 self._read_conn(proc)
@@ -474,6 +500,38 @@ class WorkerGroup:
                 self._unwatch(proc.pidfd)
                 self._drain(proc)
                 self._on_exit(proc)
+        self._keep_pace(ready, paced)
+
+    def _pace(self, timeout: float | None) -> tuple[bool, float | None]:
+        """While paced (see PACE_S): wait on exits and the wake fd alone until the pace
+        ends (or ``timeout``); then whether it did, and what is left of ``timeout`` for the
+        look that follows (at once when it was waited out)."""
+        start = time.monotonic()
+        if self._paced_until <= start:
+            return False, timeout
+        pause = self._paced_until - start
+        if timeout is not None and timeout < pause:
+            pause = timeout
+        self._urgent.select(pause)
+        if timeout is None:
+            return True, None
+        return True, max(0.0, timeout - (time.monotonic() - start))
+
+    def _keep_pace(self, ready: list[tuple[str, WorkerProcess]], paced: bool) -> None:
+        """Pace the next looks when this look brought only output and plain events, and
+        either it was paced or PACE_AFTER such looks came within PACE_WITHIN; an exit or an
+        answer ends the pace."""
+        if not ready:
+            return
+        now = time.monotonic()
+        looks = self._plain_looks
+        if self._answered or any(kind == "exit" for kind, _ in ready):
+            self._paced_until = float("-inf")
+            looks.clear()
+            return
+        looks.append(now)
+        if paced or (len(looks) == PACE_AFTER and now - looks[0] < PACE_WITHIN):
+            self._paced_until = now + PACE_S
 
     def _ready(self, timeout: float | None) -> list[tuple[str, WorkerProcess]]:
         return [key.data for key, _ in self._selector.select(timeout) if key.data[0] != "wake"]
@@ -502,6 +560,7 @@ class WorkerGroup:
         if isinstance(msg, (Returned, Raised)):
             self._take_output(proc)
         if isinstance(msg, (Returned, Raised, Reformed)):
+            self._answered = True
             if self._on_message is not None:
                 self._on_message(proc, msg)
             elif isinstance(msg, Returned):
@@ -643,3 +702,4 @@ class WorkerGroup:
             p.channel.close()
             p.conn_open = False
         self._selector.close()  # forgets every registration with its epoll fd
+        self._urgent.close()

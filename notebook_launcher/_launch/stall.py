@@ -108,7 +108,7 @@ def _find(pid: int, prefix: str) -> tuple[str, str] | None:
             target = os.readlink(f"{base}/{fd}")
         except OSError:
             continue
-        name = os.path.basename(target)
+        name = os.path.basename(target).removeprefix("memfd:")  # (a memory file's link)
         if name.startswith(prefix):
             return f"{base}/{fd}", name[len(prefix) :].split(" ")[0]
     return None
@@ -143,17 +143,20 @@ def ask_through_pipe(pid: int, prefix: str) -> int | None:
     """Ask a rank's helper thread (``_worker.stacks._serve_requests``) through its request
     pipe: the emptied answer file's fd, to read once it has answered; None if the rank has
     no such helper (or it is gone)."""
-    pipe = _find(pid, f"{prefix}req-")
     answer = _find(pid, f"{prefix}out-")
-    if pipe is None or answer is None:
+    if answer is None:
         return None
-    try:
+    try:  # its name: out-<pid>-<the pipe's fd>-<the pipe's inode>
+        _, pipe_fd, inode = answer[1].split("-")
+        pipe = f"/proc/{pid}/fd/{int(pipe_fd)}"
+        if os.readlink(pipe) != f"pipe:[{int(inode)}]":
+            return None  # (not the rank's pipe: an fd it closed, and reused)
         fd = os.open(answer[0], os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
+    except (OSError, ValueError):
         return None
     try:
         os.ftruncate(fd, 0)
-        w = os.open(pipe[0], os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        w = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             os.write(w, b"?")
         finally:

@@ -120,6 +120,9 @@ _live: weakref.WeakSet[_Loop] = weakref.WeakSet()
 def _close_in_child() -> None:
     for loop in list(_live):
         close_quietly(*loop._fds)
+    # the child's children must not close those numbers again: by then they may be the
+    # child's own files
+    _live.clear()
 
 
 os.register_at_fork(after_in_child=_close_in_child)

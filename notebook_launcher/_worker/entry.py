@@ -212,7 +212,6 @@ def run(
             _adopt_multiprocessing()
         die_with_parent(expected_parent)
         lead_own_process_group()  # the kernel's interrupts are not ours; our children are
-        guard_process_group()  # ...and they die with us, even if the kernel is killed
         become_subreaper()  # daemons we start (setsid) stay in our tree, to end with us
         _reset_signals()
         _redirect_output(out_fd, err_fd)
@@ -281,11 +280,19 @@ def _forget_accelerates_state() -> None:
 
 
 def _serve(
-    spec: WorkerSpec, channel: Channel, listen_fd: int | None, task: TaskTuple | bytes | None
+    spec: WorkerSpec,
+    channel: Channel,
+    listen_fd: int | None,
+    task: TaskTuple | bytes | None,
 ) -> int:
+    """Run the task (or serve the session's)."""
     runtime.install(channel.send)
     _set_environment(spec)
-    stacks.install()  # the kernel can see where this rank is, from now on
+    # The kernel can see where this rank is, from now on; what the rank's code starts dies
+    # with it, even if the kernel is killed: the guard (a process) is started on the stack
+    # helper's thread while the rank meets the others, and waited for (``guarded()``)
+    # before any code of the user's runs (unpickling the task may run some).
+    guarded = stacks.install(first=guard_process_group)
     stacks.install_flight(spec.backend)
     runtime.run_start_hooks()  # forget what a forked rank inherited (e.g. the state)
     _forget_accelerates_state()
@@ -303,12 +310,15 @@ def _serve(
             phase("loading")  # unpickling imports what the function refers to
             message = channel.recv()
             assert isinstance(message, Task), message
+            guarded()
             task = load_task(message.data, spec.rank)
         elif isinstance(task, bytes):  # forked by a node's agent: the task as it came
             phase("loading")
+            guarded()
             task = load_task(task, spec.rank)
         phase("joining")  # waits here until every rank has come
         device, store = _init_process_group(spec, listen_fd)
+        guarded()
         if listen_fd is not None:
             os.close(listen_fd)
         if spec.settings is not None:  # what a forked rank inherits (and `random`)

@@ -229,11 +229,50 @@ def _forget_the_kernels_shell() -> None:
 def _forget_the_kernels_bars(std: Any) -> None:
     """A forked worker inherits the kernel's tqdm bookkeeping: bars still open there
     (which would push every bar of the rank one level down) and a thread lock that a
-    kernel thread (tqdm's monitor) may have held at the fork (the first bar would hang)."""
+    kernel thread (tqdm's monitor) may have held at the fork (the first bar would hang).
+    The bars' new lock is made when the first bar takes it (:class:`_LockOnFirstUse`)."""
     std.tqdm._instances.clear()
     std.tqdm.monitor = None  # its thread did not survive the fork; the next bar starts one
     std.TqdmDefaultWriteLock.th_lock = threading.RLock()
-    std.tqdm.set_lock(std.TqdmDefaultWriteLock())
+    std.tqdm.set_lock(_LockOnFirstUse(std))
+
+
+class _LockOnFirstUse:
+    """tqdm's write lock (a ``TqdmDefaultWriteLock``), made when it is first taken: making
+    it makes a ``multiprocessing`` lock (an import and a semaphore: ~2 ms of every rank's
+    start, issue 33) that a rank without a bar never takes. Sent to another process, it
+    goes as the lock itself."""
+
+    def __init__(self, std: Any) -> None:
+        self._std = std
+        self._made: Any = None
+
+    def _lock(self) -> Any:
+        if self._made is None:
+            with self._std.TqdmDefaultWriteLock.th_lock:  # (two threads' first bars: one lock)
+                if self._made is None:
+                    self._made = self._std.TqdmDefaultWriteLock()
+        return self._made
+
+    def acquire(self, *args: Any, **kwargs: Any) -> Any:
+        return self._lock().acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self._lock().release()
+
+    def __enter__(self) -> None:
+        self._lock().acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock().release()
+
+    def __getattr__(self, name: str) -> Any:  # (``locks``, and what a later tqdm adds)
+        if name.startswith("_"):  # (not made yet: never the lock's)
+            raise AttributeError(name)
+        return getattr(self._lock(), name)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self._lock().__reduce_ex__(protocol)
 
 
 def uninstall() -> None:

@@ -13,20 +13,26 @@ allowed to ``ptrace`` the rank (containers, Kubernetes and hardened kernels forb
 default), and it stops the process while it reads it. The fault handler needs none of
 that; what it lacks (native frames, variables) is not what the stall view shows.
 
-The file is created in the temporary directory and unlinked at once, so nothing is left
-behind whatever happens to the rank; the kernel finds it as ``/proc/<pid>/fd/<n>``, whose
-link names it ``notebook_launcher-stacks-<main thread id>-...`` (``(deleted)``): the
-kernel learns which thread is the main one, and that the handler is in place, from the
-rank's open files alone. The file is opened in append mode: the kernel empties it, sends
-the signal, and reads what was written. A process the rank forks from Python (a
-DataLoader worker) inherits the handler and gets a file of its own at the fork.
+The file is a memory file (``memfd_create``; where there is none, a file of the temporary
+directory, unlinked at once), so nothing is left behind whatever happens to the rank; the
+kernel finds it as ``/proc/<pid>/fd/<n>``, whose link names it
+``/memfd:notebook_launcher-stacks-<main thread id>-...`` (``(deleted)``): the kernel
+learns which thread is the main one, and that the handler is in place, from the rank's
+open files alone. The file is opened in append mode: the kernel empties it, sends the
+signal, and reads what was written. A process the rank forks from Python (a DataLoader
+worker) inherits the handler and gets a file of its own at the fork. Memory files cost no
+file system: every launch starts them, on every rank (issue 33: the temporary files, the
+probe of the temporary directory and the wait for the helper thread to start cost a
+launch ~2 ms of CPU per rank, and more under load).
 
 **Without a signal, where Python can answer**: a signal cuts short what the rank waits in
 (``sleep`` and ``nanosleep``, ``poll``, ``select`` and timed waits are never restarted: they
 return early, with ``EINTR``), and the fault handler writes at most 100 threads (a rank with
 more loses its main thread, the oldest). So :func:`install` also starts a helper thread
 that sleeps on a pipe of its own until the kernel writes to it, then writes every thread's
-stack, from ``sys._current_frames()``, in the fault handler's format, to an answer file.
+stack, from ``sys._current_frames()``, in the fault handler's format, to an answer file
+(a memory file too, named ``...out-<pid>-<pipe's fd>-<pipe's inode>``: the kernel opens
+the pipe as ``/proc/<pid>/fd/<fd>`` once its link says ``pipe:[<inode>]``).
 A rank that waits in C with the GIL released (a collective, a sleep, a lock) lets it run at
 once; the kernel sends the signal only to a rank whose helper did not answer in time (a C
 extension that holds the GIL).
@@ -42,6 +48,7 @@ stuck in a collective has released the GIL, so the thread runs.
 
 from __future__ import annotations
 
+import _thread
 import faulthandler
 import fcntl
 import json
@@ -70,16 +77,16 @@ _helper_fds: tuple[int, ...] = ()
 MAX_FRAMES = 500
 
 
-def _named_temp(name: str, fifo: bool = False) -> tuple[int, str]:
-    """An fd open on a new temporary file (or fifo) then renamed ``name`` and unlinked:
-    found by its name in /proc/<pid>/fd, never left on disk."""
+def _named_file(name: str) -> int:
+    """An fd open on a new file named ``name`` that is on no file system (a memory file),
+    found by its name in /proc/<pid>/fd; where memory files are refused, a temporary file
+    renamed ``name`` and unlinked: never left on disk either way."""
+    try:
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        pass
     fd, path = tempfile.mkstemp(prefix="notebook_launcher-tmp-")
     final = os.path.join(os.path.dirname(path), name)
-    if fifo:  # a fifo in its place (opened for reading and writing: reads block, no EOF)
-        os.close(fd)
-        os.unlink(path)
-        os.mkfifo(path, 0o600)
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         os.rename(path, final)
         os.unlink(final)
@@ -91,35 +98,53 @@ def _named_temp(name: str, fifo: bool = False) -> tuple[int, str]:
                 pass
         os.close(fd)
         raise
-    return fd, final
+    return fd
 
 
-def install(helper: bool = True) -> None:
+def install(helper: bool = True, first: Callable[[], None] | None = None) -> Callable[[], None]:
     """Make this process dump its stacks on :data:`STACK_SIGNAL`, and (``helper``) answer
-    the kernel's requests from a helper thread without one (idempotent per process)."""
+    the kernel's requests from a helper thread without one (idempotent per process).
+
+    ``first``: work of the rank's start that must not hold it up (its process group's
+    guard, whose start waits for a new process to be scheduled): the helper thread does it
+    before it waits for requests -- one thread, not one more that starts and ends on every
+    rank (each costs a wake-up on a loaded machine, at its start and at the rank's exit).
+    Returns a call that waits until ``first`` is done."""
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def first_then_done() -> None:
+        try:
+            if first is not None:
+                first()
+        finally:
+            done.release()
+
+    if not helper or not _install_helper(first_then_done):
+        first_then_done()
+
+    def wait() -> None:
+        with done:
+            pass
+
+    _install_handler()
+    return wait
+
+
+def _install_handler() -> None:
     global _fd, _pid, _hooked
-    if helper:
-        _install_helper()
     if _pid == os.getpid():
         return
     inherited = _fd if _pid is not None else None
-    # The handler is in place before the file gets its name: a file the kernel finds
-    # means the signal is caught (its default action would kill the process).
-    fd, path = tempfile.mkstemp(prefix="notebook_launcher-tmp-")
+    # Found by the kernel before the handler is in place, the file is not used: the kernel
+    # signals only a process whose status says it catches the signal (its default action
+    # would kill it).
+    fd = _named_file(f"{FILE_PREFIX}{threading.get_ident():x}-{os.getpid()}")
     try:
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_APPEND)
         faulthandler.register(STACK_SIGNAL, file=fd, all_threads=True, chain=False)
-        final = os.path.join(
-            os.path.dirname(path), f"{FILE_PREFIX}{threading.get_ident():x}-{os.getpid()}"
-        )
-        os.rename(path, final)
-        os.unlink(final)
     except BaseException:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
         os.close(fd)
         raise
     _fd, _pid = fd, os.getpid()
@@ -133,14 +158,15 @@ def install(helper: bool = True) -> None:
         os.register_at_fork(after_in_child=_after_fork)
 
 
-def _install_helper() -> None:
+def _install_helper(first: Callable[[], None]) -> bool:
     """The helper thread that writes every thread's stack when the kernel asks (see the
-    module docstring)."""
+    module docstring), once it has done ``first``; False if it was there already."""
     global _helper_pid, _helper_fds
     pid = os.getpid()
     if _helper_pid == pid:
-        return
-    _helper_pid, _helper_fds = pid, _serve_requests(PYSTACKS_PREFIX, "stacks", pid, _stacks_answer)
+        return False
+    _helper_pid, _helper_fds = pid, _serve_requests(PYSTACKS_PREFIX, pid, _stacks_answer, first)
+    return True
 
 
 def _stacks_answer() -> bytes | None:
@@ -151,17 +177,23 @@ def _stacks_answer() -> bytes | None:
 
 
 def _serve_requests(
-    prefix: str, name: str, pid: int, answer_for: Callable[[], bytes | None]
-) -> tuple[int, int]:
-    """A daemon thread that writes ``answer_for()`` to the answer file each time the kernel
-    writes to the request pipe (both named for ``prefix`` and this pid); returns their fds.
-    The pipe is made last: the kernel asks only a rank whose pipe it finds."""
-    answer, _ = _named_temp(f"{prefix}out-{pid}")
+    prefix: str,
+    pid: int,
+    answer_for: Callable[[], bytes | None],
+    first: Callable[[], None] = lambda: None,
+) -> tuple[int, int, int]:
+    """A daemon thread that does ``first()``, then writes ``answer_for()`` to the answer file
+    each time the kernel writes to the request pipe (the answer file is named for
+    ``prefix``, this pid and the pipe); returns their fds. The pipe is made first: the kernel asks only a rank whose
+    pipe it finds."""
+    request, keep_open = os.pipe()  # (its write end kept: the read never sees an end)
+    inode = os.fstat(request).st_ino
+    answer = _named_file(f"{prefix}out-{pid}-{keep_open}-{inode}")
     flags = fcntl.fcntl(answer, fcntl.F_GETFL)
     fcntl.fcntl(answer, fcntl.F_SETFL, flags | os.O_APPEND)
-    request, _ = _named_temp(f"{prefix}req-{pid}", fifo=True)
 
     def serve() -> None:
+        first()
         while os.getpid() == pid:
             try:
                 if not os.read(request, 64):
@@ -176,8 +208,12 @@ def _serve_requests(
             except OSError:
                 return
 
-    threading.Thread(target=serve, name=f"notebook-launcher-{name}", daemon=True).start()
-    return request, answer
+    # Not threading.Thread: its start() waits until the thread has run, a wake-up that a
+    # loaded machine makes the rank wait for; nothing here needs the thread to be running
+    # (a request waits in the pipe), and threads of this module are said to be ours by
+    # their frames (``_stacks.is_machinery``), not by a name.
+    _thread.start_new_thread(serve, ())
+    return request, keep_open, answer
 
 
 def python_dump() -> str:
@@ -223,7 +259,7 @@ def install_flight(backend: str) -> None:
     if _flight_pid == os.getpid() or not flight_enabled(backend):
         return
     pid = os.getpid()
-    _serve_requests(FLIGHT_PREFIX, "flight", pid, _flight_answer)
+    _serve_requests(FLIGHT_PREFIX, pid, _flight_answer)
     _flight_pid = pid
 
 
@@ -273,7 +309,7 @@ def _after_fork() -> None:
     if _pid is None:
         return
     try:
-        install(helper=False)  # (a child forked by the rank: no thread of ours started there)
+        _install_handler()  # (a child forked by the rank: no thread of ours started there)
     except Exception:  # noqa: BLE001 - a child without stacks is still a working child
         pass
 
