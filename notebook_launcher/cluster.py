@@ -1,4 +1,5 @@
-"""Nodes of other machines, driven from this kernel: :class:`SlurmCluster`, :class:`AgentCluster`.
+"""Nodes of other machines, driven from this kernel: :class:`SlurmCluster`, :class:`RayCluster`,
+:class:`AgentCluster`.
 
 One kernel drives every node (a single controller, as PyTorch Monarch's ``SlurmJob`` or
 ipyparallel's engines): a long-lived agent per node, started by Slurm (or by hand, or by
@@ -651,6 +652,60 @@ class SlurmCluster(Cluster):
                 rest.append(args[i])
             i += 1
         return cls(sbatch_options=rest, **kwargs)
+
+
+class RayCluster(Cluster):
+    """``nodes`` nodes of a Ray cluster, each running one agent: Ray reserves them all at
+    once (a placement group of ``nodes`` bundles of ``cpus_per_node`` CPUs and
+    ``gpus_per_node`` GPUs, one per Ray node by default: ``strategy="STRICT_SPREAD"``) and
+    hosts each agent in an actor; the ranks, the store, sessions and the views then run as
+    on Slurm. ``address``: the Ray cluster (None: the one this process is connected to,
+    else the one ``ray.init()`` joins -- ``RAY_ADDRESS``, or one started on this machine);
+    ``init``: more keyword arguments for ``ray.init``. A request the live nodes can never
+    hold is refused at once (``autoscaling=True``: the cluster grows on demand, as
+    KubeRay's autoscaler does, so it waits instead, ``start_timeout`` seconds at most)::
+
+        cluster = RayCluster(nodes=2, gpus_per_node=4)
+        notebook_launcher(train, num_processes=8, cluster=cluster)  # 2 Ray nodes x 4 GPUs
+
+    Needs Ray in this environment and on the nodes (``pip install
+    'notebook_launcher[ray]'``), with this package; ``ray`` is imported at the first
+    start, never by ``import notebook_launcher``.
+    """
+
+    kind = "ray"
+
+    def __init__(
+        self,
+        nodes: int = 1,
+        gpus_per_node: int = 0,
+        *,
+        cpus_per_node: float = 1,
+        address: str | None = None,
+        strategy: str = "STRICT_SPREAD",
+        autoscaling: bool = False,
+        init: dict[str, Any] | None = None,
+        host: str | None = None,
+        port: int = 0,
+        start_timeout: float | None = None,
+        join_timeout: float = DEFAULT_JOIN_TIMEOUT,
+    ) -> None:
+        super().__init__(
+            nodes,
+            gpus_per_node,
+            host=host,
+            port=port,
+            join_timeout=join_timeout,
+            start_timeout=start_timeout,
+        )
+        from ._launch.ray import RayJob
+
+        try:
+            self.scheduler = RayJob(
+                nodes, gpus_per_node, cpus_per_node, address, strategy, autoscaling, init
+            )
+        except ValueError as exc:
+            raise at_callers_line(exc) from None
 
 
 # the jobs' directories (kept under these names: what the tests and older code call)
