@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import textwrap
 import time
 import traceback
 from typing import Any
@@ -148,9 +151,53 @@ def main(out: str) -> None:
 
         case("launch", launch)
         case("failure", failure)
+
+        def detached() -> dict[str, Any]:
+            """A kernel (a process of its own, connected by ``ray.init(address)``) detaches a
+            launch on the Ray cluster and is SIGKILLed mid-run; the run goes on, and this
+            process attaches to it and gets its values."""
+            from notebook_launcher import attach
+
+            code = textwrap.dedent(
+                f"""
+                import time, ray
+                ray.init(address={local.address!r}, log_to_driver=False)
+                from notebook_launcher import RayCluster, notebook_launcher
+                def train(n):
+                    import os, time
+                    import torch.distributed as dist
+                    for i in range(n):
+                        time.sleep(0.1)
+                    return dist.get_rank() + 100, os.environ["NOTEBOOK_LAUNCHER_RAY_NODE"]
+                handle = notebook_launcher(train, args=(30,), num_processes=2,
+                                           cluster=RayCluster(nodes=2), detach=True)
+                print("ID", handle.id, flush=True)
+                time.sleep(600)
+                """
+            )
+            kernel = subprocess.Popen(
+                [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True
+            )
+            try:
+                assert kernel.stdout is not None
+                run_id = next(
+                    (line.split()[1] for line in kernel.stdout if line.startswith("ID ")), ""
+                )
+            finally:
+                kernel.send_signal(signal.SIGKILL)
+                kernel.wait()
+            values = attach(run_id, dashboard=False).result(timeout=120)
+            deadline = time.monotonic() + 20
+            after = leftovers(ray, "")
+            while any(after.values()) and time.monotonic() < deadline:
+                time.sleep(0.2)
+                after = leftovers(ray, "")
+            return {"values": [list(v) for v in values], "after": after}
+
         case("session", session)
         case("close", close)
         case("impossible", impossible)
+        case("detached", detached)
     finally:
         try:
             ray.shutdown()

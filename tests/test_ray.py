@@ -60,6 +60,7 @@ def ray_cases() -> Iterator[dict[str, Any]]:
     folder = Path(tempfile.mkdtemp(prefix="nl-ray-"))  # short: Ray's socket paths fit
     out = folder / "found.json"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": str(folder)}
+    env["NOTEBOOK_LAUNCHER_RUNS_DIR"] = str(folder / "runs")  # (the detached run's record)
     env.pop("RAY_ADDRESS", None)
     child = subprocess.Popen(
         ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
@@ -122,6 +123,19 @@ def test_close_leaves_no_actor_placement_group_or_agent(ray_cases: dict[str, Any
     assert len(during["placement_groups"]) == 1 and len(during["actors"]) == 2, during
     assert len(during["processes"]) == 2, during
     assert closed["after"] == {"placement_groups": [], "actors": [], "processes": []}
+
+
+def test_a_detached_run_outlives_its_kernel_on_ray_and_leaves_nothing(
+    ray_cases: dict[str, Any],
+) -> None:
+    """The kernel was connected by ``ray.init(address)`` and SIGKILLed mid-run: its
+    supervisor joined the same Ray cluster (the address the kernel was connected to travels
+    with the pickled cluster), ran the launch to its end and ended the cluster."""
+    detached = case(ray_cases, "detached")
+    values = detached["values"]
+    assert [rank for rank, _ in values] == [100, 101]
+    assert len({node for _, node in values}) == 2, values
+    assert detached["after"] == {"placement_groups": [], "actors": [], "processes": []}
 
 
 @pytest.mark.parametrize(
