@@ -32,7 +32,7 @@ from .errors import (
 if TYPE_CHECKING:
     from .accelerator import Accelerator
     from .checkpointing import load_checkpoint_in_model
-    from .cluster import AgentCluster, SlurmCluster
+    from .cluster import AgentCluster, RayCluster, SlurmCluster
     from .data_loader import skip_first_batches
     from .detached import attach, runs
     from .errors import SessionBroken
@@ -68,6 +68,7 @@ _LAZY = {
     "Accelerator": "notebook_launcher.accelerator",
     "AgentCluster": "notebook_launcher.cluster",
     "SlurmCluster": "notebook_launcher.cluster",
+    "RayCluster": "notebook_launcher.cluster",
     "AcceleratorState": "notebook_launcher.state",
     "attach": "notebook_launcher.detached",
     "runs": "notebook_launcher.detached",
@@ -175,6 +176,7 @@ __all__ = [
     "SerializationError",
     "Session",
     "SessionBroken",
+    "RayCluster",
     "SlurmCluster",
     "TorchDynamoPlugin",
     "WorkerDied",

@@ -20,13 +20,18 @@ Commands:
     would under ``torchrun``. Exit status: 0, 1 when a rank failed, 2 for a bad argument,
     130 when interrupted.
 
-``agent --connect HOST:PORT --job ID [--secret-file F] [--node I]``
+``agent --connect HOST:PORT --job ID [--secret-file F] [--node I] [--label K=V ...]
+[--on-sigterm TEXT]``
     Serve a kernel on another machine as one node of its job: the kernel (``SlurmCluster``,
-    or ``AgentCluster`` for any other scheduler) listens at HOST:PORT and runs this node's
-    ranks through the agent. The job's secret comes from F (readable by this user only) or
-    from ``NOTEBOOK_LAUNCHER_AGENT_SECRET`` (the agent then starts again without it in its
-    environment, which its ranks would inherit); never from the command line. ``--node I``:
-    this node's index in the job (default: Slurm's ``SLURM_NODEID``, else the next free one).
+    ``RayCluster``, or ``AgentCluster`` for any other scheduler) listens at HOST:PORT and
+    runs this node's ranks through the agent. The job's secret comes from F (readable by
+    this user only) or from ``NOTEBOOK_LAUNCHER_AGENT_SECRET`` (the agent then starts again
+    without it in its environment, which its ranks would inherit); never from the command
+    line. ``--node I``: this node's index in the job (default: the next free one);
+    ``--label K=V``: what the agent says of its node (``node=`` names it in the views);
+    either's value may be ``$NAME``, a variable the agent reads from its own environment
+    (``--node '$SLURM_NODEID'``: what a scheduler sets on each node). ``--on-sigterm``: what
+    a SIGTERM to the agent means where it runs (said to the kernel when it comes).
 
 Example::
 
@@ -166,7 +171,16 @@ def _agent(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return run(host.strip("[]"), int(port), args.secret_file, args.job, args.node, args.secret_fd)
+    return run(
+        host.strip("[]"),
+        int(port),
+        args.secret_file,
+        args.job,
+        args.node,
+        args.secret_fd,
+        args.label,
+        args.on_sigterm,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent = commands.add_parser(
         "agent",
-        help="serve a kernel on another machine as one node of its job (Slurm starts it)",
+        help="serve a kernel on another machine as one node of its job (a scheduler starts it)",
         description="Connect to a kernel's hub at HOST:PORT, prove the job's secret and run "
         "this node's ranks for it until the kernel lets it go or goes away.",
     )
@@ -262,7 +276,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="the job's secret (default: env NOTEBOOK_LAUNCHER_AGENT_SECRET)",
     )
-    agent.add_argument("--node", type=int, default=None, metavar="I")
+    agent.add_argument(
+        "--node", default=None, metavar="I", help="this node's index (or $NAME of a variable)"
+    )
+    agent.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="what the agent says of its node (node=NAME names it; V may be $NAME)",
+    )
+    agent.add_argument(
+        "--on-sigterm", default="", metavar="TEXT", help="what a SIGTERM means where it runs"
+    )
     # the agent's own: the secret it read from its environment, on a pipe (see
     # _agent.serve.without_secret_in_environ)
     agent.add_argument("--secret-fd", type=int, default=None, help=argparse.SUPPRESS)

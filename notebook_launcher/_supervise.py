@@ -26,8 +26,10 @@ rendezvous socket and the task), with a view that appends every event to the run
 ``events.log``; then it writes the result and the final state (``_launch.detach``).
 
 A cluster run (``cluster=..., detach=True``) gets the cluster's configuration instead of a
-plan: the supervisor starts the cluster (the Slurm job is its, the agents connect to its
-hub), runs the same launch, and closes the cluster at the end (:func:`_run_on_cluster`).
+plan: the supervisor starts the cluster (the scheduler's job is its, the agents connect to
+its hub), runs the same launch, and closes the cluster at the end (:func:`_run_on_cluster`).
+Where the scheduler can, the supervisor runs inside a job of its own instead
+(:func:`in_job`).
 
 Its ranks die with it (their parent-death signal; on a cluster, the agents leave when their
 hub connection drops and the job ends): a supervisor that is killed takes them along, and
@@ -51,6 +53,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from ._launch.pool import RankPool
+    from ._launch.scheduler import Scheduler
 
 #: What the supervisor imports: a forkserver that forks one imports them first, once.
 PRELOAD = (
@@ -77,24 +80,25 @@ def main(argv: list[str]) -> None:
     _supervise(run_dir, listen_fd, go=go)
 
 
-def in_job(run_dir: str) -> None:
-    """A Slurm run's supervisor inside its own job (``detached._hand_over_to_job``): the
-    batch script's process on the job's first node. Nothing to fork away from (the job is
-    not the kernel's); its stdout and stderr go to the record's ``supervisor.log``. It starts the agents
-    as a step of this job (the cluster uses the allocation it runs in), runs the launch,
-    and the job ends when it does."""
-    from ._launch import detach
+def in_job(run_dir: str, kind: str) -> None:
+    """A run's supervisor inside its own job (``detached._hand_over_to_job``), submitted by
+    the scheduler of that ``kind`` (``scheduler.kind_of``; ``Scheduler.submit_supervisor``): the job's first
+    process. Nothing to fork away from (the job is not the kernel's); its stdout and stderr
+    go to the record's ``supervisor.log``. It starts the agents in this job (the cluster
+    uses the allocation it runs in), runs the launch, and the job ends when it does."""
+    from ._launch import detach, scheduler
 
     log = detach.open_private(run_dir, detach.LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     for fd in (1, 2):  # its words in the record, as a supervisor's on the kernel's host
         os.dup2(log, fd)
     os.close(log)
-    print(f"supervisor: in Slurm job {os.environ.get('SLURM_JOB_ID', '?')}", file=sys.stderr)
-    try:  # the run's key, from the batch script sbatch got on its stdin
+    job = scheduler.kind(kind).here()
+    print(f"supervisor: in {job.describe() if job else kind}", file=sys.stderr)
+    try:  # the run's key, in the job's environment as submitted
         key = bytes.fromhex(os.environ.pop(detach.KEY_ENV, ""))
     except ValueError:
         key = b""
-    _supervise(run_dir, -1, handshake=False, key=key)
+    _supervise(run_dir, -1, handshake=False, key=key, job=job)
 
 
 def preload() -> None:
@@ -168,10 +172,12 @@ def _supervise(
     pool: RankPool | None = None,
     go: int = -1,
     key: bytes = b"",
+    job: Scheduler | None = None,
 ) -> None:
     """The supervisor, from its handshake (``handshake``: the kernel waits for its pid on
     fd 1, then sends the run's key on ``go``; else ``key`` is given) to its run's record of
-    the end. ``pool``: its ranks, forked ahead (a spare's)."""
+    the end. ``pool``: its ranks, forked ahead (a spare's); ``job``: the scheduler's job it
+    runs in (:func:`in_job`)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the kernel ignored it
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -180,9 +186,9 @@ def _supervise(
 
     meta = detach.read_meta(run_dir)
     meta.pid, meta.pid_start, meta.state = os.getpid(), start_time(os.getpid()), detach.RUNNING
-    meta.host = detach.this_host()  # (in a Slurm job: its first node)
-    if not handshake:  # in its own Slurm job
-        meta.cluster = f"Slurm job {os.environ.get('SLURM_JOB_ID')}, {meta.nodes} node(s)"
+    meta.host = detach.this_host()  # (in a job of its own: its first node)
+    if job is not None:  # in its own job
+        meta.cluster = job.describe()
     detach.write_meta(run_dir, meta)
     detach.beat(run_dir)  # (a kernel on another host judges it alive by this file)
     if handshake:
@@ -209,9 +215,7 @@ def _supervise(
     # room for the end, should the run fill the disk (in a thread: not the start's business)
     reserving = threading.Thread(target=detach.reserve, args=(run_dir,), daemon=True)
     reserving.start()
-    outcome = _why_terminated(
-        _run(run_dir, listen_fd, key, in_job=not handshake, pool=pool), not handshake
-    )
+    outcome = _why_terminated(_run(run_dir, listen_fd, key, own_job=job, pool=pool), job)
     reserving.join()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run has ended: record it whole
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -259,13 +263,17 @@ def _wait_for_go(go: int) -> bytes:
     return key if len(key) == KEY_BYTES else b""
 
 
-#: the supervisor got SIGTERM (``kill``, a shutdown; in its Slurm job: scancel, the time
-#: limit): said in the outcome, which otherwise reads as a stop()
+#: the supervisor got SIGTERM (``kill``, a shutdown; in its job: its scheduler ending it,
+#: e.g. a cancel, the time limit): said in the outcome, which otherwise reads as a stop()
 _terminated: list[bool] = []
+#: the cluster's agents said whatever started them is ending them (``Ending.TERMINATED``,
+#: typed: ``Cluster.told_to_end``), noted at the run's end
+_agents_told_to_end: list[bool] = []
 
-#: seconds a supervisor in its Slurm job waits for its own SIGTERM once a node said Slurm is
-#: ending the job: scancel and the time limit signal every step of the job at about the same
-#: time, and the agents' word can come first (the ranks stopped by it are not the cause)
+#: seconds a supervisor in its job waits for its own SIGTERM once a node said the
+#: scheduler is ending the job: a cancel and the time limit signal every process of the job
+#: at about the same time, and the agents' word can come first (the ranks stopped by it are
+#: not the cause)
 JOB_END_WAIT = 3.0
 
 
@@ -279,34 +287,30 @@ def _noted(signum: int, frame: Any) -> None:
     _terminated.append(True)
 
 
-def _why_terminated(outcome: Any, in_job: bool) -> Any:
-    ended_by_slurm = in_job and _slurm_is_ending(outcome)
-    if ended_by_slurm and not _terminated:
+def _why_terminated(outcome: Any, job: Scheduler | None) -> Any:
+    """The outcome, said as the job's end when that is what it was: this supervisor got
+    SIGTERM, or (in its job) its agents said the scheduler was ending them -- typed
+    (``_agents_told_to_end``), not read from the outcome's text."""
+    ended_by_job = (
+        job is not None
+        and bool(_agents_told_to_end)
+        and isinstance(outcome, BaseException)
+        and not isinstance(outcome, KeyboardInterrupt)
+    )
+    if ended_by_job and not _terminated:
         signal.signal(signal.SIGTERM, _noted)
         deadline = time.monotonic() + JOB_END_WAIT
         while not _terminated and time.monotonic() < deadline:
             time.sleep(0.02)
-    if not _terminated or not (ended_by_slurm or isinstance(outcome, KeyboardInterrupt)):
+    if not _terminated or not (ended_by_job or isinstance(outcome, KeyboardInterrupt)):
         return outcome
-    if in_job:
-        job = os.environ.get("SLURM_JOB_ID", "?")
-        who = f"Slurm ended job {job} (scancel, or its time limit: SIGTERM to the run's supervisor)"
+    if job is not None:
+        who = job.terminated()
     else:
         who = f"the run's supervisor (pid {os.getpid()}) got SIGTERM (kill, or a shutdown)"
-    if ended_by_slurm:  # its agents heard it first: their ranks stopped, none of them failed
+    if ended_by_job:  # its agents heard it first: their ranks stopped, none of them failed
         return KeyboardInterrupt(f"{who}; the job's agents got it too and stopped the ranks")
     return KeyboardInterrupt(f"{who}; {outcome}")
-
-
-def _slurm_is_ending(outcome: Any) -> bool:
-    """A failure that a node explained as Slurm ending the job (its agent got SIGTERM)."""
-    from ._wire.agent import SLURM_ENDING
-
-    return (
-        isinstance(outcome, BaseException)
-        and not isinstance(outcome, KeyboardInterrupt)
-        and SLURM_ENDING in str(outcome)
-    )
 
 
 def _summary(outcome: Any) -> str:
@@ -317,13 +321,17 @@ def _summary(outcome: Any) -> str:
 
 
 def _run(
-    run_dir: str, listen_fd: int, key: bytes, in_job: bool = False, pool: RankPool | None = None
+    run_dir: str,
+    listen_fd: int,
+    key: bytes,
+    own_job: Scheduler | None = None,
+    pool: RankPool | None = None,
 ) -> Any:
     """The launch, to its end: the per-rank values or the exception to raise (``key``: the
-    run's, which its task must carry: ``_launch.detach.read_task``). ``in_job``:
-    inside the run's Slurm job, whose ``SLURM_*`` variables (the allocation the cluster
-    starts its agents in) stand over the kernel's. ``pool``: ranks forked ahead, used
-    when they are enough and the task is small (``_launch.pool``)."""
+    run's, which its task must carry: ``_launch.detach.read_task``). ``own_job``: the run's
+    own job it runs in, whose scheduler's variables (the allocation the cluster starts its
+    agents in) stand over the kernel's. ``pool``: ranks forked ahead, used when they are
+    enough and the task is small (``_launch.pool``)."""
     import pickle
     import socket
 
@@ -337,7 +345,9 @@ def _run(
         from .ui import view_for
 
         payload = pickle.loads(detach.read_task(run_dir, key))  # (then removed from the record)
-        detach.take_on(payload["kernel"], in_job)  # forked ranks inherit it
+        detach.take_on(
+            payload["kernel"], own_job.environment if own_job else ""
+        )  # ranks inherit it
         job = _serialization.loads(payload.pop("job"))
         del payload
         if "cluster" in job:
@@ -398,8 +408,8 @@ def _pooled(plan: Any, task: bytes, pool: RankPool | None) -> bool:
 
 
 def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
-    """A cluster run: this supervisor starts the cluster (submits its Slurm job, holds its
-    hub and store: the agents connect here), runs the launch as a kernel would
+    """A cluster run: this supervisor starts the cluster (submits its job, holds its hub
+    and store: the agents connect here), runs the launch as a kernel would
     (``launcher._cluster_launch``), and ends the job when the run ends. Killed, it ends
     the job too: its agents leave when their connection to the hub drops."""
     from ._launch import detach
@@ -420,11 +430,13 @@ def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
         launch.watch.stall_after = job["stall_after"]
         del job
         outcome = launch.run_to_end()
+        if cluster.told_to_end():  # (typed: what the agents said, before the cluster closes)
+            _agents_told_to_end.append(True)
         launch._release()
         return outcome
     finally:
         # the run has ended (or could not start): nothing may stop the job's end half way
-        # (Slurm's SIGTERM now is noted: the outcome says the job was ended)
+        # (the scheduler's SIGTERM now is noted: the outcome says the job was ended)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, _noted)
         try:

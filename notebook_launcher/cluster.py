@@ -1,4 +1,5 @@
-"""Nodes of other machines, driven from this kernel: :class:`SlurmCluster`, :class:`AgentCluster`.
+"""Nodes of other machines, driven from this kernel: :class:`SlurmCluster`, :class:`RayCluster`,
+:class:`AgentCluster`.
 
 One kernel drives every node (a single controller, as PyTorch Monarch's ``SlurmJob`` or
 ipyparallel's engines): a long-lived agent per node, started by Slurm (or by hand, or by
@@ -31,12 +32,9 @@ lets through; both are found when not given).
 from __future__ import annotations
 
 import atexit
-import os
 import secrets
 import shlex
-import shutil
 import socket
-import subprocess
 import sys
 import time
 import weakref
@@ -45,25 +43,25 @@ from datetime import timedelta
 from typing import Any
 
 from ._events import Event, NodesWaiting
+from ._launch import scheduler as schedulers
 from ._launch import slurm
 from ._launch.remote import AgentHub, ClusterPlan, RemoteNode, cluster_ranks, plan_cluster
+from ._launch.scheduler import HandStarted, JobStatus, Phase, Reason, Scheduler, tail
+from ._wire.agent import Ending
 from ._wire.store import StoreProxy
 from .errors import ClusterError, PreflightError, at_callers_line
 
 #: Seconds the agents have to join once the scheduler started them.
 DEFAULT_JOIN_TIMEOUT = 120.0
-#: Seconds between two looks at the job while the kernel waits for it.
-POLL = 1.0
-#: Seconds an ending job (COMPLETING) is given to say how it ended (CANCELLED, TIMEOUT...).
-COMPLETING_WAIT = 8.0
-
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
 class Cluster:
-    """Nodes whose agents this kernel drives (see the module docstring). Subclasses say how
-    the agents are started: :class:`SlurmCluster` (Slurm does it), :class:`AgentCluster`
-    (you, or any other scheduler, do it with :meth:`AgentCluster.agent_command`)."""
+    """Nodes whose agents this kernel drives (see the module docstring), started by a
+    scheduler (``_launch.scheduler``: Slurm's job for :class:`SlurmCluster`, Ray's actors
+    for :class:`RayCluster`, your hands for :class:`AgentCluster`). The cluster holds what
+    is the same on every engine: the hub the agents join, the ranks' store, the wait for
+    the agents (the scheduler's status shown and bounded), the checks of the nodes."""
 
     kind = "agents"
 
@@ -75,6 +73,8 @@ class Cluster:
         host: str | None = None,
         port: int = 0,
         join_timeout: float = DEFAULT_JOIN_TIMEOUT,
+        start_timeout: float | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
             raise at_callers_line(ValueError(f"nodes must be a positive int, got {nodes!r}"))
@@ -87,6 +87,9 @@ class Cluster:
         self.host = host
         self.port = port
         self.join_timeout = join_timeout
+        self.start_timeout = start_timeout
+        #: what starts the agents (a subclass sets its own)
+        self.scheduler: Scheduler = scheduler or HandStarted(nodes, gpus_per_node)
         self._hub: AgentHub | None = None
         self._nodes: list[RemoteNode] = []
         self._store: Any = None
@@ -96,31 +99,83 @@ class Cluster:
         self.ended: str | None = None
         self._cancel_now = False
         self.launches = 0
+        self._started_at = 0.0
+        self._running_at: float | None = None
 
-    # -- what subclasses provide ---------------------------------------------------------------
-
-    def _start_agents(self, hub: AgentHub, report: Callable[[Event], None]) -> None:
-        """Have one agent per node started (they connect to ``hub``)."""
+    # -- the wait for the agents, through the scheduler -----------------------------------------
 
     def _check(self) -> None:
-        """While waiting for the agents: raise if they can no longer come."""
+        """While waiting for the agents: raise if they can no longer come (the job ended,
+        it can never start, it waited longer than ``start_timeout``, or ran longer than
+        ``join_timeout`` without them all)."""
+        now = time.monotonic()
+        status = self.scheduler.status()
+        if status.phase is Phase.ENDED:
+            raise ClusterError(self._ended_early(status))
+        if status.reason is Reason.IMPOSSIBLE:  # waiting would be forever: say why
+            raise ClusterError(
+                f"{status.line}: it can never start ({status.fix}). It was cancelled."
+            )
+        if status.phase is Phase.RUNNING and self._running_at is None:
+            self._running_at = now
+        if self._running_at is None:
+            if self.start_timeout is not None and now - self._started_at > self.start_timeout:
+                raise ClusterError(
+                    f"{status.text or 'not running'} after {self.start_timeout:g} s "
+                    "(start_timeout): it was cancelled. Ask for fewer or other nodes, or wait "
+                    "longer."
+                )
+        elif self.scheduler.queued and now - self._running_at > self.join_timeout:
+            raise ClusterError(
+                self._ended_early(
+                    status,
+                    f"its agents did not all join within {self.join_timeout:g} s of it running",
+                )
+            )
+
+    def _ended_early(self, status: JobStatus, what: str | None = None) -> str:
+        joined = len(self._hub.nodes) if self._hub is not None else 0
+        text = f"{what or status.line}, before its agents joined ({joined} of {self.num_nodes})."
+        said = status.output or (tail(status.log) if status.log else "")
+        if said:
+            where = f" ({status.log})" if status.log else ""
+            text += f" Its output{where} ends with:\n{said}\n"
+        if status.fix:
+            text += f"\n{status.fix}"
+        elif "No module named" in said or "not found" in said:
+            python = self.scheduler.python or "the nodes' Python"
+            text += (
+                f"\nInstall notebook_launcher in the same environment on every node: the "
+                f"agents run {python} (python=... names another interpreter)."
+            )
+        elif "cannot join the kernel" in said:
+            address = self._hub.address if self._hub is not None else "?"
+            text += (
+                f"\nThe nodes cannot reach this kernel at {address}: pass host= an address of "
+                "this machine on the cluster's network, and port= a port the nodes may reach."
+            )
+        return text
 
     def _waiting(self, joined: int) -> NodesWaiting:
-        return NodesWaiting(
-            self.describe(), "waiting for the agents", joined, self.num_nodes, time.time()
+        status = self.scheduler.status()
+        what = status.brief or (
+            "waiting for the agents" if status.phase is Phase.RUNNING else "submitted"
         )
-
-    def _stop_agents(self) -> None:
-        """After the agents were told to leave (or could not be): end what started them."""
+        return NodesWaiting(self.describe(), what, joined, self.num_nodes, time.time())
 
     def describe(self) -> str:
-        return f"{self.num_nodes} node(s)"
+        return self.scheduler.describe()
 
     def job_state(self) -> str:
-        """What the scheduler says of the job, in a few words ("" when there is nothing to say)."""
-        return ""
+        """What the scheduler says of the job, in a few words ("" when there is nothing to
+        say): asked when an agent ends or goes, it may take a few seconds to settle."""
+        return self.scheduler.status(settled=True).text
 
-    # -- life ----------------------------------------------------------------------------------
+    def told_to_end(self) -> bool:
+        """Some node's agent said whoever started it is ending it (its SIGTERM: Slurm's
+        time limit or scancel, Ray's actor killed): typed (``_wire.agent.Ending``), never a
+        phrase found in an error's text."""
+        return any(node.end_reason is Ending.TERMINATED for node in self._nodes)
 
     @property
     def running(self) -> bool:
@@ -138,10 +193,11 @@ class Cluster:
         if self.running:
             return
         tell = report or (lambda event: None)
-        hub = AgentHub(self.host or self._default_host(), self.port)
+        hub = AgentHub(self.host or self.scheduler.address(), self.port)
         self._hub, self.ended = hub, None
+        self._started_at, self._running_at = time.monotonic(), None
         try:
-            self._start_agents(hub, tell)
+            self.scheduler.submit(hub)
             last: list[Any] = [None]
 
             def waited() -> None:
@@ -154,7 +210,9 @@ class Cluster:
                     tick()
 
             waited()
-            nodes = hub.wait_for(self.num_nodes, self._join_budget(), self._check, waited)
+            # a queue bounds the wait by its own rules (_check); else join_timeout does
+            budget = float("inf") if self.scheduler.queued else self.join_timeout
+            nodes = hub.wait_for(self.num_nodes, budget, self._check, waited)
             self._check_nodes(nodes)
             self._nodes = nodes
             self._store = _store_server()
@@ -163,19 +221,10 @@ class Cluster:
         except BaseException:
             self._abort()
             raise
-        self._forget_secret()
+        self.scheduler.joined()
         if not _live:
             atexit.register(_close_all)
         _live.add(self)
-
-    def _join_budget(self) -> float:
-        return self.join_timeout
-
-    def _default_host(self) -> str:
-        return "127.0.0.1"
-
-    def _forget_secret(self) -> None:
-        """Every agent joined: the secret's file is of no more use."""
 
     def _check_nodes(self, nodes: list[RemoteNode]) -> None:
         """Every node must run what this kernel runs, and have the GPUs asked for."""
@@ -218,7 +267,7 @@ class Cluster:
         self._store = None
         if hub is not None:
             hub.close()
-        self._stop_agents()
+            self.scheduler.cancel(now=self._cancel_now)
         _live.discard(self)
 
     def _abort(self) -> None:
@@ -246,7 +295,8 @@ class Cluster:
         """What a cluster that never started holds besides its configuration."""
         return {
             "_hub": None, "_nodes": [], "_store": None, "_proxy": None, "_store_key": "",
-            "ended": None, "_cancel_now": False, "launches": 0,
+            "ended": None, "_cancel_now": False, "launches": 0, "_started_at": 0.0,
+            "_running_at": None,
         }  # fmt: skip
 
     def __enter__(self) -> Cluster:
@@ -353,6 +403,24 @@ class Cluster:
         return f"<{type(self).__name__} {self.describe()}, {state}>"
 
 
+def check_cluster(cluster: Any) -> None:
+    """``cluster=`` is a cluster object (:class:`SlurmCluster`, :class:`RayCluster`,
+    :class:`AgentCluster`), not its name or its class."""
+    if isinstance(cluster, type):
+        name = cluster.__name__
+        raise PreflightError(
+            f"cluster={name} is the class, not a cluster: make one and pass it, e.g. "
+            f"cluster={name}(nodes=2) (it starts with the first launch and stays for the next)."
+        )
+    if not callable(getattr(cluster, "plan", None)) or not hasattr(cluster, "nodes_for_launch"):
+        raise PreflightError(
+            f"cluster={cluster!r} ({type(cluster).__name__}) is not a cluster: pass a "
+            "SlurmCluster or AgentCluster object (or a RayCluster), e.g. "
+            "`from notebook_launcher import SlurmCluster; cluster = SlurmCluster(nodes=2, "
+            "partition='gpu')`, then cluster=cluster (or leave cluster=None to run here)."
+        )
+
+
 def _notice_gone(node: RemoteNode) -> None:
     """Read what the agent said while nothing listened: its end, or that it is ending."""
     if not node.drain():
@@ -416,57 +484,22 @@ class AgentCluster(Cluster):
         secret_file: str | None = None,
         join_timeout: float = 600.0,
     ) -> None:
-        super().__init__(nodes, gpus_per_node, host=host, port=port, join_timeout=join_timeout)
-        self._secret_file = secret_file
-        self._written: str | None = None
-        self._dir: str | None = None
-
-    def _fresh_state(self) -> dict[str, Any]:
-        return {**super()._fresh_state(), "_written": None, "_dir": None}
-
-    def _default_host(self) -> str:
-        return slurm.reachable_address(None)
-
-    def _start_agents(self, hub: AgentHub, report: Callable[[Event], None]) -> None:
-        if self._secret_file is None:  # a directory of the job's own (swept if we die)
-            self._dir = _jobs_dir(None, hub.job)
-            path = os.path.join(self._dir, "secret")
-        else:
-            path = self._secret_file
-            _remove(path)  # the last start's secret: this start has a new one
-        self._written = hub.write_secret(path)
+        super().__init__(
+            nodes,
+            gpus_per_node,
+            host=host,
+            port=port,
+            join_timeout=join_timeout,
+            scheduler=HandStarted(nodes, gpus_per_node, secret_file),
+        )
 
     def agent_command(self, node: int | None = None) -> str:
         """The command that starts node ``node``'s agent (None: whichever node is free)."""
-        if self._hub is None or self._written is None:
+        scheduler = self.scheduler
+        assert isinstance(scheduler, HandStarted)
+        if self._hub is None:
             raise ClusterError("start the cluster first (cluster.start() waits for the agents)")
-        argv = [
-            sys.executable, "-m", "notebook_launcher", "agent", "--connect", self._hub.address,
-            "--job", self._hub.job, "--secret-file", self._written,
-        ]  # fmt: skip
-        if node is not None:
-            argv += ["--node", str(node)]
-        return shlex.join(argv)
-
-    def _waiting(self, joined: int) -> NodesWaiting:
-        return NodesWaiting(
-            self.describe(),
-            f"start an agent on each node: {self.agent_command()}",
-            joined,
-            self.num_nodes,
-            time.time(),
-        )
-
-    def _forget_secret(self) -> None:
-        if self._written is not None and self._secret_file is None:
-            _remove(self._written)
-            self._written = None
-
-    def _stop_agents(self) -> None:
-        self._forget_secret()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        return shlex.join(scheduler.command(node))
 
 
 class SlurmCluster(Cluster):
@@ -516,7 +549,14 @@ class SlurmCluster(Cluster):
         join_timeout: float = DEFAULT_JOIN_TIMEOUT,
         job_dir: str | None = None,
     ) -> None:
-        super().__init__(nodes, gpus_per_node, host=host, port=port, join_timeout=join_timeout)
+        super().__init__(
+            nodes,
+            gpus_per_node,
+            host=host,
+            port=port,
+            join_timeout=join_timeout,
+            start_timeout=start_timeout,
+        )
         extra = (
             shlex.split(sbatch_options) if isinstance(sbatch_options, str) else list(sbatch_options)
         )
@@ -553,20 +593,18 @@ class SlurmCluster(Cluster):
         ):
             if value is not None:
                 options.append(f"{flag}={value}")
-        self.sbatch_options = options + extra
-        self.setup = list(setup)
-        self.python = python or sys.executable
-        self.allocation = allocation
-        self.start_timeout = start_timeout
-        self.job_dir = job_dir
-        self.job_id: str | None = None
-        self._step: subprocess.Popen[bytes] | None = None
-        self._dir: str | None = None
-        self._output: str | None = None
-        self._state: slurm.JobState | None = None
-        self._next_look = 0.0
-        self._started_at = 0.0
-        self._running_at: float | None = None
+        self.scheduler = slurm.SlurmJob(
+            nodes, gpus_per_node, options + extra, setup, python, allocation, job_dir
+        )
+
+    @property
+    def job_id(self) -> str | None:
+        """The Slurm job's id, once submitted (or the allocation's, for a step of it)."""
+        return self.scheduler.job_id  # type: ignore[attr-defined]
+
+    @property
+    def sbatch_options(self) -> list[str]:
+        return self.scheduler.options  # type: ignore[attr-defined]
 
     @classmethod
     def from_sbatch(cls, options: str | Sequence[str], **kwargs: Any) -> SlurmCluster:
@@ -615,267 +653,67 @@ class SlurmCluster(Cluster):
             i += 1
         return cls(sbatch_options=rest, **kwargs)
 
-    def describe(self) -> str:
-        where = f"Slurm job {self.job_id}" if self.job_id else "a Slurm job"
-        if self._step is not None:
-            where = f"an srun step of Slurm job {self.job_id}"
-        return f"{where}, {self.num_nodes} node(s)"
 
-    def _fresh_state(self) -> dict[str, Any]:
-        return {
-            **super()._fresh_state(), "job_id": None, "_step": None, "_dir": None,
-            "_output": None, "_state": None, "_next_look": 0.0, "_started_at": 0.0,
-            "_running_at": None,
-        }  # fmt: skip
+class RayCluster(Cluster):
+    """``nodes`` nodes of a Ray cluster, each running one agent: Ray reserves them all at
+    once (a placement group of ``nodes`` bundles of ``cpus_per_node`` CPUs and
+    ``gpus_per_node`` GPUs, one per Ray node by default: ``strategy="STRICT_SPREAD"``) and
+    hosts each agent in an actor; the ranks, the store, sessions and the views then run as
+    on Slurm. ``address``: the Ray cluster (None: the one this process is connected to,
+    else the one ``ray.init()`` joins -- ``RAY_ADDRESS``, or one started on this machine);
+    ``init``: more keyword arguments for ``ray.init``. A request the live nodes can never
+    hold is refused at once (``autoscaling=True``: the cluster grows on demand, as
+    KubeRay's autoscaler does, so it waits instead, ``start_timeout`` seconds at most)::
 
-    def _default_host(self) -> str:
-        return slurm.reachable_address(slurm.controller_host())
+        cluster = RayCluster(nodes=2, gpus_per_node=4)
+        notebook_launcher(train, num_processes=8, cluster=cluster)  # 2 Ray nodes x 4 GPUs
 
-    def _uses_allocation(self) -> tuple[str, int] | None:
-        held = slurm.allocation()
-        if self.allocation is False:
-            return None
-        if held is None:
-            if self.allocation:
-                raise ClusterError(
-                    "allocation=True, but this kernel runs in no Slurm allocation "
-                    "(SLURM_JOB_ID is not set): start Jupyter inside salloc/sbatch, or let "
-                    "the cluster submit a job (allocation=None)"
-                )
-            return None
-        job, count = held
-        if count < self.num_nodes:
-            if self.allocation:
-                raise ClusterError(
-                    f"this kernel's allocation (Slurm job {job}) has {count} node(s), "
-                    f"fewer than nodes={self.num_nodes}"
-                )
-            return None  # too small to use: submit a job of its own
-        return held
+    Needs Ray in this environment and on the nodes (``pip install
+    'notebook_launcher[ray]'``), with this package; ``ray`` is imported at the first
+    start, never by ``import notebook_launcher``.
+    """
 
-    def _start_agents(self, hub: AgentHub, report: Callable[[Event], None]) -> None:
-        self._dir = _jobs_dir(self.job_dir, hub.job)
-        self._output = os.path.join(self._dir, "agents.out")
-        self._started_at = time.monotonic()
-        self._running_at = None
-        agent = [
-            self.python,
-            "-m",
-            "notebook_launcher",
-            "agent",
-            "--connect",
-            hub.address,
-            "--job",
-            hub.job,
-        ]
-        held = self._uses_allocation()
-        if held is not None:
-            self.job_id = held[0]
-            argv = [
-                slurm.command("srun"), "--overlap", f"--nodes={self.num_nodes}",
-                f"--ntasks={self.num_nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-                f"--job-name={self.sbatch_options[0].split('=', 1)[1]}", *agent,
-            ]  # fmt: skip
-            with open(self._output, "wb") as out:
-                self._step = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, **hub.secret_env()},  # never argv, never a file
-                    start_new_session=True,  # the notebook's Ctrl-C is the kernel's
-                )
-            self._running_at = time.monotonic()
-            return
-        secret = hub.write_secret(os.path.join(self._dir, "secret"))
-        script = os.path.join(self._dir, "job.sh")
-        text = slurm.batch_script(
-            self.sbatch_options,
-            self.setup,
-            [*agent, "--secret-file", secret],
-            os.path.join(self._dir, "slurm-%j.out"),
+    kind = "ray"
+
+    def __init__(
+        self,
+        nodes: int = 1,
+        gpus_per_node: int = 0,
+        *,
+        cpus_per_node: float = 1,
+        address: str | None = None,
+        strategy: str = "STRICT_SPREAD",
+        autoscaling: bool = False,
+        init: dict[str, Any] | None = None,
+        host: str | None = None,
+        port: int = 0,
+        start_timeout: float | None = None,
+        join_timeout: float = DEFAULT_JOIN_TIMEOUT,
+    ) -> None:
+        super().__init__(
+            nodes,
+            gpus_per_node,
+            host=host,
+            port=port,
+            join_timeout=join_timeout,
+            start_timeout=start_timeout,
         )
-        with open(script, "w") as f:
-            f.write(text)
-        self.job_id = slurm.submit(script)
-        self._output = os.path.join(self._dir, f"slurm-{self.job_id}.out")
+        from ._launch.ray import RayJob
 
-    def _join_budget(self) -> float:
-        return float("inf")  # _check bounds the wait: pending, then join_timeout once running
-
-    def _check(self) -> None:
-        now = time.monotonic()
-        if self._step is not None:
-            code = self._step.poll()
-            if code is not None:
-                raise ClusterError(self._ended_early(f"the srun step ended (exit {code})"))
-        elif self.job_id is not None and now >= self._next_look:
-            self._next_look = now + POLL
-            self._state = state = slurm.state(self.job_id)
-            if state.ended:
-                raise ClusterError(self._ended_early(state.describe()))
-            never = slurm.never_starts(state)
-            if never is not None:  # waiting would be forever: say why, and cancel it
-                raise ClusterError(
-                    f"{state.describe()}: it can never start ({never}). It was cancelled."
-                )
-            if state.state == "RUNNING" and self._running_at is None:
-                self._running_at = now
-        if self._running_at is None:
-            if self.start_timeout is not None and now - self._started_at > self.start_timeout:
-                state_text = self._state.describe() if self._state else "not running"
-                raise ClusterError(
-                    f"{state_text} after {self.start_timeout:g} s (start_timeout): it was "
-                    "cancelled. Ask for fewer or other nodes, or wait longer."
-                )
-        elif now - self._running_at > self.join_timeout:
-            raise ClusterError(
-                self._ended_early(
-                    f"its agents did not all join within {self.join_timeout:g} s of it running"
-                )
-            )
-
-    def _ended_early(self, what: str) -> str:
-        joined = len(self._hub.nodes) if self._hub is not None else 0
-        text = f"{what}, before its agents joined ({joined} of {self.num_nodes})."
-        tail = slurm.tail(self._output) if self._output else ""
-        if tail:
-            text += f" Its output ({self._output}) ends with:\n{tail}\n"
-        if "No module named" in tail or "not found" in tail:
-            text += (
-                f"\nInstall notebook_launcher in the same environment on every node: the agents "
-                f"run {self.python} (python=... names another interpreter)."
-            )
-        elif "cannot join the kernel" in tail:
-            address = self._hub.address if self._hub is not None else "?"
-            text += (
-                f"\nThe nodes cannot reach this kernel at {address}: pass host= an address of "
-                "this machine on the cluster's network, and port= a port the nodes may reach."
-            )
-        return text
-
-    def _waiting(self, joined: int) -> NodesWaiting:
-        if self._step is not None:
-            what = "srun step started"
-        elif self._state is not None:
-            what = self._state.brief()
-        else:
-            what = "submitted"
-        return NodesWaiting(self.describe(), what, joined, self.num_nodes, time.time())
-
-    def job_state(self) -> str:
-        """``Slurm job 12: CANCELLED: it was cancelled (scancel)``. A job that is ending
-        (COMPLETING) is given a few seconds to say how it ended."""
-        if self.job_id is None or self._step is not None:
-            return ""
-        deadline = time.monotonic() + COMPLETING_WAIT
         try:
-            state = slurm.state(self.job_id)
-            while state.state == "COMPLETING" and time.monotonic() < deadline:
-                time.sleep(0.2)
-                state = slurm.state(self.job_id)
-        except slurm.SlurmError:
-            return ""
-        text = state.describe()
-        if state.state == "NODE_FAIL" or state.reason in ("NodeDown", "NodeFail"):
-            bad = slurm.unhealthy(state.nodes)
-            if bad:
-                text += f"; Slurm holds these nodes down: {bad}"
-        return text
-
-    def _forget_secret(self) -> None:
-        if self._dir is not None:
-            _remove(os.path.join(self._dir, "secret"))
-
-    def _stop_agents(self) -> None:
-        """The agents were told to leave: the step (or the job) ends by itself; make sure."""
-        step, self._step = self._step, None
-        if step is not None:
-            if self._cancel_now:
-                step.terminate()
-            try:
-                step.wait(10.0)
-            except subprocess.TimeoutExpired:
-                step.terminate()
-                try:
-                    step.wait(10.0)
-                except subprocess.TimeoutExpired:
-                    step.kill()
-                    step.wait()
-        elif self.job_id is not None and self._cancel_now:
-            slurm.cancel(self.job_id)
-        elif self.job_id is not None:
-            deadline = time.monotonic() + 10.0
-            while time.monotonic() < deadline:
-                try:
-                    if slurm.state(self.job_id).ended:
-                        break
-                except slurm.SlurmError:
-                    break
-                time.sleep(0.2)
-            else:
-                slurm.cancel(self.job_id)
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+            self.scheduler = RayJob(
+                nodes, gpus_per_node, cpus_per_node, address, strategy, autoscaling, init
+            )
+        except ValueError as exc:
+            raise at_callers_line(exc) from None
 
 
-#: The file in a job's directory that names the kernel that made it (host, pid, start).
-OWNER = "kernel"
-
-
-def _jobs_dir(base: str | None = None, job: str | None = None) -> str:
-    """The jobs' root (``~/.notebook_launcher/jobs``), or the directory of ``job`` in it,
-    made with an :data:`OWNER` file; the directories of ended kernels of this host go
-    (a killed kernel could not remove its own)."""
-    root = base or os.path.join(os.path.expanduser("~"), ".notebook_launcher", "jobs")
-    if not job:
-        os.makedirs(root, mode=0o700, exist_ok=True)
-        return root
-    _sweep(root)
-    path = os.path.join(root, job)
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    with open(os.path.join(path, OWNER), "w") as f:
-        f.write(_kernel_id(os.getpid()))
-    return path
-
-
-def _kernel_id(pid: int) -> str:
-    """``host pid start``: a process, told apart from a later one that reuses its pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            start = f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        start = "?"
-    return f"{socket.gethostname()} {pid} {start}"
-
-
-def _sweep(root: str) -> None:
-    """Remove the job directories under ``root`` whose kernel, on this host, has ended."""
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    host = socket.gethostname()
-    for name in names:
-        path = os.path.join(root, name)
-        try:
-            with open(os.path.join(path, OWNER)) as f:
-                owner = f.read().strip()
-            owner_host, pid = owner.split()[:2]
-            if owner_host != host or int(pid) == os.getpid():
-                continue  # another login node's kernel (it may well be alive), or this one
-        except (OSError, ValueError):
-            continue  # not one of ours, or being made
-        if _kernel_id(int(pid)) != owner:  # that kernel ended (its pid is gone or reused)
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+# the jobs' directories (kept under these names: what the tests and older code call)
+OWNER = schedulers.OWNER
+_jobs_dir = schedulers.jobs_dir
+_kernel_id = schedulers.kernel_id
+_sweep = schedulers.sweep
+_remove = schedulers.remove
 
 
 def _close_all() -> None:

@@ -21,10 +21,10 @@ port bound), then handed to a supervisor process that is not this kernel's child
       handle.stop()  -- SIGINT --------------------> every rank stopped (as Ctrl-C)
       Ctrl-C in handle.result(): this kernel stops following; the run goes on
 
-On a Slurm cluster the supervisor is the batch script of the run's own job (sbatch instead
-of the forkserver; ``queued`` until the job starts); a kernel on another host than the
-supervisor's (the record on a shared home) judges it alive by its heartbeat file and stops
-it with a stop file instead of a signal.
+On a cluster whose scheduler can run it (``Scheduler.submit_supervisor``) the supervisor
+runs inside the run's own job (``queued`` until the job starts); a kernel on another host
+than the supervisor's (the record on a shared home) judges it alive by its heartbeat file
+and stops it with a stop file instead of a signal.
 
 Example::
 
@@ -67,6 +67,7 @@ from ._launch import detach as record
 from ._launch import forkserver
 from ._launch.detach import Meta
 from ._launch.plan import LaunchPlan
+from ._launch.scheduler import kind_of, tail
 from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dumps, dumps_checked
@@ -117,21 +118,19 @@ def launch_on_cluster(
     name: str, ranks: int, nodes: int, job: dict[str, Any], dashboard: bool | str | View
 ) -> RunHandle:
     """A launch on a cluster (``job["cluster"]``, not started: its configuration) handed to
-    a supervisor of its own, followed here. A :class:`SlurmCluster` that submits a job gets
-    its supervisor *inside* that job (:func:`_hand_over_to_job`): the job holds the hub,
-    the store and the ranks, and nothing of the run is left on this host. Otherwise (an
-    :class:`AgentCluster`, or a Slurm allocation this kernel runs in) the supervisor runs
-    on this host, starts the cluster (holds its hub and store), runs the launch and ends
-    the cluster when the run ends. ``job``: the task (pickled for the agents) and what
+    a supervisor of its own, followed here. A cluster whose scheduler can host it gets its
+    supervisor *inside* a job of its own (:func:`_hand_over_to_job`): the job holds the
+    hub, the store and the ranks, and nothing of the run is left on this host. Otherwise
+    (an ``AgentCluster``, an allocation this kernel runs in, Ray) the supervisor runs on
+    this host, starts the cluster (holds its hub and store), runs the launch and ends the
+    cluster when the run ends. ``job``: the task (pickled for the agents) and what
     ``launcher._cluster_launch`` takes."""
-    from .cluster import SlurmCluster
-
-    cluster = job["cluster"]
-    if isinstance(cluster, SlurmCluster) and cluster._uses_allocation() is None:
-        run_id, job_id = _hand_over_to_job(name, ranks, nodes, job, cluster)
+    scheduler = job["cluster"].scheduler
+    if scheduler.can_host_supervisor():
+        run_id = _hand_over_to_job(name, ranks, nodes, job, scheduler)
         print(
             f"notebook_launcher: run {run_id} detached ({name}, {ranks} ranks on {nodes} "
-            f"node(s)): Slurm job {job_id} runs it, its supervisor included; it goes on "
+            f"node(s)): {scheduler.describe()} runs it, its supervisor included; it goes on "
             f"without this kernel. notebook_launcher.attach({run_id!r}) follows it from any "
             "kernel of yours that reads this record; .stop() stops it and ends the job.",
             flush=True,
@@ -150,40 +149,32 @@ def launch_on_cluster(
 
 
 def _hand_over_to_job(
-    name: str, ranks: int, nodes: int, job: dict[str, Any], cluster: Any
-) -> tuple[str, str]:
+    name: str, ranks: int, nodes: int, job: dict[str, Any], scheduler: Any
+) -> str:
     """A new run's record (on a file system the job's nodes read: a shared home), its task
-    written there, and a Slurm job submitted whose batch script is the run's supervisor
-    (``_supervise.in_job``); ``(run id, job id)``. The run is "queued" until that
-    supervisor starts."""
-    from ._launch import slurm
-
-    job_id = None
+    written there, and a job submitted by ``scheduler`` whose first process is the run's
+    supervisor (``_supervise.in_job``), the job written into the record
+    (``record.write_job``: any kernel that attaches reads it back); the run id. The run is
+    "queued" until that supervisor starts."""
+    submitted = False
     key = secrets.token_bytes(record.KEY_BYTES)
     made: list[str] = []
     try:
         run_id = _new_record(name, ranks, nodes, dumps(job), record.QUEUED, key, made)
         run_dir = made[0]
-        code = _supervisor_code("in_job(sys.argv[1])")
-        text = slurm.batch_script(
-            cluster.sbatch_options, cluster.setup, (), os.path.join(run_dir, "slurm-%j.out"),
-            supervisor=(cluster.python, "-c", code, run_dir),
-        )  # fmt: skip
-        # the script as submitted goes to sbatch on its stdin, the run's key in it (its
-        # supervisor's environment): not read back from the record, as the key must not be
-        record.write_private(os.path.join(run_dir, "job.sh"), text.encode())
-        head, command = text.rsplit("\nexec ", 1)
-        keyed = f"{head}\nexport {record.KEY_ENV}={key.hex()}\nexec {command}"
+        code = _supervisor_code("in_job(sys.argv[1], sys.argv[2])")
+        argv = (scheduler.python or sys.executable, "-c", code, run_dir, kind_of(type(scheduler)))
+        # the run's key goes in the job's environment as submitted: never in the record
         with deferred_interrupts():  # a job submitted and not written down: none
-            job_id = slurm.submit_text(keyed)
-            record.write_private(os.path.join(run_dir, record.JOB), f"{job_id}\n".encode())
+            submitted = scheduler.submit_supervisor(argv, run_dir, {record.KEY_ENV: key.hex()})
+            record.write_job(run_dir, scheduler)
     except BaseException:  # Ctrl-C while it is submitted too: no job, no record left
-        if job_id is not None:
-            slurm.cancel(job_id)
+        if submitted:
+            scheduler.cancel(now=True)
         for run_dir in made:
             record.remove(run_dir)
         raise
-    return run_id, job_id
+    return run_id
 
 
 def _new_record(
@@ -496,13 +487,11 @@ class RunHandle(TaskHandle):
         except OSError:
             return  # the record is gone: the run ended, and a kernel took its result
         if meta.state == record.QUEUED and meta.pid is None:  # its job waits in the queue
-            from ._launch import slurm
-
             with contextlib.suppress(OSError):
                 record.ask_to_stop(self.path)  # (should its supervisor start meanwhile)
             job = record.job_of(self.path)
             if job is not None:
-                slurm.cancel(job)
+                job.cancel(now=True)
             return
         if record.elsewhere(meta):  # not ours to signal: asked through the record
             with contextlib.suppress(OSError):
@@ -637,7 +626,7 @@ class _Follower:
         self.reader = record.EventReader(run_dir)
         self.ended = False
         self.replayed = False  # the history (the first read) is shown at once
-        #: while the run's Slurm job is queued: when to ask Slurm again, what it said
+        #: while the run's job is queued: when to ask its scheduler again, what it said
         self.next_look = 0.0
         self.waiting: str | None = None
         #: a supervisor on another host: its heartbeat's last time seen, when it was seen
@@ -783,23 +772,21 @@ class _Follower:
             )
 
     def _queued(self, meta: Meta) -> None:
-        """The run's job waits in Slurm's queue: say its state when it changes."""
-        from ._launch import slurm
-
+        """The run's job waits in its scheduler's queue: say its state when it changes."""
         now = time.monotonic()
         if now < self.next_look:
             return
         self.next_look = now + record.QUEUED_LOOK
         job = record.job_of(self.run_dir)
         what = "submitted"
-        with contextlib.suppress(slurm.SlurmError):
+        with contextlib.suppress(LaunchError):
             if job is not None:
-                what = slurm.state(job).brief()
+                what = job.status().brief or what
         if what != self.waiting:
             self.waiting = what
             self.view.handle(
                 NodesWaiting(
-                    f"Slurm job {job}, {meta.nodes} node(s)",
+                    job.describe() if job is not None else f"a job, {meta.nodes} node(s)",
                     f"{what}: the run's supervisor starts in the job",
                     0,
                     meta.nodes,
@@ -810,21 +797,23 @@ class _Follower:
     def _never_started(self, meta: Meta) -> BaseException:
         """The run's job ended before its supervisor started in it: stopped (by us, while
         it was queued), or the job's end and its output."""
-        from ._launch import slurm
-
         job = record.job_of(self.run_dir)
+        named = job.describe().split(",")[0] if job is not None else "job"
         if os.path.exists(os.path.join(self.run_dir, record.STOP)):
-            why = f"stopped while its Slurm job {job} was queued: nothing ran"
+            why = f"stopped while its {named} was queued: nothing ran"
             self.view.handle(LaunchFinished(False, why, None, 0.0, time.time()))
             return KeyboardInterrupt(why)
+        output = ""
         try:
-            ended = slurm.state(job).describe() if job else "it was never submitted"
-        except slurm.SlurmError as exc:
+            status = job.status(settled=True) if job is not None else None
+            ended = status.line if status is not None else "it was never submitted"
+            output = status.log if status is not None else ""
+        except LaunchError as exc:
             ended = str(exc)
-        output = os.path.join(self.run_dir, f"slurm-{job}.out")
-        said = slurm.tail(output) or slurm.tail(os.path.join(self.run_dir, record.LOG))
+        said = tail(output) if output else ""
+        said = said or tail(os.path.join(self.run_dir, record.LOG))
         why = (
-            f"run {meta.id}'s Slurm job ended before the run's supervisor started in it "
+            f"run {meta.id}'s {named} ended before the run's supervisor started in it "
             f"({ended}). Its output ({output}):\n{said or '(empty)'}\nThe job's first node "
             f"must read this record ({self.run_dir}): NOTEBOOK_LAUNCHER_RUNS_DIR on a file "
             "system the nodes share, as your home usually is."
@@ -895,7 +884,7 @@ class RunInfo:
     kind: str = "launch"
     #: the nodes its ranks run on
     nodes: int = 1
-    #: a cluster run's job ("Slurm job 12, 2 node(s)"), once started
+    #: a cluster run's job (its scheduler's words: ``Scheduler.describe``), once started
     cluster: str = ""
     #: the host its supervisor runs on
     host: str = ""
@@ -958,8 +947,9 @@ def runs() -> Runs:
         except (OSError, ValueError, TypeError, LaunchError):
             continue
         state = record.state_of(meta, path)
-        if meta.state == record.QUEUED and not meta.cluster:  # (its supervisor names it)
-            meta.cluster = f"Slurm job {record.job_of(path)}, {meta.nodes} node(s)"
+        job = record.job_of(path) if meta.state == record.QUEUED and not meta.cluster else None
+        if job is not None:  # (once it runs, its supervisor names it)
+            meta.cluster = job.describe()
         unheard = record.unheard_for(meta, path) if state != record.DIED else None
         if unheard is not None:
             meta.summary = (

@@ -1004,17 +1004,17 @@ def start_detached(
 ) -> DetachedSession:
     """``start(..., detach=True)``: a supervisor of its own, its ranks started there. On a
     cluster (``options["cluster"]``, not started) that supervisor, on this host, starts the
-    cluster (submits its Slurm job, holds its hub: the agents connect to it) and ends it
+    cluster (submits its job, holds its hub: the agents connect to it) and ends it
     with the session."""
     from .detached import _abandon, _Handover
 
     cluster = options.get("cluster")
     nodes = 1
-    if cluster is not None:  # what can be checked without the nodes: here, before sbatch
-        from ._launch import preflight
+    if cluster is not None:  # what can be checked without the nodes: before submitting
         from ._launch.remote import cluster_ranks
+        from .cluster import check_cluster
 
-        preflight.check_cluster(cluster)
+        check_cluster(cluster)
         nodes = cluster.num_nodes
         cluster_ranks(
             num_processes, nodes, cluster.gpus_per_node, devices=options.get("devices", "auto")

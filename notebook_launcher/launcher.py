@@ -337,7 +337,9 @@ def _on_cluster(
     (a :class:`_Launch`); with ``detach``, handed to a supervisor that starts the cluster
     and runs the launch (``detached.launch_on_cluster``; its handle)."""
     __tracebackhide__ = True
-    preflight.check_cluster(cluster)
+    from .cluster import check_cluster
+
+    check_cluster(cluster)
     for name, (value, default) in others.items():
         if value != default:
             raise PreflightError(

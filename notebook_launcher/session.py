@@ -271,7 +271,9 @@ class Session:
         the wait for its job and agents; ``renew``, a restart: on fresh nodes if the
         cluster lost some)."""
         __tracebackhide__ = True
-        preflight.check_cluster(cluster)
+        from .cluster import check_cluster
+
+        check_cluster(cluster)
         for name, default in (
             ("use_port", "auto"),
             ("master_addr", "127.0.0.1"),

@@ -856,7 +856,9 @@ def test_a_rank_that_never_started_says_whether_its_node_refused_it_or_was_gone(
     assert (
         _refused_or_gone(node) == "node 1 (gpu-3) was gone before it started: its connection ended"
     )
+    # what the agent sent: its words, and why, typed (what the kernel decides on)
     node.ending = "its ranks could not start: OSError: no memory"
+    node.end_reason = wire.Ending.COULD_NOT_START
     assert _refused_or_gone(node) == "node 1 (gpu-3) refused to start it: OSError: no memory"
 
 

@@ -37,6 +37,7 @@ EXPECTED = {
     "SerializationError",
     "Session",
     "SessionBroken",
+    "RayCluster",
     "SlurmCluster",
     "TorchDynamoPlugin",
     "WorkerDied",

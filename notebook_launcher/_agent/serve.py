@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .._events import MetricsLogged, Output, ProgressUpdate
@@ -53,9 +54,12 @@ EXIT_TAMPERED = 3
 class Agent:
     """One node's agent, after it joined the kernel's hub."""
 
-    def __init__(self, link: wire.Link, secret: bytes = b"") -> None:
+    def __init__(self, link: wire.Link, secret: bytes = b"", on_sigterm: str = "") -> None:
+        """``on_sigterm``: what a SIGTERM means where this agent runs, in words (what
+        started it says: ``--on-sigterm``)."""
         self.link = link
         self._secret = secret
+        self.on_sigterm = on_sigterm
         #: this node's ranks reach the kernel's store through it (made at the first Start)
         self.forwarder: StoreForwarder | None = None
         self.group: WorkerGroup | None = None
@@ -64,8 +68,9 @@ class Agent:
         self._chatty_since: float | None = None
         #: the batch holds something that is not chatty: send it now
         self._urgent = False
-        #: why Slurm (or someone) asked the agent to end: its SIGTERM
+        #: why the agent ends on its own (its SIGTERM, tampering), in words and typed
         self.ending: str | None = None
+        self.reason = wire.Ending.TERMINATED
         self._announced = False
 
     # -- the loop ------------------------------------------------------------------------------
@@ -115,16 +120,15 @@ class Agent:
             self.link.close()
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.ending = (
-            f"its agent got SIGTERM: {wire.SLURM_ENDING}"
-            if os.environ.get("SLURM_JOB_ID")
-            else "its agent got SIGTERM"
-        )
+        self.reason = wire.Ending.TERMINATED
+        said = f": {self.on_sigterm}" if self.on_sigterm else ""
+        self.ending = f"its agent got SIGTERM{said}"
 
     def _tampered(self, why: str) -> int:
         """A frame from the kernel failed its check: nothing more from it is trusted. The
         ranks stop and the agent leaves, telling the kernel why first (what it sends is still
         sealed: the kernel can check it)."""
+        self.reason = wire.Ending.TAMPERED
         self.ending = (
             f"its agent left: the connection from the kernel was tampered with ({why}); "
             "something on the network between them changes what they send"
@@ -137,6 +141,7 @@ class Agent:
     def _store_tampered(self, why: str) -> int:
         """The kernel's end of the store's connection failed its proof: this node's ranks
         cannot meet the others safely. They stop and the agent leaves, saying why."""
+        self.reason = wire.Ending.TAMPERED
         self.ending = (
             f"its agent left: the connection to the ranks' store failed its authentication "
             f"({why}): something on the network between this node and the kernel changes "
@@ -193,7 +198,11 @@ class Agent:
         setup = message.setup
         too_many = preflight.capacity_problem(len(setup.specs), "this node")
         if too_many is not None:
-            self.link.send(wire.AgentEnding(f"its ranks could not start: {too_many}"))
+            self.link.send(
+                wire.AgentEnding(
+                    f"its ranks could not start: {too_many}", wire.Ending.COULD_NOT_START
+                )
+            )
             return False
         try:
             via = self._store_via(setup.specs)
@@ -201,7 +210,8 @@ class Agent:
             self.link.send(
                 wire.AgentEnding(
                     f"its ranks could not start: cannot listen for their store clients "
-                    f"on 127.0.0.1 ({exc})"
+                    f"on 127.0.0.1 ({exc})",
+                    wire.Ending.COULD_NOT_START,
                 )
             )
             return False
@@ -221,7 +231,9 @@ class Agent:
         try:
             group.start()
         except BaseException as exc:  # noqa: BLE001 - the kernel must hear why
-            self.link.send(wire.AgentEnding(f"its ranks could not start: {exc!r}"))
+            self.link.send(
+                wire.AgentEnding(f"its ranks could not start: {exc!r}", wire.Ending.COULD_NOT_START)
+            )
         for proc in group.procs:
             self._add(wire.RankStarted(proc.rank, proc.pid))
         self._flush()
@@ -304,7 +316,7 @@ class Agent:
     def _flush(self) -> None:
         if self.ending is not None and not self._announced:  # before the exits it explains
             self._announced = True
-            self.link.send(wire.AgentEnding(self.ending))
+            self.link.send(wire.AgentEnding(self.ending, self.reason))
         self._chatty_since, self._urgent = None, False
         if self.batch:
             items, self.batch = self.batch, []
@@ -381,7 +393,7 @@ def read_secret(path: str | None, fd: int | None = None) -> bytes:
 
 
 def without_secret_in_environ() -> None:
-    """An agent given the secret in its environment (an srun step's) starts again without
+    """An agent given the secret in its environment (a job step's) starts again without
     it, the secret handed over on an inherited pipe (``--secret-fd``). Removing it from
     ``os.environ`` is not enough: a process's initial environment stays in its memory,
     where ``/proc/PID/environ`` shows it, and every forked rank would carry a copy. Never
@@ -401,18 +413,33 @@ def without_secret_in_environ() -> None:
     os.execve(sys.executable, argv, dict(os.environ))
 
 
-def claim(job: str, node: int | None) -> dict[str, Any]:
-    """Who this agent says it is: the job it serves and its node (Slurm's node id of the
-    step when Slurm started it; -1: any node still free)."""
-    if node is None:
-        node = int(os.environ.get("SLURM_NODEID", "-1"))
+def expand(value: str) -> str:
+    """``value``, or the variable it names (``$NAME``: what started the agent passes the
+    name, the agent reads its own environment -- no shell runs between them).
+
+    >>> os.environ["NL_DOCTEST_NODE"] = "n2"; expand("$NL_DOCTEST_NODE"), expand("n3")
+    ('n2', 'n3')
+    >>> del os.environ["NL_DOCTEST_NODE"]; expand("$NL_DOCTEST_NODE")
+    ''
+    """
+    return os.environ.get(value[1:], "") if value.startswith("$") else value
+
+
+def claim(job: str, node: str | int | None, labels: Sequence[str] = ()) -> dict[str, Any]:
+    """Who this agent says it is: the job it serves, its node (``--node``: a number, or
+    ``$NAME`` of a variable that holds it; none: -1, any node still free) and its labels
+    (``KEY=VALUE`` each, a value ``$NAME`` read from the environment)."""
+    try:
+        index = int(expand(str(node))) if node is not None else -1
+    except ValueError:
+        index = -1  # (a variable that is not set: any free node)
+    said = dict(label.split("=", 1) for label in labels if "=" in label)
     return {
         "job": job,
-        "node": node,
+        "node": index,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "slurm_node": os.environ.get("SLURMD_NODENAME", ""),
-        "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
+        "labels": {k: v for k, v in ((k, expand(v)) for k, v in said.items()) if v},
     }
 
 
@@ -431,8 +458,7 @@ def hello(claimed: dict[str, Any]) -> wire.NodeHello:
         torch=torch.__version__,
         package=__version__,
         cwd=os.getcwd(),
-        slurm_node=claimed["slurm_node"],
-        slurm_job=claimed["slurm_job"],
+        labels=dict(claimed["labels"]),
     )
 
 
@@ -463,8 +489,10 @@ def run(
     port: int,
     secret_file: str | None,
     job: str,
-    node: int | None,
+    node: str | int | None,
     secret_fd: int | None = None,
+    labels: Sequence[str] = (),
+    on_sigterm: str = "",
 ) -> int:
     """``python -m notebook_launcher agent``: join, serve, leave. The exit status says how
     it ended (0: the kernel let it go, or went away)."""
@@ -472,7 +500,7 @@ def run(
         without_secret_in_environ()  # execs again, the secret on a pipe
     secret = read_secret(secret_file, secret_fd)
     preload()
-    claimed = claim(job, node)
+    claimed = claim(job, node, labels)
     try:
         link, first = wire.connect(host, port, secret, claimed)
     except (OSError, wire.AuthError) as exc:
@@ -484,7 +512,7 @@ def run(
         )
         return EXIT_CANNOT_JOIN
     link.send(hello(claimed))
-    return Agent(link, secret).serve(first)
+    return Agent(link, secret, on_sigterm).serve(first)
 
 
 __all__ = ["Agent", "claim", "hello", "read_secret", "run", "without_secret_in_environ"]

@@ -11,7 +11,8 @@
 * :mod:`.nodes` -- this node's side of each attempt of such a job;
 * :mod:`.remote` -- one kernel driving other nodes: the agents' hub, and a group whose ranks
   live on those nodes (``RemoteGroup``), planned here (``plan_cluster``);
-* :mod:`.slurm` -- Slurm's commands (submit, look, cancel), for ``SlurmCluster``.
+* :mod:`.scheduler` -- what starts a cluster's agents, behind one small interface; one
+  module per scheduler beside it (each the one place that knows its scheduler's names).
 
 Imports the bottom layer only (and, for ``fork``, the rank entry the child runs); never
 ``ui``: :mod:`notebook_launcher.launcher` is where the process side meets the views.

@@ -32,9 +32,11 @@ supervisor and every kernel that attaches share nothing but a directory, one per
                     latest update; of each rank's output its latest 2,000 lines,
                     the older ones counted), so that attach reads that and the
                     log after it, not hours of log
-      job           a Slurm run's job id, when its supervisor runs in the job       0600
-                    (``job.sh``, ``slurm-<id>.out`` beside it): until the
-                    supervisor starts, the run is "queued" while the job is
+      job           the job's id, when its supervisor runs in a job of its own      0600
+      job.json      that job as its scheduler dumped it (``Scheduler.dump``: any
+                    kernel loads it to say its state, or cancel it), its script
+                    and output beside it: until the supervisor starts, the run
+                    is "queued" while the job is
 
     kernel                                    supervisor (its own session, parent: init)
     ------                                    ------------------------------------------
@@ -88,6 +90,7 @@ from typing import Any
 from .._events import Output, ProgressUpdate
 from .._posix import start_time
 from ..errors import LaunchError
+from .scheduler import Scheduler, dump, load
 
 #: The root of the run records (default ``~/.notebook_launcher/runs``).
 ROOT_ENV = "NOTEBOOK_LAUNCHER_RUNS_DIR"
@@ -125,7 +128,7 @@ HEARTBEAT_STALE = 15.0
 #: host (its pid gone there), which then writes it for the other hosts to read.
 RUNNING, OK, FAILED, STOPPED, DIED = "running", "ok", "failed", "stopped", "supervisor died"
 STARTING = "starting"
-#: a run whose supervisor starts inside its Slurm job, while that job waits in the queue
+#: a run whose supervisor starts inside a job of its own, while that job waits in the queue
 QUEUED = "queued"
 ENDED = (OK, FAILED, STOPPED)
 
@@ -173,7 +176,7 @@ class Meta:
     kind: str = "launch"
     #: the nodes its ranks run on (more than one: a cluster's job, the supervisor's)
     nodes: int = 1
-    #: a cluster run's job, once its supervisor started it ("Slurm job 12, 2 node(s)")
+    #: a cluster run's job, once its supervisor started it (``Scheduler.describe``)
     cluster: str = ""
     #: what befell the record itself ("disk full: ..."), said to whoever attaches
     note: str = ""
@@ -416,8 +419,8 @@ def write_private(path: str, data: bytes) -> None:
             raise
 
 
-#: The variable that carries a run's key into its supervisor inside a Slurm job (set by
-#: the batch script, which goes to sbatch on its stdin; taken out of the environment first).
+#: The variable that carries a run's key into its supervisor inside a job of its own (in
+#: the job's environment as submitted, never in a file; taken out of the environment first).
 KEY_ENV = "NOTEBOOK_LAUNCHER_RUN_KEY"
 #: A sealed task: this tag, then its MAC (keyed BLAKE2b of the run's key), then the pickle.
 _SEALED = b"NLTASK1\n"
@@ -470,15 +473,15 @@ def the_kernel() -> dict[str, Any]:
     return {"sys_path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd()}
 
 
-def take_on(kernel: dict[str, Any], in_job: bool = False) -> None:
-    """Become the kernel of :func:`the_kernel` (ranks forked here inherit it). ``in_job``:
-    inside the run's Slurm job, whose ``SLURM_*`` variables (the allocation a cluster starts
-    its agents in) stand over the kernel's."""
+def take_on(kernel: dict[str, Any], keep: str = "") -> None:
+    """Become the kernel of :func:`the_kernel` (ranks forked here inherit it). ``keep``:
+    inside the run's job, the prefix of its scheduler's variables (``Scheduler.environment``:
+    the allocation a cluster starts its agents in), which stand over the kernel's."""
     sys.path[:] = kernel["sys_path"]  # the function's modules import
     environ = kernel["environ"]
-    if in_job:
-        environ = {k: v for k, v in environ.items() if not k.startswith("SLURM_")}
-        environ.update((k, v) for k, v in os.environ.items() if k.startswith("SLURM_"))
+    if keep:
+        environ = {k: v for k, v in environ.items() if not k.startswith(keep)}
+        environ.update((k, v) for k, v in os.environ.items() if k.startswith(keep))
     os.environ.clear()
     os.environ.update(environ)
     if os.path.isdir(kernel["cwd"]):
@@ -576,37 +579,46 @@ def unheard_for(meta: Meta, run_dir: str) -> float | None:
     return age if age > HEARTBEAT_STALE else None
 
 
-#: Seconds between two looks at a queued run's Slurm job.
+#: Seconds between two looks at a queued run's job.
 QUEUED_LOOK = 2.0
-#: job id -> (when asked, whether it had ended): Slurm is asked at most every 2 s per job
+#: record -> (when asked, whether its job had ended): its scheduler is asked at most every
+#: 2 s per job
 _JOBS_SEEN: dict[str, tuple[float, bool]] = {}
+#: The record's file with the dumped job (``JOB`` holds its id alone, for people).
+JOB_DUMP = "job.json"
 
 
-def job_of(run_dir: str) -> str | None:
-    """The Slurm job a queued run's supervisor starts in (None: not submitted yet)."""
+def write_job(run_dir: str, job: Scheduler) -> None:
+    """Write the job a run's supervisor runs in into its record: its id, and its dump."""
+    dumped = dump(job)
+    write_private(os.path.join(run_dir, JOB_DUMP), json.dumps(dumped).encode())
+    write_private(os.path.join(run_dir, JOB), f"{dumped.get('job_id', '')}\n".encode())
+
+
+def job_of(run_dir: str) -> Scheduler | None:
+    """The job a queued run's supervisor starts in, loaded from its dump (its scheduler's
+    class imported now: ``scheduler.load``); None: not submitted yet."""
     try:
-        return read_private(run_dir, JOB).decode().strip() or None
-    except (OSError, UnicodeDecodeError):
+        return load(json.loads(read_private(run_dir, JOB_DUMP)))
+    except (OSError, ValueError, LaunchError):
         return None
 
 
 def queued_job_ended(run_dir: str, meta: Meta) -> bool:
     """A queued run's job ended before its supervisor started (cancelled, failed to run
-    it...). Where Slurm cannot be asked from here, it has not."""
-    from . import slurm
-
+    it...). Where its scheduler cannot be asked from here, it has not."""
     job = job_of(run_dir)
-    if job is None:  # (between the submission and its id written)
+    if job is None:  # (between the submission and its dump written)
         return time.time() - meta.started > 60
     now = time.monotonic()
-    seen = _JOBS_SEEN.get(job)
+    seen = _JOBS_SEEN.get(run_dir)
     if seen is not None and now - seen[0] < QUEUED_LOOK:
         return seen[1]
     try:
-        ended = slurm.state(job).ended
-    except slurm.SlurmError:
+        ended = job.status().ended
+    except LaunchError:
         ended = False
-    _JOBS_SEEN[job] = (now, ended)
+    _JOBS_SEEN[run_dir] = (now, ended)
     return ended
 
 

@@ -635,7 +635,7 @@ def check_detach(detach: Any, cluster: Any, session: bool = False) -> None:
             raise PreflightError(
                 f"detach=True with a cluster this kernel started ({describe()}): its job "
                 "belongs to this kernel and ends with it, so it cannot outlive it. Pass a "
-                "new cluster object, not started (e.g. SlurmCluster(nodes=2, ...)): the "
+                f"new cluster object, not started (e.g. {type(cluster).__name__}(...)): the "
                 f"detached {what}'s supervisor submits a job of its own. Or leave detach "
                 "out to use this one."
             )
@@ -739,24 +739,6 @@ def _bind(master_addr: str, port: int) -> tuple[socket.socket, int, str | None]:
     except BaseException:
         sock.close()
         raise
-
-
-def check_cluster(cluster: Any) -> None:
-    """``cluster=`` is a cluster object (:class:`~notebook_launcher.SlurmCluster`,
-    :class:`~notebook_launcher.AgentCluster`), not its name or its class."""
-    if isinstance(cluster, type):
-        name = cluster.__name__
-        raise PreflightError(
-            f"cluster={name} is the class, not a cluster: make one and pass it, e.g. "
-            f"cluster={name}(nodes=2) (it starts with the first launch and stays for the next)."
-        )
-    if not callable(getattr(cluster, "plan", None)) or not hasattr(cluster, "nodes_for_launch"):
-        raise PreflightError(
-            f"cluster={cluster!r} ({type(cluster).__name__}) is not a cluster: pass a "
-            "SlurmCluster or AgentCluster object, e.g. "
-            "`from notebook_launcher import SlurmCluster; cluster = SlurmCluster(nodes=2, "
-            "partition='gpu')`, then cluster=cluster (or leave cluster=None to run here)."
-        )
 
 
 #: CPU ranks per core at most (more only wait for a core: a mistake, not a plan).

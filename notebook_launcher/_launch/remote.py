@@ -1,7 +1,7 @@
 """The kernel's end of the nodes: agents that connect, and the ranks they run for us.
 
 One kernel drives every node of a job (a single controller). On each node an agent
-(:mod:`notebook_launcher._agent`, started by Slurm or by hand) connects to the
+(:mod:`notebook_launcher._agent`, started by a scheduler or by hand) connects to the
 :class:`AgentHub`, proves it holds the job's secret (:mod:`notebook_launcher._wire.agent`),
 and from then on starts and stops that node's ranks when told, relaying everything they
 say. :class:`RemoteGroup` is a :class:`~notebook_launcher._launch.group.WorkerGroup` whose
@@ -16,7 +16,7 @@ callbacks, so whatever drives a local group (a launch, a session) drives a remot
         send(proc, msg) --- ToRank(r, msg) -------> group.send(r, msg) ----> control
         terminate() ------- Terminate -------------> SIGTERM, SIGKILL after grace
         close() ----------- CloseRanks ------------> kill, reap --> RanksClosed
-      AgentHub.close() ---- Leave ------------------> exits (the Slurm step ends)
+      AgentHub.close() ---- Leave ------------------> exits (what started it ends)
 
 The ranks join one process group on a TCPStore the kernel holds on 127.0.0.1, behind an
 authenticating proxy on the hub's interface (``master_addr:master_port``); each agent
@@ -88,8 +88,9 @@ class RemoteNode:
     hello: wire.NodeHello
     #: why the agent is gone (its connection ended, it said so), once it is
     gone: str | None = None
-    #: what the agent said about ending, before its connection ended
+    #: what the agent said about ending, before its connection ended, and why (typed)
     ending: str = ""
+    end_reason: wire.Ending | None = None
 
     @property
     def label(self) -> str:
@@ -97,7 +98,7 @@ class RemoteNode:
 
     @property
     def host(self) -> str:
-        return self.hello.slurm_node or self.hello.host
+        return self.hello.labels.get("node") or self.hello.host
 
     def drain(self) -> bool:
         """Read what the agent said while nothing listened: that it is ending (``ending``).
@@ -110,7 +111,7 @@ class RemoteNode:
             messages = self.link.read()
             for message in messages or ():
                 if isinstance(message, wire.AgentEnding):
-                    self.ending = message.why
+                    self.ending, self.end_reason = message.why, message.reason
             if messages is None or self.link.failed is not None:
                 return False
         return True
@@ -221,7 +222,7 @@ class AgentHub:
         return StoreProxy(self.host, store_port, self._secret)
 
     def secret_env(self) -> dict[str, str]:
-        """The secret for the environment of a child that starts agents (an srun step)."""
+        """The secret for the environment of a child that starts agents (a job step)."""
         return {wire.SECRET_ENV: self._secret.hex()}
 
     # -- agents joining ------------------------------------------------------------------------
@@ -508,7 +509,7 @@ class RemoteGroup:
         explain: Callable[[], str] | None = None,
     ) -> None:
         """``explain()``: what the scheduler says of the job, asked when an agent ends or
-        goes (e.g. "Slurm job 12: CANCELLED: it was cancelled (scancel)")."""
+        goes (the scheduler's words: ``Cluster.job_state``)."""
         self.nodes = nodes
         self._explain = explain
         self.specs = specs
@@ -646,6 +647,7 @@ class RemoteGroup:
                     self._stacks_cond.notify_all()
         elif isinstance(message, wire.AgentEnding):
             node.ending = self._with_reason(message.why)
+            node.end_reason = message.reason
 
     def _with_reason(self, why: str) -> str:
         said = self._explain() if self._explain is not None else ""
@@ -825,15 +827,16 @@ class RemoteGroup:
         return [n for n in self.nodes if n.gone is None]
 
 
-#: How an agent that refuses to start its node's ranks says so (see ``_agent.serve``).
+#: How an agent that refuses to start its node's ranks begins to say why (``_agent.serve``).
 _COULD_NOT_START = "its ranks could not start: "
 
 
 def _refused_or_gone(node: RemoteNode) -> str:
     """Why a rank of ``node`` never started: the node refused it (its agent said why), or
     was gone before it started."""
-    if node.ending.startswith(_COULD_NOT_START):
-        return f"{node.label} refused to start it: {node.ending[len(_COULD_NOT_START) :]}"
+    if node.end_reason is wire.Ending.COULD_NOT_START:
+        why = node.ending.removeprefix(_COULD_NOT_START)
+        return f"{node.label} refused to start it: {why}"
     return f"{node.label} was gone before it started: {node.gone}"
 
 

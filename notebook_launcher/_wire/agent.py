@@ -1,8 +1,8 @@
 """The agents' channel: the kernel drives one agent per node over TCP, authenticated.
 
 The kernel listens (``_launch.remote.AgentHub``); each node's agent (``_agent``, started by
-Slurm or by hand) connects. Both ends hold the job's secret, handed to the agents out of
-band (a file only the user can read, or the srun step's environment). Nothing is
+a scheduler or by hand) connects. Both ends hold the job's secret, handed to the agents out
+of band (a file only the user can read, or the environment of what starts them). Nothing is
 unpickled before the peer has proven it holds the secret::
 
     kernel (hub)                                      agent
@@ -36,11 +36,12 @@ Messages after the handshake::
       TakeStacks(ranks)       where they are (stall view)   RankStarted(rank, pid),
       CloseRanks()            kill, reap, release ->        RankExited(rank, pid, code, ...)
       Leave()                 the agent exits            StacksOf(stacks), RanksClosed(),
-                                                         AgentEnding(why)
+                                                         AgentEnding(why, Ending)
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import json
@@ -64,7 +65,7 @@ MAX_PLAIN_FRAME = 4096
 #: The largest sealed frame (a task or a result): 4 GiB, the length field's limit.
 MAX_FRAME = (1 << 32) - 1
 _LEN = struct.Struct("!I")
-#: How the agent finds the secret when no file is given (the srun step's environment).
+#: How the agent finds the secret when no file is given (a job step's environment).
 SECRET_ENV = "NOTEBOOK_LAUNCHER_AGENT_SECRET"
 
 
@@ -158,9 +159,9 @@ class NodeHello:
     torch: str
     package: str
     cwd: str
-    #: the Slurm names of this node and job, when Slurm started the agent
-    slurm_node: str = ""
-    slurm_job: str = ""
+    #: what started the agent says of it (its scheduler's names: ``{"node": "n1", "job":
+    #: "12"}``); ``node``, when given, names the node where the host name would
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -213,18 +214,27 @@ class RanksClosed:
     """Every rank of the node is gone, and reported."""
 
 
-#: what an agent that got Slurm's SIGTERM says (``AgentEnding.why``): the job is ending, every
-#: step of it signalled at about the same time -- a run's supervisor inside the job reads a
-#: failure that says it as the job's end, not a rank's
-SLURM_ENDING = "Slurm is ending the job (the time limit, a scancel, or a node failure)"
+class Ending(enum.Enum):
+    """Why an agent ends on its own: what the kernel decides on (``AgentEnding.why`` is
+    for people)."""
+
+    #: it got SIGTERM: whatever started it is ending it (a scheduler's time limit or
+    #: cancel: every process of the job is signalled at about the same time, so a run's
+    #: supervisor inside that job takes the failure it causes for the job's end)
+    TERMINATED = "terminated"
+    #: its ranks could not start (``why`` says what it found)
+    COULD_NOT_START = "could not start"
+    #: the kernel's connection, or the store's, was tampered with
+    TAMPERED = "tampered"
 
 
 @dataclass(frozen=True)
 class AgentEnding:
-    """The agent is about to exit on its own: ``why`` (Slurm's SIGTERM at the time limit or a
-    ``scancel``; its ranks could not start)."""
+    """The agent is about to exit on its own: ``reason``, and ``why`` in words (its SIGTERM,
+    with what that means where it runs; its ranks could not start; tampering)."""
 
     why: str
+    reason: Ending
 
 
 # --- the handshake ----------------------------------------------------------------------------
