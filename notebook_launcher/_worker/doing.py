@@ -18,6 +18,7 @@ An import shorter than a look is never said; one that takes seconds is, within a
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 import threading
@@ -61,20 +62,26 @@ class Watch:
         self.until = time.monotonic() + window
         self.said = ""
         self.done = threading.Event()
-        self.thread = threading.Thread(
-            target=self._run, name="notebook-launcher-doing", daemon=True
-        )
-        self.thread.start()
+        self._lock = threading.Lock()  # a word said, and the end, one at a time
+        # Not threading.Thread.start(), which waits until the new thread has run, nor a
+        # join at stop(): each was a wake-up the rank waited for before and after the
+        # user's function (~4% of a 2-rank launch on a loaded machine, bench/launch.py
+        # --busy). The thread ends by itself at its next look once stopped.
+        _thread.start_new_thread(self._run, ())
 
     def _run(self) -> None:
         while not self.done.wait(self.look) and time.monotonic() < self.until:
             frame = sys._current_frames().get(self.main)
             now = importing(frame)
             del frame
-            if now != self.said and not self.done.is_set():
-                self._say(now)
-        if self.said and not self.done.is_set():
-            self._say("")
+            with self._lock:
+                if self.done.is_set():
+                    return
+                if now != self.said:
+                    self._say(now)
+        with self._lock:
+            if self.said and not self.done.is_set():
+                self._say("")
 
     def _say(self, module: str) -> None:
         self.said = module
@@ -83,10 +90,10 @@ class Watch:
 
     def stop(self) -> None:
         """The task ended: no more looks; an import said is over."""
-        self.done.set()
-        self.thread.join()
-        if self.said:
-            self._say("")
+        with self._lock:
+            self.done.set()
+            if self.said:
+                self._say("")
 
 
 def first_seconds(rank: int) -> Watch:
