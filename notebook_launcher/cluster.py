@@ -43,7 +43,6 @@ from datetime import timedelta
 from typing import Any
 
 from ._events import Event, NodesWaiting
-from ._launch import scheduler as schedulers
 from ._launch import slurm
 from ._launch.remote import AgentHub, ClusterPlan, RemoteNode, cluster_ranks, plan_cluster
 from ._launch.scheduler import HandStarted, JobStatus, Phase, Reason, Scheduler, tail
@@ -708,14 +707,6 @@ class RayCluster(Cluster):
             raise at_callers_line(exc) from None
 
 
-# the jobs' directories (kept under these names: what the tests and older code call)
-OWNER = schedulers.OWNER
-_jobs_dir = schedulers.jobs_dir
-_kernel_id = schedulers.kernel_id
-_sweep = schedulers.sweep
-_remove = schedulers.remove
-
-
 def _close_all() -> None:
     for cluster in list(_live):
         try:
@@ -724,4 +715,4 @@ def _close_all() -> None:
             pass
 
 
-__all__ = ["AgentCluster", "Cluster", "ClusterError", "SlurmCluster"]
+__all__ = ["AgentCluster", "Cluster", "ClusterError", "RayCluster", "SlurmCluster"]

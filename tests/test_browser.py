@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -518,6 +518,21 @@ RUN_CELL = """async (i) => {
 }"""
 
 
+def _cells_notebook(
+    lab: dict[str, Any], name: str, cells: Sequence[str], runs: Path, release: Path
+) -> Path:
+    """A notebook in Lab's root of ``cells`` (``{runs}``, ``{release}`` filled in) on the
+    plain Python 3 kernel; its path."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(c.format(runs=str(runs), release=str(release))) for c in cells
+    ]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    path = Path(lab["root"]) / name
+    nbformat.write(notebook, path)
+    return path
+
+
 def _wait_for_output(page: Any, cell: int, text: str, seconds: float = 60) -> list[str]:
     deadline = time.monotonic() + seconds
     while True:
@@ -817,15 +832,8 @@ def test_attach_after_a_kernel_restart_in_jupyterlab(lab: dict[str, Any]) -> Non
     from notebook_launcher._launch import detach as record
 
     runs = Path(lab["root"]).parent / "runs"
-    notebook = nbformat.v4.new_notebook()
     release = Path(lab["root"]).parent / "release"
-    notebook.cells = [
-        nbformat.v4.new_code_cell(c.format(runs=str(runs), release=str(release)))
-        for c in ATTACH_CELLS
-    ]
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-    path = Path(lab["root"]) / "attach.ipynb"
-    nbformat.write(notebook, path)
+    path = _cells_notebook(lab, "attach.ipynb", ATTACH_CELLS, runs, release)
     try:
         with _notebook_page(lab, path) as (page, errors, info):
             assert info["kernel"] == "python3" and info["status"] == "idle", info
@@ -921,14 +929,7 @@ def test_a_view_left_behind_says_what_it_is_in_jupyterlab(lab: dict[str, Any]) -
 
     runs = Path(lab["root"]).parent / "runs-left-behind"
     release = Path(lab["root"]).parent / "release-left-behind"
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [
-        nbformat.v4.new_code_cell(c.format(runs=str(runs), release=str(release)))
-        for c in LEFT_BEHIND_CELLS
-    ]
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-    path = Path(lab["root"]) / "left_behind.ipynb"
-    nbformat.write(notebook, path)
+    path = _cells_notebook(lab, "left_behind.ipynb", LEFT_BEHIND_CELLS, runs, release)
     try:
         with _notebook_page(lab, path) as (page, errors, info):
             assert info["kernel"] == "python3" and info["status"] == "idle", info

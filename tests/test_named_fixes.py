@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from notebook_launcher import PreflightError, SlurmCluster, notebook_launcher, start
-from notebook_launcher import cluster as clusters
+from notebook_launcher._launch import scheduler as schedulers
 from notebook_launcher.ipython_extension import DistMagics, UsageError, parse_ranks
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -118,7 +118,7 @@ def test_job_directories_of_ended_kernels_go_at_the_next_start(tmp_path: Path) -
     host = socket.gethostname()
     with open("/proc/sys/kernel/pid_max") as f:
         never = int(f.read())  # no process ever has this pid
-    parent = clusters._kernel_id(os.getppid())
+    parent = schedulers.kernel_id(os.getppid())
     made = {
         "killed": f"{host} {never} 123",  # its kernel is gone
         "reused": f"{parent.rsplit(' ', 1)[0]} 1",  # its pid now belongs to another process
@@ -127,11 +127,11 @@ def test_job_directories_of_ended_kernels_go_at_the_next_start(tmp_path: Path) -
     }
     for name, owner in made.items():
         (root / name).mkdir(parents=True)
-        (root / name / clusters.OWNER).write_text(owner)
+        (root / name / schedulers.OWNER).write_text(owner)
     (root / "not-ours").mkdir()
-    mine = clusters._jobs_dir(str(root), "new")
+    mine = schedulers.jobs_dir(str(root), "new")
     assert sorted(os.listdir(root)) == ["alive", "elsewhere", "new", "not-ours"]
-    assert (Path(mine) / clusters.OWNER).read_text() == clusters._kernel_id(os.getpid())
+    assert (Path(mine) / schedulers.OWNER).read_text() == schedulers.kernel_id(os.getpid())
 
 
 def test_more_ranks_than_the_machine_holds_are_refused_naming_the_limit(

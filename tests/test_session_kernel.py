@@ -332,11 +332,16 @@ def test_dist_stop_leaves_no_rank() -> None:
         assert stopped.text == "session stopped: 2 ranks ended\n", stopped  # (issue 33, item 7)
         assert wait_gone(pids)
         assert kernel.execute("%dist stop").text == "no session to stop\n"
-        assert kernel.execute("%dist status").result == "'no session'"
-        out = kernel.execute("%%distributed\nrank")
-        assert (out.status, out.ename) == ("error", "UsageError")
+        _no_session_left(kernel)
     finally:
         kernel.shutdown()
+
+
+def _no_session_left(kernel: Kernel) -> None:
+    """The magics see no session: ``%dist status`` says so, ``%%distributed`` is refused."""
+    assert kernel.execute("%dist status").result == "'no session'"
+    out = kernel.execute("%%distributed\nrank")
+    assert (out.status, out.ename) == ("error", "UsageError")
 
 
 def test_the_magics_use_the_session_that_start_made() -> None:
@@ -359,9 +364,7 @@ def test_the_magics_use_the_session_that_start_made() -> None:
         started = kernel.execute("%dist start -n 2")  # over it: refused, as over its own
         assert (started.status, started.ename) == ("error", "UsageError"), started
         assert kernel.execute("s.close()").status == "ok"
-        assert kernel.execute("%dist status").result == "'no session'"
-        out = kernel.execute("%%distributed\nrank")
-        assert (out.status, out.ename) == ("error", "UsageError")
+        _no_session_left(kernel)
     finally:
         kernel.shutdown()
 
