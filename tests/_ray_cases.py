@@ -203,7 +203,11 @@ def main(out: str) -> None:
 
         def impossible() -> dict[str, Any]:
             said = {}
-            for name, kwargs in (("nodes", {"nodes": 3}), ("gpus", {"gpus_per_node": 1})):
+            for name, kwargs in (
+                ("nodes", {"nodes": 3}),
+                ("gpus", {"gpus_per_node": 1}),
+                ("cpus", {"cpus_per_node": 4}),
+            ):
                 groups = len(ray.util.placement_group_table())
                 too_big = RayCluster(**kwargs)  # type: ignore[arg-type]
                 try:
@@ -217,6 +221,7 @@ def main(out: str) -> None:
                     }
                 finally:
                     too_big.close()
+                said[name]["left"] = leftovers(ray, "")
             return said
 
         case("launch", launch)

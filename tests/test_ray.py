@@ -5,7 +5,9 @@ cases run in a child process inside a network namespace of its own (``unshare -n
 loopback up, ``RAY_USAGE_STATS_ENABLED=0``, Ray's nodes on 127.0.0.1, no dashboard),
 ``tests/_ray_cases.py``. That child starts ONE Ray cluster (a head and a second raylet:
 two Ray nodes) and runs every case on it -- Ray's start is most of the cost -- writing what
-it found; each test below asserts on one case's findings. Where ``unshare -n`` is not
+it found; each test below asserts on one case's findings. Lesson 09 is one of those cases
+(nbval on it, its kernel in the namespace, on that Ray cluster); losing a Ray node is the
+last (one node is left after it). Where ``unshare -n`` is not
 permitted or Ray is not installed, they skip and say why; under ``CI=1`` a missing Ray
 fails (the test extra installs it).
 """
@@ -187,6 +189,10 @@ def test_lesson_09_runs_under_nbval_on_the_ray_cluster(ray_cases: dict[str, Any]
     [
         ("nodes", r"asks for 3 bundle\(s\) of \{CPU: 1\} \(one per node\), and the Ray "),
         ("gpus", r"asks for 1 bundle\(s\) of \{CPU: 1, GPU: 1\}"),
+        (
+            "cpus",
+            r"asks for 1 bundle\(s\) of \{CPU: 4\} \(one per node\), and the Ray cluster's 2 ",
+        ),
     ],
 )
 def test_an_impossible_request_is_refused_at_once_with_what_to_change(
@@ -197,6 +203,7 @@ def test_an_impossible_request_is_refused_at_once_with_what_to_change(
     assert re.search(message, said["message"]), said["message"]
     assert "it can never start. Ask for fewer nodes, GPUs or CPUs" in said["message"]
     assert said["new_groups"] == 0  # refused before Ray was asked: nothing to wait on
+    assert said["left"] == {"placement_groups": [], "actors": [], "processes": []}
 
 
 def test_ray_is_imported_only_when_a_ray_cluster_starts() -> None:

@@ -54,6 +54,9 @@ POLL = 1.0
 STOP_GRACE = 5.0
 #: Seconds the kernel gives Ray to tell a lost node from a slow one (``status(settled)``).
 SETTLE_WAIT = 8.0
+#: Seconds an actor Ray cannot reach must stay so to count as on a lost node (Ray itself
+#: calls a node dead after its health checks fail: 15 s or more by default).
+UNREACHABLE_WAIT = 2.0
 #: What an agent says when its actor dies (its parent-death signal): the kernel hears it.
 ENDING = (
     "Ray ended the actor that hosts it (the cluster closed, the actor killed, or its node lost)"
@@ -294,16 +297,17 @@ class RayJob(Scheduler):
 
     def _settled(self) -> JobStatus:
         """Why an agent went: a node of the group lost (Ray is given a few seconds to tell
-        a lost node from a slow one; an actor Ray cannot reach when they are up is on a
-        lost node too), the group removed, its actor killed; "" when Ray says nothing is
-        wrong."""
+        a lost node from a slow one; an actor Ray cannot reach for ``UNREACHABLE_WAIT``
+        seconds is on a lost node too: Ray calls a node dead later), the group removed, its
+        actor killed; "" when Ray says nothing is wrong."""
         if self._lost_status is not None:
             return self._lost_status
         ray = self.connect()
         from ray.exceptions import ActorUnavailableError
         from ray.util.placement_group import placement_group_table
 
-        deadline = time.monotonic() + SETTLE_WAIT
+        first = time.monotonic()
+        deadline = first + SETTLE_WAIT
         while True:
             table = placement_group_table(self._pg)
             if table.get("state") == "REMOVED":
@@ -328,12 +332,13 @@ class RayJob(Scheduler):
                     dead.append(f"the actor of node {i} died ({_first(exc)})")
             if not dead and not unreachable:
                 return JobStatus(Phase.RUNNING)
-            if time.monotonic() >= deadline:
-                if unreachable:
-                    return self._lost(
-                        unreachable,
-                        " (its actor is unreachable; Ray has not marked the node dead yet)",
-                    )
+            now = time.monotonic()
+            if unreachable and (now >= first + UNREACHABLE_WAIT or now >= deadline):
+                return self._lost(
+                    unreachable,
+                    " (its actor is unreachable; Ray has not marked the node dead yet)",
+                )
+            if now >= deadline:
                 return JobStatus(
                     Phase.ENDED, Reason.CANCELLED, f"{self.describe()}: {'; '.join(dead)}"
                 )
