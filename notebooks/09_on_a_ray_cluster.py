@@ -9,7 +9,8 @@
 # 2. a training function on **2 Ray nodes x 2 ranks**: Ray reserves the nodes (all or
 #    none), hosts one agent per node, and this kernel drives every rank, as on Slurm;
 # 3. a **failure** on one rank: the rank's own exception, here;
-# 4. a **session** across the Ray nodes, then the end: nothing left on Ray.
+# 4. a **session** across the Ray nodes, then the end: nothing left on Ray; and a request
+#    larger than the cluster, refused at once instead of waiting forever.
 #
 # You need Ray in this environment and on the nodes (`pip install 'notebook_launcher[ray]'`).
 # (This course's test machine runs a small Ray cluster of two nodes on its own loopback and
