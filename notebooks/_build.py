@@ -243,7 +243,7 @@ def _ray_for(name: str) -> Iterator[None]:
     if name not in NEEDS_RAY or os.environ.get("RAY_ADDRESS"):
         yield
         return
-    if [name for _, name in socket.if_nameindex()] != ["lo"]:
+    if [iface for _, iface in socket.if_nameindex()] != ["lo"]:
         raise SystemExit(
             f"{name} needs a Ray cluster: set RAY_ADDRESS, or build it inside a network "
             "namespace of its own, where this script starts a local one on loopback:\n"

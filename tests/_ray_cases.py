@@ -39,8 +39,9 @@ def local_ray() -> Iterator[Any]:
     end. Yields the cluster (``.address``; ``.worker_nodes``: the second node's handle)."""
     from ray.cluster_utils import Cluster as LocalRay
 
-    if [name for _, name in socket.if_nameindex()] != ["lo"]:
+    if [iface for _, iface in socket.if_nameindex()] != ["lo"]:
         raise RuntimeError("local_ray() runs inside a network namespace of its own only")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # (never a report home)
     local = LocalRay(initialize_head=True, head_node_args=dict(NODE))
     try:
         local.add_node(**NODE)
