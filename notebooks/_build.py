@@ -31,6 +31,7 @@ import contextlib
 import copy
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -231,9 +232,38 @@ def _slurm_answers() -> bool:
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
+#: Lessons that need a Ray cluster: built against the one ``RAY_ADDRESS`` names, or a local
+#: two-node one started for the build inside a network namespace of its own (Ray must not
+#: listen beyond loopback: tests/_ray_cases.py, docs/development.md)
+NEEDS_RAY = ("09_on_a_ray_cluster",)
+
+
+@contextlib.contextmanager
+def _ray_for(name: str) -> Iterator[None]:
+    if name not in NEEDS_RAY or os.environ.get("RAY_ADDRESS"):
+        yield
+        return
+    if [iface for _, iface in socket.if_nameindex()] != ["lo"]:
+        raise SystemExit(
+            f"{name} needs a Ray cluster: set RAY_ADDRESS, or build it inside a network "
+            "namespace of its own, where this script starts a local one on loopback:\n"
+            "  RAY_USAGE_STATS_ENABLED=0 unshare -n sh -c 'ip link set lo up && "
+            f"python notebooks/_build.py {name}'"
+        )
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _ray_cases import local_ray
+
+    with local_ray() as local:
+        os.environ["RAY_ADDRESS"] = local.address
+        try:
+            yield
+        finally:
+            del os.environ["RAY_ADDRESS"]
+
+
 def execute(nb: Any, name: str) -> None:
     """Run ``nb`` on the shipped kernelspec (installed into a temporary prefix)."""
-    with _slurm_for(name):
+    with _slurm_for(name), _ray_for(name):
         _execute(nb, name)
 
 

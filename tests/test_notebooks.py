@@ -34,10 +34,15 @@ pytestmark = pytest.mark.notebook
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+#: Lessons whose kernel must be on a Ray cluster: tests/test_ray.py runs them under nbval,
+#: inside its network namespace, on its Ray cluster (Ray must not listen beyond loopback)
+ON_RAY = ("09_on_a_ray_cluster.ipynb",)
+#: Extras a lesson needs beyond ``[jupyter]``
+EXTRAS = {"09_on_a_ray_cluster.py": ("ray",)}
 PACKAGE_PARENT = str(Path(notebook_launcher.__file__).resolve().parents[1])
 
 
-def test_notebooks_are_the_eight_of_the_course() -> None:
+def test_notebooks_are_the_nine_of_the_course() -> None:
     assert NOTEBOOKS == [
         "01_quickstart.ipynb",
         "02_execution_process.ipynb",
@@ -47,6 +52,7 @@ def test_notebooks_are_the_eight_of_the_course() -> None:
         "06_transformers_trainer.ipynb",
         "07_from_laptop_to_cluster.ipynb",
         "08_runs_that_outlive_the_kernel.ipynb",
+        "09_on_a_ray_cluster.ipynb",
     ]
 
 
@@ -107,9 +113,9 @@ def test_the_jupyter_extra_installs_every_import_of_the_shipped_notebooks() -> N
     """The README's "Use it in Jupyter" install (``.[jupyter]``) runs every lesson: each module
     a notebook imports is the standard library's, ours, or comes with that extra."""
     where = importlib.metadata.packages_distributions()
-    installed = _installed_by(("jupyter",))
     missing = {}
     for source in sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.py")):
+        installed = _installed_by(("jupyter", *EXTRAS.get(source.name, ())))
         for module in sorted(_imported_modules(source.read_text())):
             if module in sys.stdlib_module_names or module == "notebook_launcher":
                 continue
@@ -117,14 +123,15 @@ def test_the_jupyter_extra_installs_every_import_of_the_shipped_notebooks() -> N
             if not dists & installed:
                 missing.setdefault(source.name, []).append(module)
     assert not missing, (
-        f"not installed by pip install -e '.[jupyter]': {missing}; add them to the "
-        "[jupyter] extra in pyproject.toml"
+        f"not installed by pip install -e '.[jupyter]' (and the lesson's EXTRAS): {missing}; "
+        "add them to the [jupyter] extra in pyproject.toml"
     )
     # the check has teeth: notebook 06's Trainer comes with the extra, not with the package
     assert "transformers" in _imported_modules(
         (NOTEBOOK_DIR / "06_transformers_trainer.py").read_text()
     )
     assert "transformers" not in _installed_by(())
+    assert "ray" not in _installed_by(("jupyter",))  # lesson 09 needs the [ray] extra too
 
 
 def _build_module() -> Any:
@@ -344,7 +351,7 @@ def nbval_report(
     """One nbval run over every notebook (one kernel each); its ``-rA`` report. Lesson 7
     drives the test Slurm cluster (its kernel finds it through ``SLURM_CONF``)."""
     done = _nbval(
-        [NOTEBOOK_DIR / name for name in NOTEBOOKS],
+        [NOTEBOOK_DIR / name for name in NOTEBOOKS if name not in ON_RAY],
         ROOT,
         jupyter_path,
         tmp_path_factory.mktemp("nbval"),
@@ -355,9 +362,10 @@ def nbval_report(
 # The first case pays for the module's fixtures: the test Slurm cluster's start (up to 300 s
 # on a loaded machine) and the nbval run (its own limit: 280 s), each with its own timeout.
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", [name for name in NOTEBOOKS if name not in ON_RAY])
 def test_notebook_runs_under_nbval(name: str, nbval_report: str) -> None:
-    """Every code cell of the notebook ran and matched its stored output (or raised as tagged)."""
+    """Every code cell of the notebook ran and matched its stored output (or raised as tagged).
+    The lessons ``ON_RAY`` run so in tests/test_ray.py, on its Ray cluster."""
     outcomes = [
         line.split(" ", 1)[0]
         for line in nbval_report.splitlines()

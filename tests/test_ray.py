@@ -5,7 +5,9 @@ cases run in a child process inside a network namespace of its own (``unshare -n
 loopback up, ``RAY_USAGE_STATS_ENABLED=0``, Ray's nodes on 127.0.0.1, no dashboard),
 ``tests/_ray_cases.py``. That child starts ONE Ray cluster (a head and a second raylet:
 two Ray nodes) and runs every case on it -- Ray's start is most of the cost -- writing what
-it found; each test below asserts on one case's findings. Where ``unshare -n`` is not
+it found; each test below asserts on one case's findings. Lesson 09 is one of those cases
+(nbval on it, its kernel in the namespace, on that Ray cluster); losing a Ray node is the
+last (one node is left after it). Where ``unshare -n`` is not
 permitted or Ray is not installed, they skip and say why; under ``CI=1`` a missing Ray
 fails (the test extra installs it).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,11 +29,12 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(480)]
 
 CASES = Path(__file__).with_name("_ray_cases.py")
-#: seconds the child has for Ray's start, the cases and Ray's end (~40 s on a loaded 2-core box)
-CHILD_TIMEOUT = 240
+ROOT = Path(__file__).resolve().parents[1]
+#: seconds the child has for Ray's start, the cases, lesson 09 and Ray's end (~2 min loaded)
+CHILD_TIMEOUT = 420
 
 
 def _why_not() -> str | None:
@@ -138,23 +142,68 @@ def test_a_detached_run_outlives_its_kernel_on_ray_and_leaves_nothing(
     assert detached["after"] == {"placement_groups": [], "actors": [], "processes": []}
 
 
+def test_a_cancelled_launch_stops_its_ranks_and_the_cluster_serves_the_next(
+    ray_cases: dict[str, Any],
+) -> None:
+    """``handle.cancel()`` of a non-blocking launch whose ranks run on both Ray nodes."""
+    cancel = case(ray_cases, "cancel")
+    assert len(cancel["running"]) == 2, cancel  # (the ranks, under their agents)
+    assert cancel["cancelled"] is True and cancel["state"] == "<TaskHandle sleeps: cancelled>"
+    assert cancel["ranks_after"] == [], cancel  # no rank left running
+    assert cancel["processes_after"] == 2  # the cluster's two agents stay, for the next launch
+    assert [rank for rank, _ in cancel["then"]] == [0, 1]
+
+
+def test_a_lost_ray_node_is_named_and_nothing_is_left(ray_cases: dict[str, Any]) -> None:
+    """The second Ray node is lost (``cluster_utils.Cluster.remove_node``: its raylet and
+    workers killed) while a launch's ranks run on it: the launch raises, naming the node and
+    its Ray node and what to do; the next launch says the cluster lost it; nothing is left
+    on Ray or on the machine (actors, placement group, agents)."""
+    lost = case(ray_cases, "node_lost")
+    kind, message = lost["raised"]
+    assert kind == "WorkerDied", message
+    assert re.search(r"Ray node [0-9a-f]{8} \(127\.0\.0\.1\), which held node \d, is lost", message)
+    assert (
+        "Close the cluster (cluster.close() frees what is left of it on Ray) and launch "
+        "again: it starts anew on the Ray nodes alive" in message
+    )
+    assert "the cluster lost 1 node(s)" in lost["next"], lost["next"]
+    assert lost["after"] == {"placement_groups": [], "actors": [], "processes": []}
+
+
+def test_lesson_09_runs_under_nbval_on_the_ray_cluster(ray_cases: dict[str, Any]) -> None:
+    """notebooks/09_on_a_ray_cluster.ipynb (a launch, a failure, a session on Ray), its
+    kernel inside this module's network namespace, on its Ray cluster (``RAY_ADDRESS``):
+    every code cell ran and matched its stored output; nothing was left on Ray."""
+    import nbformat
+
+    lesson = case(ray_cases, "lesson")
+    cells = nbformat.read(ROOT / "notebooks" / "09_on_a_ray_cluster.ipynb", as_version=4).cells
+    code_cells = sum(c.cell_type == "code" for c in cells)
+    assert lesson["outcomes"] == ["PASSED"] * code_cells, lesson["report"]
+    assert lesson["left"] == {"placement_groups": [], "actors": [], "processes": []}
+
+
 @pytest.mark.parametrize(
     ("what", "message"),
     [
         ("nodes", r"asks for 3 bundle\(s\) of \{CPU: 1\} \(one per node\), and the Ray "),
         ("gpus", r"asks for 1 bundle\(s\) of \{CPU: 1, GPU: 1\}"),
+        (
+            "cpus",
+            r"asks for 1 bundle\(s\) of \{CPU: 4\} \(one per node\), and the Ray cluster's 2 ",
+        ),
     ],
 )
 def test_an_impossible_request_is_refused_at_once_with_what_to_change(
     ray_cases: dict[str, Any], what: str, message: str
 ) -> None:
-    import re
-
     said = case(ray_cases, "impossible")[what]
     assert said.get("raised", "") is not None, "it did not raise"
     assert re.search(message, said["message"]), said["message"]
     assert "it can never start. Ask for fewer nodes, GPUs or CPUs" in said["message"]
     assert said["new_groups"] == 0  # refused before Ray was asked: nothing to wait on
+    assert said["left"] == {"placement_groups": [], "actors": [], "processes": []}
 
 
 def test_ray_is_imported_only_when_a_ray_cluster_starts() -> None:

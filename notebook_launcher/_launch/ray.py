@@ -54,6 +54,9 @@ POLL = 1.0
 STOP_GRACE = 5.0
 #: Seconds the kernel gives Ray to tell a lost node from a slow one (``status(settled)``).
 SETTLE_WAIT = 8.0
+#: Seconds an actor Ray cannot reach must stay so to count as on a lost node (Ray itself
+#: calls a node dead after its health checks fail: 15 s or more by default).
+UNREACHABLE_WAIT = 2.0
 #: What an agent says when its actor dies (its parent-death signal): the kernel hears it.
 ENDING = (
     "Ray ended the actor that hosts it (the cluster closed, the actor killed, or its node lost)"
@@ -95,7 +98,7 @@ class RayJob(Scheduler):
 
     FRESH: ClassVar[Mapping[str, Any]] = {
         "_pg": None, "_actors": [], "_job": "", "_state": None, "_next_look": 0.0,
-        "_started": False,
+        "_started": False, "_placed": {}, "_lost_status": None,
     }  # fmt: skip
 
     def __init__(
@@ -124,6 +127,10 @@ class RayJob(Scheduler):
         self._state: JobStatus | None = None
         self._next_look = 0.0
         self._started = False
+        #: bundle (our node) -> (its Ray node's id, its address), once every agent joined
+        self._placed: dict[int, tuple[str, str]] = {}
+        #: what was said of a node lost, once (the same words each time it is asked)
+        self._lost_status: JobStatus | None = None
 
     # -- Ray, joined when first needed ---------------------------------------------------------
 
@@ -175,6 +182,7 @@ class RayJob(Scheduler):
         self._check_fits(ray)
         self._job = hub.job
         self._started = True
+        self._placed, self._lost_status = {}, None
         self._pg = placement_group(
             [self.bundle] * self.nodes, strategy=self.strategy, name=f"notebook-launcher-{hub.job}"
         )
@@ -192,6 +200,19 @@ class RayJob(Scheduler):
                     ),
                 ).remote(argv, hub.secret_env(), cwd)
             )
+
+    def joined(self) -> None:
+        """Remember the Ray node each bundle went to: once a node is lost, Ray's table no
+        longer says which one it was."""
+        ray = self.connect()
+        from ray.util.placement_group import placement_group_table
+
+        try:
+            placed = placement_group_table(self._pg).get("bundles_to_node_id", {})
+            where = {n.get("NodeID"): str(n.get("NodeManagerAddress", "?")) for n in ray.nodes()}
+        except Exception:  # noqa: BLE001 - (only the words of a later loss need it)
+            return
+        self._placed = {int(i): (str(node), where.get(node, "?")) for i, node in placed.items()}
 
     def _check_fits(self, ray: Any) -> None:
         """Refuse at once what the cluster's live nodes can never hold (a placement group
@@ -276,12 +297,17 @@ class RayJob(Scheduler):
 
     def _settled(self) -> JobStatus:
         """Why an agent went: a node of the group lost (Ray is given a few seconds to tell
-        a lost node from a slow one), the group removed, its actor killed; "" when Ray
-        says nothing is wrong."""
+        a lost node from a slow one; an actor Ray cannot reach for ``UNREACHABLE_WAIT``
+        seconds is on a lost node too: Ray calls a node dead later), the group removed, its
+        actor killed; "" when Ray says nothing is wrong."""
+        if self._lost_status is not None:
+            return self._lost_status
         ray = self.connect()
+        from ray.exceptions import ActorUnavailableError
         from ray.util.placement_group import placement_group_table
 
-        deadline = time.monotonic() + SETTLE_WAIT
+        first = time.monotonic()
+        deadline = first + SETTLE_WAIT
         while True:
             table = placement_group_table(self._pg)
             if table.get("state") == "REMOVED":
@@ -289,29 +315,56 @@ class RayJob(Scheduler):
                     Phase.ENDED, Reason.CANCELLED,
                     f"{self.describe()}: its placement group was removed",
                 )  # fmt: skip
-            nodes = {n.get("NodeID"): n for n in ray.nodes()}
-            placed = table.get("bundles_to_node_id", {})
-            lost = [
-                f"node {i}: Ray node {node[:8]} ({nodes.get(node, {}).get('NodeManagerAddress', '?')})"
-                for i, node in sorted(placed.items())
-                if not nodes.get(node, {}).get("Alive", False)
-            ]
+            alive = {n.get("NodeID") for n in ray.nodes() if n.get("Alive")}
+            placed = self._placed or {
+                int(i): (str(node), "?") for i, node in table.get("bundles_to_node_id", {}).items()
+            }
+            lost = [i for i, (node, _) in sorted(placed.items()) if node not in alive]
             if lost or table.get("state") == "RESCHEDULING":
-                said = "; ".join(lost) or "a node of its placement group"
-                return JobStatus(Phase.ENDING, Reason.NODE_LOST, f"{self.describe()}: lost {said}")
-            dead = []
+                return self._lost(lost, "")
+            dead, unreachable = [], []
             for i, actor in enumerate(self._actors):
                 try:
                     ray.get(actor.poll.remote(), timeout=5)
+                except ActorUnavailableError:  # its node (or worker) gone, not yet known dead
+                    unreachable.append(i)
                 except Exception as exc:  # noqa: BLE001 - its death, in Ray's words
                     dead.append(f"the actor of node {i} died ({_first(exc)})")
-            if dead and time.monotonic() >= deadline:
+            if not dead and not unreachable:
+                return JobStatus(Phase.RUNNING)
+            now = time.monotonic()
+            if unreachable and (now >= first + UNREACHABLE_WAIT or now >= deadline):
+                return self._lost(
+                    unreachable,
+                    " (its actor is unreachable; Ray has not marked the node dead yet)",
+                )
+            if now >= deadline:
                 return JobStatus(
                     Phase.ENDED, Reason.CANCELLED, f"{self.describe()}: {'; '.join(dead)}"
                 )
-            if not dead:
-                return JobStatus(Phase.RUNNING)
             time.sleep(0.5)  # (a dead actor first: its node's loss may be on its way)
+
+    def _lost(self, nodes: Sequence[int], how: str) -> JobStatus:
+        """A node of the group lost: which, on which Ray node, and what to do (said once:
+        later looks say the same)."""
+        said = (
+            "; ".join(
+                f"Ray node {self._placed[i][0][:8]} ({self._placed[i][1]}), which held node {i}, "
+                f"is lost{how}"
+                if i in self._placed
+                else f"the Ray node that held node {i} is lost{how}"
+                for i in nodes
+            )
+            or "a Ray node of its placement group is lost"
+        )
+        self._lost_status = JobStatus(
+            Phase.ENDING,
+            Reason.NODE_LOST,
+            f"{self.describe()}: {said}; the ranks there went with it. Close the cluster "
+            "(cluster.close() frees what is left of it on Ray) and launch again: it starts "
+            "anew on the Ray nodes alive",
+        )
+        return self._lost_status
 
     def describe(self) -> str:
         if not self._job:
