@@ -18,7 +18,7 @@ this module is the socket's client and its server::
                                                    the main thread runs a Start, Call or Stop
                                                    on the Session (it forked the ranks: they
                                                    die with it); Interrupt and Ask run at
-      the cell's view  <--- Event(e) ...           once, beside a task
+      the cell's view  <--- its events ...         once, beside a task
                        <--- Reply(ok, value or the exception as data, what it printed)
       Ctrl-C: Interrupt() on it  -------------->   that task is interrupted as Ctrl-C does
       stop(): Stop(CLOSE)  -------------------->   the ranks leave; the record is removed
@@ -75,7 +75,6 @@ from ._wire.supervisor import (
     Ask,
     Call,
     Ended,
-    Event,
     Follow,
     HandedOver,
     Interrupt,
@@ -245,7 +244,7 @@ class _Server:
             if self.sink is None:
                 return
             try:
-                wire.send(self.sink, Event(event))
+                wire.send(self.sink, event)  # (bare: the hot path)
             except OSError:  # that kernel is gone (or stuck): the call goes on without it
                 self.sink = None
 
@@ -372,7 +371,7 @@ class _Server:
                     wire.send(conn, Missed(old.label, tuple(old.events), old.summary()))
                 if job is not None and adopt:
                     for event in job.events:
-                        wire.send(conn, Event(event))
+                        wire.send(conn, event)
                     self.sink = job.conn = conn
             except OSError:
                 self.missed = missed + self.missed
@@ -771,11 +770,11 @@ class DetachedSession(SessionBase):
                 case None:
                     if view is not None:
                         view.tick()
-                case Event(event):
+                case Reply() | Refused():
+                    return frame
+                case event:  # (events travel bare)
                     if view is not None:
                         view.handle(self._named(event))
-                case _:
-                    return frame
 
     def _follow(self) -> None:
         """Show what ran while no kernel was attached: each task that ended meanwhile (its
@@ -801,10 +800,6 @@ class DetachedSession(SessionBase):
                     case None:
                         if view is not None:
                             view.tick()
-                    case Event(event):
-                        if view is None:
-                            view = self._view()
-                        view.handle(self._named(event))
                     case Missed(label, events, summary):
                         shown = self._view()
                         for event in events:
@@ -820,8 +815,10 @@ class DetachedSession(SessionBase):
                         if label is not None:
                             print(self._while_away(label, summary or ""), flush=True)
                         return
-                    case _:
-                        raise LaunchError(f"session {self.id} answered {frame!r} to an attach")
+                    case event:  # (events travel bare): the task followed, live
+                        if view is None:
+                            view = self._view()
+                        view.handle(self._named(event))
         except (ConnectionError, BrokenPipeError):
             raise self._gone() from None
         finally:

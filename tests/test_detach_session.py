@@ -264,7 +264,6 @@ def test_frames_are_read_whole_whatever_the_chunks() -> None:
     """The client's reader (``_Frames``): a frame cut anywhere waits for its rest; a wait
     without a frame says None; the end of the stream is an error, never a half frame; a
     secret longer than a secret is read as none (nothing of it unpickled)."""
-    from notebook_launcher._wire.supervisor import Event
     from notebook_launcher._wire.supervisor import Frames as _Frames
     from notebook_launcher._wire.supervisor import recv_secret as _recv_secret
 
@@ -272,14 +271,14 @@ def test_frames_are_read_whole_whatever_the_chunks() -> None:
     with a, b:
         frames = _Frames(b)
         assert frames.next(0.01) is None
-        data = pickle.dumps(Event("x" * 1000))
+        data = pickle.dumps(("event", "x" * 1000))
         framed = len(data).to_bytes(8, "little") + data
         a.sendall(framed[:5])
         assert frames.next(0.01) is None
         a.sendall(framed[5:500])
         assert frames.next(0.01) is None
         a.sendall(framed[500:] + framed)
-        assert frames.next(0.01) == frames.next(0.01) == Event("x" * 1000)
+        assert frames.next(0.01) == frames.next(0.01) == ("event", "x" * 1000)
         _send_secret(a, b"s" * 100)
         assert _recv_secret(b) == b""
         a.close()

@@ -18,7 +18,7 @@ cloudpickle -- a task, its values, an exception -- travels inside as ``bytes``, 
                                <--- Refused(why) --  not its user, not the run's secret
       Start(options)  ----------------------------->  the session's ranks start
       Call(data, label, ranks)  ------------------->  a task on the ranks
-                          <--- Event(event) ... ---  what the task shows, as it comes
+                     <--- any _events event ... ---  what the task shows, as it comes
       Interrupt()  (on the call's connection) ----->  that task interrupted, as Ctrl-C
                              <--- Reply(...) ------  its value, or its exception as data,
                                                      with what the call printed
@@ -27,16 +27,18 @@ cloudpickle -- a task, its values, an exception -- travels inside as ``bytes``, 
       Stop(StopKind.CLOSE | RESTART) -------------->  the ranks leave (and come back)
       Follow()  ----------------------------------->  a kernel that attaches:
                   <--- Missed(label, events, ..) --  each task that ended while away
-                  <--- Event(event) ... -----------  the task that runs now, live
+                  <--- its events ... -------------  the task that runs now, live
                   <--- Ended(label, summary) ------  how it ended (label None: none ran)
 
     take_held: connect (result.sock)  ------------>  same uid
                   <--- Held(meta, result) ---------  the run's end, from memory
       Taken() ------------------------------------->  the supervisor then ends
 
+Events travel bare (they are the hot path: a task's every output line and progress
+update), as on a rank's control channel (:mod:`.control`); everything else is one of the
+classes here, so both ends dispatch on the message's type (``match``), never on a string.
 The kernel and the supervisor are the same install (a kernel restarted meanwhile runs the
-same code): the frames carry no version. Both ends dispatch on the message's type
-(``match``), never on a string.
+same code): the frames carry no version.
 """
 
 from __future__ import annotations
@@ -130,13 +132,6 @@ class Follow:
 
 
 # --- supervisor -> kernel --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Event:
-    """One event of the call that runs (``_events``), for the cell's view."""
-
-    event: Any
 
 
 @dataclass(frozen=True)
@@ -266,7 +261,8 @@ class Frames:
 
 #: What a kernel may send a supervisor, and what it answers (the serve loop matches these).
 REQUESTS = (Start, Call, Interrupt, Stop, Ask, Follow)
-ANSWERS = (Event, Reply, Refused, Missed, Ended)
+#: (and, bare, the events of the call that runs)
+ANSWERS = (Reply, Refused, Missed, Ended)
 
 __all__ = [
     "ANSWERS",
@@ -276,7 +272,6 @@ __all__ = [
     "Ask",
     "Call",
     "Ended",
-    "Event",
     "Follow",
     "Frames",
     "HandedOver",
