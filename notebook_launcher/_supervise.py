@@ -205,10 +205,11 @@ def _supervise(
             return
     if meta.kind == "session":  # a session's calls, served until it is stopped
         from .detached_session import serve
+        from .session import start
 
         if pool is not None:
             pool.close()
-        serve(run_dir, meta, key)
+        serve(run_dir, meta, key, start)
         return
     import threading
 
@@ -341,15 +342,17 @@ def _run(
     try:
         from . import _serialization
         from ._launch.plan import prepare_task
+        from ._wire.supervisor import HandedOver
+        from .errors import LaunchError
         from .launcher import _Launch
         from .ui import view_for
 
-        payload = pickle.loads(detach.read_task(run_dir, key))  # (then removed from the record)
-        detach.take_on(
-            payload["kernel"], own_job.environment if own_job else ""
-        )  # ranks inherit it
-        job = _serialization.loads(payload.pop("job"))
-        del payload
+        handed = pickle.loads(detach.read_task(run_dir, key))  # (then removed from the record)
+        if not isinstance(handed, HandedOver) or handed.job is None:
+            raise LaunchError(f"the task in {run_dir} is not a launch's hand-over")
+        detach.take_on(handed.kernel, own_job.environment if own_job else "")  # ranks inherit it
+        job = _serialization.loads(handed.job)
+        del handed
         if "cluster" in job:
             if pool is not None:
                 pool.close()  # (its ranks are the nodes' agents')

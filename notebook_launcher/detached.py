@@ -9,8 +9,8 @@ port bound), then handed to a supervisor process that is not this kernel's child
     ------------------------------                 -------------------------
     notebook_launcher(detach=True)
       plan_launch()  (preflight, port)
-      task.pkl, sealed with the run's key -------> (forked, or a spare forked ahead)
-      the forkserver forks it, pid back  <-------  meta: running, its pid
+      task.pkl (a HandedOver), sealed -----------> (forked, or a spare forked ahead)
+      _launch.handover: forked, pid back <-------  meta: running, its pid
       the go: the run's key (a pipe) ------------> the task checked against the key, then
       attach(id)                                   _Launch.run_to_end(): the ranks, as a
                                                      blocking launch runs them; every event
@@ -43,9 +43,7 @@ import dataclasses
 import os
 import pickle
 import secrets
-import select
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -64,20 +62,20 @@ from ._events import (
     WorkerStarted,
 )
 from ._launch import detach as record
-from ._launch import forkserver
 from ._launch.detach import Meta
+from ._launch.handover import Handover, supervisor_code
 from ._launch.plan import LaunchPlan
 from ._launch.scheduler import kind_of, tail
 from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dumps, dumps_checked
+from ._wire.supervisor import HandedOver
 from .errors import LaunchError, at_callers_line
 from .ui import View, history_lines, replay
+from .ui.lazy import launch_view
 
 #: Seconds between two looks at a followed run's log (the live dashboard's latency).
 POLL = 0.1
-#: Seconds a kernel waits for a new supervisor to say its pid.
-START_TIMEOUT = 30.0
 
 
 def launch(
@@ -162,7 +160,7 @@ def _hand_over_to_job(
     try:
         run_id = _new_record(name, ranks, nodes, dumps(job), record.QUEUED, key, made)
         run_dir = made[0]
-        code = _supervisor_code("in_job(sys.argv[1], sys.argv[2])")
+        code = supervisor_code("in_job(sys.argv[1], sys.argv[2])")
         argv = (scheduler.python or sys.executable, "-c", code, run_dir, kind_of(type(scheduler)))
         # the run's key goes in the job's environment as submitted: never in the record
         with deferred_interrupts():  # a job submitted and not written down: none
@@ -186,7 +184,7 @@ def _new_record(
     directory is put in ``made`` as soon as it exists (whatever comes next, the caller
     knows what to remove). All of it or (an error, an interrupt) none of it."""
     record.sweep()
-    payload = pickle.dumps({"kernel": record.the_kernel(), "job": job})
+    payload = pickle.dumps(HandedOver(record.the_kernel(), job))
     try:
         with deferred_interrupts():  # a record whole, or none: never an empty folder
             run_id, run_dir = record.new_run(name)
@@ -221,7 +219,7 @@ def _hand_over(
     Ctrl-C that comes during it is too late to undo the run, so its handle is returned
     and the interrupt said."""
     job = dumps(body())  # (before the record: a task that cannot be pickled leaves none)
-    handover = _Handover()
+    handover = Handover()
     made: list[str] = []
     try:
         run_id = _new_record(name, ranks, nodes, job, record.STARTING, handover.key, made)
@@ -247,198 +245,6 @@ def _hand_over(
             flush=True,
         )
     return handle
-
-
-class _Handover:
-    """A run handed to a supervisor: :meth:`start` forks it (warm: by this kernel's
-    forkserver, which has imported torch and holds none of this kernel's memory or fds;
-    cold while that server is not up: a fresh interpreter, which imports torch after the
-    hand-over -- a kernel's first detached run returns at once rather than wait a second or
-    two for the server, which then starts behind it, for the next runs), and it says its
-    pid; then it waits for its go (:meth:`commit`: the run's key) before it runs anything.
-    Without one (:meth:`abandon`, or this kernel's death) it ends and removes the record.
-    Made before anything starts, so that whatever point an error or a Ctrl-C cuts it at,
-    :meth:`abandon` knows what to undo."""
-
-    def __init__(self) -> None:
-        #: the run's key: the supervisor's go, and the seal of its task
-        self.key = secrets.token_bytes(record.KEY_BYTES)
-        self.pid: int | None = None
-        self.said = self.go = -1  # our ends of the pid pipe and of the go pipe
-        self.heard = bytearray()  # what the supervisor said there so far (its pid)
-        self.ended = False  # the pid pipe was read to its end
-        self.committed = False
-        #: started cold: the forkserver is started behind the run once it is up
-        self.behind: tuple[str, int] | None = None
-
-    def start(self, run_dir: str, listen_fd: int, forks: int) -> None:
-        """Fork the supervisor of ``run_dir`` and read its pid (``forks``: the ranks it
-        forks; the server's next spare forks as many ahead of its run)."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
-        log = record.open_private(run_dir, record.LOG, flags)  # (read here if it fails)
-        said_w = go_r = -1
-        try:
-            try:
-                with deferred_interrupts():  # every end of the pipes known, or none opened
-                    self.said, said_w = os.pipe()
-                    go_r, self.go = os.pipe()
-                server = forkserver.running()
-                with deferred_interrupts():  # a request half sent, a process nobody knows of
-                    warm = server is not None and _start_warm(
-                        server, run_dir, [said_w, log, go_r], listen_fd, forks
-                    )
-                    if not warm:
-                        _start_cold(run_dir, said_w, log, go_r, listen_fd)
-                        self.behind = (run_dir, forks)
-            finally:
-                for fd in (said_w, go_r):  # the supervisor holds the only copies left
-                    if fd >= 0:
-                        os.close(fd)
-            _read_until_closed(self.said, START_TIMEOUT, self.heard)
-            self.ended = True
-            self.pid = _said_pid(self.heard)
-            if self.pid is not None:
-                return
-            why = os.pread(log, 1 << 16, max(0, os.fstat(log).st_size - (1 << 16)))
-        finally:
-            os.close(log)
-        tail = why.decode(errors="replace")[-2000:].strip()
-        raise LaunchError(
-            "the supervisor of the detached run could not start"
-            + (f":\n{tail}" if tail else f" within {START_TIMEOUT:.0f} s (a loaded machine?)")
-        )
-
-    def commit(self) -> None:
-        """The go: the run's key down its pipe (the supervisor checks the task with it)."""
-        try:
-            os.write(self.go, self.key)  # (32 bytes into an empty pipe: never blocks)
-        except BrokenPipeError:
-            raise LaunchError(
-                f"the supervisor (pid {self.pid}) of the detached run ended before its go; "
-                "its log (supervisor.log in the run's record) may say why"
-            ) from None
-        finally:
-            self._close()
-        self.committed = True
-        if self.behind is not None:
-            run_dir, forks = self.behind
-            events = os.path.join(run_dir, record.EVENTS)
-            # once the cold supervisor has done its imports (it writes its first event
-            # then), not beside them: on a small machine the two would slow each other
-            forkserver.start_behind(forks, after=lambda: _has_data(events))
-
-    def abandon(self) -> None:
-        """No go: a supervisor that got the request runs nothing and ends; returns once
-        it has."""
-        with deferred_interrupts():
-            if self.go >= 0:
-                os.close(self.go)
-                self.go = -1
-            if self.pid is None and self.said >= 0:
-                if not self.ended:  # (what was read before the interrupt is kept)
-                    _read_until_closed(self.said, START_TIMEOUT, self.heard)
-                self.pid = _said_pid(self.heard)
-            self._close()
-            if self.pid is not None:
-                _wait_gone(self.pid, START_TIMEOUT)
-
-    def _close(self) -> None:
-        for fd in (self.said, self.go):
-            if fd >= 0:
-                os.close(fd)
-        self.said = self.go = -1
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    """Wait until process ``pid`` (not a child of ours) has ended; SIGKILL it after
-    ``timeout``."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        if not select.select([fd], [], [], timeout)[0]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            select.select([fd], [], [], 5.0)
-    finally:
-        os.close(fd)
-
-
-def _abandon(run_dir: str) -> None:
-    """A run that could not be handed over: its supervisor (if it got that far) killed,
-    which ends its ranks with it, and its record removed."""
-    try:
-        meta = record.read_meta(run_dir)
-        if meta.pid is not None and record.supervisor_alive(meta):
-            os.kill(meta.pid, signal.SIGKILL)
-    except (OSError, ValueError, TypeError):
-        pass
-    record.remove(run_dir)
-
-
-def _said_pid(said: bytes | bytearray) -> int | None:
-    try:
-        return int(said.decode().strip())
-    except ValueError:
-        return None
-
-
-def _has_data(path: str) -> bool:
-    try:
-        return os.stat(path).st_size > 0
-    except OSError:
-        return True  # gone (ended, removed): nothing to wait for
-
-
-def _start_warm(server: Any, run_dir: str, fds: list[int], listen_fd: int, forks: int) -> bool:
-    """Ask the forkserver to fork the supervisor with ``fds`` (its handshake pipe, its log,
-    its go pipe); False where the request could not be sent (the server had died: nothing
-    was forked). A server that dies once it has the request raises: a supervisor may be
-    running, so no second one is started."""
-    fds = fds + ([listen_fd] if listen_fd >= 0 else [])
-    try:
-        server.supervise(run_dir, fds, listen_fd >= 0, forks)
-    except OSError:
-        return False
-    return True
-
-
-def _supervisor_code(call: str) -> str:
-    """``python -c`` code that imports this package (from where this one lives) and makes
-    ``call`` of ``_supervise`` (a fresh interpreter's supervisor)."""
-    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    name = call.split("(", 1)[0]
-    return (
-        f"import sys; sys.path.insert(0, {parent!r}); "
-        f"from notebook_launcher._supervise import {name}; {call}"
-    )
-
-
-def _start_cold(run_dir: str, said: int, log: int, go: int, listen_fd: int) -> None:
-    code = _supervisor_code("main(sys.argv[1:])")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, run_dir, str(listen_fd)],
-        stdin=go,  # its go comes on its stdin
-        stdout=said,
-        stderr=log,
-        pass_fds=(listen_fd,) if listen_fd >= 0 else (),
-        start_new_session=True,  # Jupyter's interrupt and the terminal's hang-up: not its
-    )
-    proc.wait()  # the first process forks the supervisor and exits: no zombie of ours
-
-
-def _read_until_closed(fd: int, timeout: float, into: bytearray) -> None:
-    """Read ``fd`` into ``into`` until its end or a whole line (the supervisor's pid), or
-    ``timeout``; each chunk is kept as it comes, so an interrupt loses nothing that was
-    read."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not into.endswith(b"\n"):
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        chunk = os.read(fd, 64) if ready else b""
-        if not chunk:
-            break
-        into += chunk
 
 
 # --- following a run -------------------------------------------------------------------
@@ -597,8 +403,6 @@ def attach(run_id: str, dashboard: bool | str | View = "auto", keep: bool = Fals
         handle = attach("3fa9c1")
         handle.result()      # every rank's return value, or the root cause raised
     """
-    from .launcher import _view
-
     run_dir = record.find(run_id)
     meta = record.read_meta(run_dir)
     if meta.kind == "session":
@@ -606,7 +410,7 @@ def attach(run_id: str, dashboard: bool | str | View = "auto", keep: bool = Fals
 
         return attach_session(run_id, run_dir, dashboard)
     handle = RunHandle(run_id, run_dir, meta.function, keep)
-    follower = _Follower(run_dir, _view(dashboard, False), handle)
+    follower = _Follower(run_dir, launch_view(dashboard, False), handle)
     follower.step()  # the history, shown here and now
     if not follower.ended:
         cell = contextvars.copy_context()  # what the thread shows belongs to this cell

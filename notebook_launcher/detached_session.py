@@ -1,32 +1,33 @@
 """Sessions that outlive the kernel: ``start(..., detach=True)``, ``attach(id)``.
 
 The ranks and their namespaces live in a real :class:`~notebook_launcher.session.Session`
-(the ordinary ``start()``) inside a supervisor process that is not the kernel's child
-(``_supervise``, as a detached launch's); the kernel holds a :class:`DetachedSession`, a
-``Session`` whose calls go to the supervisor over a Unix socket in the run's private
-record (``_launch.detach``). The socket's protocol, client and server, is this module::
+(the ordinary ``start()``, which the supervisor is given: ``serve``) inside a supervisor
+process that is not the kernel's child (``_supervise``, as a detached launch's); the kernel
+holds a :class:`DetachedSession` (a :class:`~notebook_launcher._sessions.SessionBase`, as
+``Session`` is) whose calls go to the supervisor over a Unix socket in the run's private
+record (``_launch.detach``). The messages and their framing are ``_wire.supervisor``'s;
+this module is the socket's client and its server::
 
     kernel (any of the same user)                  supervisor (parent: init)
     -----------------------------                  -------------------------
     start(detach=True)
       record: meta (kind "session"), secret
-      _spawn() -> its pid  -------------------->   binds session.sock (0600, in the 0700 dir)
+      Handover().start() -> its pid  ---------->   binds session.sock (0600, in the 0700 dir)
     each call: connect, then two frames:           admits a peer of its own uid (SO_PEERCRED)
-      the run's secret, (method, args) ------->    that sent the secret (hmac.compare_digest)
-                                                   the main thread runs the call on the
-                                                   Session (it forked the ranks: they die
-                                                   with it); "interrupt", "stacks" and
-      the cell's view  <--- ("event", e) ...       "status" run at once, beside a task
-                       <--- ("return", value) or ("raise", the exception as data), with
-                            what the call printed
-      Ctrl-C: ("interrupt",) on it  ----------->   that task is interrupted as Ctrl-C does
-      stop(): "close"   ----------------------->   the ranks leave; the record is removed
+      the run's secret, a request  ----------->    that sent the secret (hmac.compare_digest)
+                                                   the main thread runs a Start, Call or Stop
+                                                   on the Session (it forked the ranks: they
+                                                   die with it); Interrupt and Ask run at
+      the cell's view  <--- its events ...         once, beside a task
+                       <--- Reply(ok, value or the exception as data, what it printed)
+      Ctrl-C: Interrupt() on it  -------------->   that task is interrupted as Ctrl-C does
+      stop(): Stop(CLOSE)  -------------------->   the ranks leave; the record is removed
 
 Every event is appended to the record's ``events.log`` as well, and sent to the connection
 whose call runs: a kernel that dies mid-cell loses neither the session nor the cell's
 output, however it ends (a kernel shut down or restarted politely is interrupted first by
 jupyter_client: that Ctrl-C is not sent on, see ``_kernel_ending``). The supervisor keeps the events of a task whose kernel went away; the next
-``attach`` (its "follow" call) shows them, then follows that task live to its end, and
+``attach`` (its ``Follow``) shows them, then follows that task live to its end, and
 says how it ended. The ranks die with the supervisor (their parent-death signal); a
 supervisor that died is said on the next call or attach.
 
@@ -64,11 +65,28 @@ from typing import Any
 from ._events import FollowingStopped, LaunchStarted
 from ._launch import detach as record
 from ._launch.detach import Meta
+from ._launch.handover import Handover, abandon
 from ._launch.session import TaskHandle
 from ._posix import deferred_interrupts
 from ._serialization import dump_exception, dumps, dumps_checked, loads, rebuild_exception
+from ._sessions import SessionBase, SessionStatus, let_go, make_current
+from ._wire import supervisor as wire
+from ._wire.supervisor import (
+    Ask,
+    Call,
+    Ended,
+    Follow,
+    HandedOver,
+    Interrupt,
+    Missed,
+    Question,
+    Refused,
+    Reply,
+    Start,
+    Stop,
+    StopKind,
+)
 from .errors import LaunchError, interrupted
-from .session import Session, SessionStatus, let_go, make_current
 from .ui import View
 from .ui.stall import Stacks
 
@@ -80,8 +98,6 @@ START_TIMEOUT = 60.0
 TICK = 0.5
 #: Seconds the supervisor waits for a slow kernel to take an event before giving up on it.
 SEND_TIMEOUT = 10.0
-#: Calls that run beside a task (never queued behind it): they only look, or interrupt.
-BESIDE = ("interrupt", "stacks", "status")
 #: Events of one task the supervisor keeps for a kernel that attaches after the task's own
 #: kernel went away (its newest; ``events.log`` keeps them all).
 KEPT_EVENTS = 100_000
@@ -92,77 +108,9 @@ KEPT_TASKS = 10
 #: shutdown that may follow it (``_kernel_ending``): the task is interrupted after that.
 SHUTDOWN_WINDOW = 0.5
 
-#: The length of a session's secret.
-SECRET_BYTES = 32
-
-_FRAME = struct.Struct("<Q")
-
 
 class SessionRefused(LaunchError, PermissionError):
     """The supervisor refused a connection: not its user, or not the run's secret."""
-
-
-# --- the wire: 8-byte length, then a pickle ----------------------------------------------
-
-
-def _send(sock: socket.socket, obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_FRAME.pack(len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    chunks, left = [], n
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise ConnectionResetError("the other end closed the connection")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _recv(sock: socket.socket) -> Any:
-    (n,) = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
-    return pickle.loads(_recv_exact(sock, n))
-
-
-def _send_secret(sock: socket.socket, secret: bytes) -> None:
-    """The first frame of a connection: the secret's bytes as they are (nothing of a
-    connection is unpickled before it proved the secret)."""
-    sock.sendall(_FRAME.pack(len(secret)) + secret)
-
-
-def _recv_secret(sock: socket.socket) -> bytes:
-    (n,) = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
-    return _recv_exact(sock, n) if n <= SECRET_BYTES else b""
-
-
-class _Frames:
-    """The frames one connection receives, read a chunk at a time (a Ctrl-C between two
-    reads loses nothing)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.buffer, self.eof = sock, b"", False
-
-    def next(self, timeout: float) -> Any:
-        """The next whole frame, or None after ``timeout`` seconds without one; raises
-        ``ConnectionResetError`` at the end of the stream."""
-        while True:
-            if len(self.buffer) >= _FRAME.size:
-                (n,) = _FRAME.unpack_from(self.buffer)
-                if len(self.buffer) >= _FRAME.size + n:
-                    data = self.buffer[_FRAME.size : _FRAME.size + n]
-                    self.buffer = self.buffer[_FRAME.size + n :]
-                    return pickle.loads(data)
-            if self.eof:
-                raise ConnectionResetError("the supervisor closed the connection")
-            ready, _, _ = select.select([self.sock], [], [], timeout)
-            if not ready:
-                return None
-            with deferred_interrupts():  # what was read is kept, whatever comes
-                chunk = self.sock.recv(1 << 20)
-                self.buffer += chunk
-                self.eof = not chunk
 
 
 def _kernel_ending(window: float = SHUTDOWN_WINDOW) -> bool:
@@ -221,14 +169,16 @@ def _bindable(path: str) -> Any:
 
 
 class _Job:
-    """One call the supervisor's main thread runs, and its reply."""
+    """One call the supervisor's main thread runs (a start, a task, a stop), and its reply."""
 
-    def __init__(self, method: str, args: tuple[Any, ...], conn: socket.socket) -> None:
-        self.method, self.args, self.conn = method, args, conn
+    def __init__(self, message: Start | Call | Stop, conn: socket.socket) -> None:
+        self.message, self.conn = message, conn
+        #: a task on the ranks (what an interrupt interrupts, a missed task is)
+        self.task = isinstance(message, Call)
         #: the process of the kernel that made the call
         self.caller = _peer(conn)[0]
-        self.label = str(args[1]) if method == "run" else method
-        self.reply: tuple[Any, ...] = ()
+        self.label = message.label if isinstance(message, Call) else type(message).__name__
+        self.reply: Reply | None = None
         #: its kernel asked to interrupt it
         self.interrupted = False
         self.done = threading.Event()
@@ -238,13 +188,13 @@ class _Job:
 
     def summary(self) -> str:
         """How it ended, in a few lines."""
-        if self.reply and self.reply[0] == "return":
+        if self.reply is not None and self.reply.ok and self.reply.data is not None:
             try:
-                value = repr(loads(self.reply[1]))
+                value = repr(loads(self.reply.data))
             except Exception as exc:  # noqa: BLE001 - a summary only
                 value = f"(values that cannot be loaded here: {exc!r})"
             return f"returned {value if len(value) <= 300 else value[:300] + '...'}"
-        text = str(self.reply[2]) if len(self.reply) > 2 else "failed"
+        text = self.reply.summary if self.reply is not None else "failed"
         lines = text.splitlines()
         return "raised " + "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else "")
 
@@ -252,10 +202,14 @@ class _Job:
 class _Server:
     """Serves one session from the supervisor (``serve``)."""
 
-    def __init__(self, run_dir: str, meta: Meta) -> None:
+    def __init__(
+        self, run_dir: str, meta: Meta, start: Callable[..., SessionBase] | None = None
+    ) -> None:
         self.run_dir, self.meta = run_dir, meta
+        #: ``session.start``: how the ranks start (the supervisor's, given to ``serve``)
+        self.start = start
         self.secret = record.read_private(run_dir, SECRET)
-        self.session: Session | None = None
+        self.session: Any = None  # (a notebook_launcher.session.Session, once started)
         #: the session's cluster, started here (its job is this supervisor's)
         self.cluster: Any = None
         self.jobs: queue.Queue[_Job] = queue.Queue()
@@ -290,7 +244,7 @@ class _Server:
             if self.sink is None:
                 return
             try:
-                _send(self.sink, ("event", event))
+                wire.send(self.sink, event)  # (bare: the hot path)
             except OSError:  # that kernel is gone (or stuck): the call goes on without it
                 self.sink = None
 
@@ -319,7 +273,7 @@ class _Server:
                 f"process {pid} of uid {uid} may not use session {self.meta.id} of uid "
                 f"{os.getuid()}: a session is its user's alone"
             )
-        offered = _recv_secret(conn)
+        offered = wire.recv_secret(conn)
         if not hmac.compare_digest(offered, self.secret):
             return (
                 f"the secret offered is not session {self.meta.id}'s (attach reads it from "
@@ -333,22 +287,25 @@ class _Server:
             conn.settimeout(SEND_TIMEOUT)
             why = self.admit(conn)
             if why is not None:
-                _send(conn, ("refused", why))
+                wire.send(conn, Refused(why))
                 _hang_up(conn)
                 return
-            method, args = _recv(conn)
-            if method == "close":  # a task that runs (another kernel's, say) ends first
-                self.ending = self._stopped_by(_peer(conn)[0])
-                self.call("interrupt", ())
-            if method == "follow":
-                self.follow(conn)
-            elif method in BESIDE:
-                _send(conn, self.call(method, args))
-            else:
-                job = _Job(method, args, conn)
-                self.jobs.put(job)
-                self.watch(job, conn)
-                self.reply(job, conn, job.reply)
+            match wire.recv(conn):
+                case Follow():
+                    self.follow(conn)
+                case Interrupt() | Ask() as beside:  # they only look, or interrupt: never
+                    wire.send(conn, self.call(beside))  # queued behind a task
+                case Start() | Call() | Stop() as message:
+                    if message == Stop(StopKind.CLOSE):  # a task that runs (another
+                        self.ending = self._stopped_by(_peer(conn)[0])  # kernel's) ends first
+                        self.call(Interrupt())
+                    job = _Job(message, conn)
+                    self.jobs.put(job)
+                    self.watch(job, conn)
+                    assert job.reply is not None
+                    self.reply(job, conn, job.reply)
+                case other:
+                    raise ValueError(f"not a request of {wire.__name__}: {other!r}")
         except (OSError, EOFError, ValueError, pickle.UnpicklingError):
             pass  # that kernel went away (or spoke nonsense): the session is unharmed
         finally:
@@ -367,23 +324,23 @@ class _Server:
             if not ready:
                 continue
             try:
-                frame = _recv(conn)
+                frame = wire.recv(conn)
             except (OSError, EOFError, ValueError, pickle.UnpicklingError):
                 job.done.wait()  # that kernel is gone: the call goes on without it
                 return
-            if frame == ("interrupt",):
+            if isinstance(frame, Interrupt):
                 self.interrupt(job)
 
-    def reply(self, job: _Job, conn: socket.socket, reply: tuple[Any, ...]) -> None:
+    def reply(self, job: _Job, conn: socket.socket, reply: Reply | Ended) -> None:
         """Send ``job``'s end on ``conn`` if that is still the kernel that waits for it;
         keep it for the next attach if that kernel is gone."""
         with self.lock:
             if job.conn is not conn:  # another kernel took it over (``follow``)
                 return
         try:
-            _send(conn, reply)
+            wire.send(conn, reply)
         except OSError:
-            if job.method == "run":
+            if job.task:
                 with self.lock:
                     self.missed = [*self.missed, job][-KEPT_TASKS:]
             raise
@@ -408,37 +365,37 @@ class _Server:
             job = self.current
             if self.sink is not None and _peer_gone(self.sink):
                 self.sink = None  # its kernel died while the task printed nothing
-            adopt = job is not None and job.method == "run" and self.sink is None
+            adopt = job is not None and job.task and self.sink is None
             try:
                 for old in missed:
-                    _send(conn, ("missed", old.label, list(old.events), old.summary()))
+                    wire.send(conn, Missed(old.label, tuple(old.events), old.summary()))
                 if job is not None and adopt:
                     for event in job.events:
-                        _send(conn, ("event", event))
+                        wire.send(conn, event)
                     self.sink = job.conn = conn
             except OSError:
                 self.missed = missed + self.missed
                 raise
         if job is None or not adopt:
-            _send(conn, ("followed", None, None))
+            wire.send(conn, Ended())
             return
         job.done.wait()
-        self.reply(job, conn, ("followed", job.label, job.summary()))
+        self.reply(job, conn, Ended(job.label, job.summary()))
 
     # calls
 
-    def call(self, method: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Run one call; its reply: ("return", value, out, err) or ("raise", data, out,
-        err), ``out``/``err`` what it printed (a restart says what was lost)."""
+    def call(self, message: Any) -> Reply:
+        """Run one call; its reply: its value or its exception, and what it printed (a
+        restart says what was lost)."""
         out, err = io.StringIO(), io.StringIO()
         try:
             if threading.current_thread() is threading.main_thread():
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                    value = self.dispatch(method, args)
+                    value = self.dispatch(message)
             else:
-                value = self.dispatch(method, args)
+                value = self.dispatch(message)
             try:
-                reply: tuple[Any, ...] = ("return", dumps(value))
+                reply = Reply(True, dumps(value))
             except Exception as exc:  # noqa: BLE001 - said to the kernel
                 raise LaunchError(
                     f"the ranks' values could not be pickled for the kernel "
@@ -449,17 +406,16 @@ class _Server:
                 exc = interrupted(self.ending)  # not "interrupted": why
             tb = exc.__traceback__
             exc.__traceback__ = tb.tb_next if tb is not None else None  # not this frame
-            reply = ("raise", dump_exception(exc), f"{type(exc).__name__}: {exc}")
-        return (*reply, out.getvalue(), err.getvalue())
+            reply = Reply(False, dump_exception(exc), f"{type(exc).__name__}: {exc}")
+        return dataclasses.replace(reply, out=out.getvalue(), err=err.getvalue())
 
-    def dispatch(self, method: str, args: tuple[Any, ...]) -> Any:
+    def dispatch(self, message: Any) -> Any:
         __tracebackhide__ = True  # the kernel shows the rank's frames, not the server's
-        if method == "start":
-            from .session import start
-
-            options = loads(args[0])
+        if isinstance(message, Start):
+            assert self.start is not None, "serve() gives the server session.start"
+            options = loads(message.options)
             self.cluster = options.get("cluster")  # (ended with the session: serve())
-            self.session = start(dashboard=self, **options)
+            self.session = self.start(dashboard=self, **options)
             self.meta.ranks = self.session.world_size
             if self.cluster is not None:
                 self.meta.cluster = self.cluster.describe()
@@ -468,28 +424,27 @@ class _Server:
         session = self.session
         if session is None:
             raise LaunchError(f"session {self.meta.id} has not started its ranks")
-        if method == "run":
-            data, label, ranks = args
-            return session._run_pickled(data, label, ranks)
-        if method == "close":
-            self.finished = True
-            session.close()
-            return None
-        if method == "restart":
-            session.restart()
-            return None
-        if method == "interrupt":  # (session.interrupt(): whatever runs now)
-            job = self.current
-            if job is not None:
-                self.interrupt(job)
-            return None
-        if method == "stacks":
-            return session.stacks()
-        if method == "status":
-            return session.status()
-        if method == "ranks":
-            return session.ranks
-        raise LaunchError(f"a detached session has no call {method!r}")
+        match message:
+            case Call(data, label, ranks):
+                return session._run_pickled(data, label, ranks)
+            case Stop(StopKind.CLOSE):
+                self.finished = True
+                session.close()
+            case Stop(StopKind.RESTART):
+                session.restart()
+            case Interrupt():  # (session.interrupt(): whatever runs now)
+                job = self.current
+                if job is not None:
+                    self.interrupt(job)
+            case Ask(Question.STACKS):
+                return session.stacks()
+            case Ask(Question.STATUS):
+                return session.status()
+            case Ask(Question.RANKS):
+                return session.ranks
+            case _:
+                raise LaunchError(f"a detached session has no call {message!r}")
+        return None
 
     def _stopped_by(self, pid: int) -> str:
         """What a task that runs is told when process ``pid`` stops the session."""
@@ -509,14 +464,14 @@ class _Server:
         session (``serve``: its ranks leave)."""
         self.ending = why
         self.finished = True
-        self.call("interrupt", ())
+        self.call(Interrupt())
 
     def interrupt(self, job: _Job) -> None:
         """Interrupt ``job``'s task: at once if it runs on the ranks; a job still queued
         here never runs; one on its way to the ranks is interrupted there (an interrupt
         is never lost, nor given to another call's task)."""
         job.interrupted = True
-        if job.method != "run":
+        if not job.task:
             return  # not a task (a start, a restart): it ends as it does
         while not job.done.is_set():
             with self.lock:
@@ -544,29 +499,29 @@ class _Server:
                 self.run_job(job)
             except KeyboardInterrupt:  # (a SIGINT just after the call: it is done)
                 pass
-            if job.method == "start" and self.session is None:
+            if isinstance(job.message, Start) and self.session is None:
                 job.replied.wait(SEND_TIMEOUT)
                 return  # it could not start: the kernel has the error
             if self.finished:
                 job.replied.wait(SEND_TIMEOUT)
 
     def run_job(self, job: _Job) -> None:
-        if job.interrupted and job.method == "run":  # Ctrl-C before it was sent: not run
+        if job.interrupted and job.task:  # Ctrl-C before it was sent: not run
             exc = interrupted("interrupted before any rank began it")
-            job.reply = ("raise", dump_exception(exc), "KeyboardInterrupt", "", "")
+            job.reply = Reply(False, dump_exception(exc), "KeyboardInterrupt")
             job.done.set()
             return
         with self.lock:
             self.sink, self.current = job.conn, job
         try:
-            job.reply = self.call(job.method, job.args)
+            job.reply = self.call(job.message)
         finally:
             with self.lock:
                 self.sink = self.current = None
                 if not job.replied.is_set():
                     self.unreplied.append(job)
-            if not job.reply:
-                job.reply = ("raise", None, "interrupted", "", "")
+            if job.reply is None:
+                job.reply = Reply(False, None, "interrupted")
             job.done.set()
 
 
@@ -578,19 +533,23 @@ def _terminate(signum: int, frame: Any) -> None:
     raise _Stop
 
 
-def serve(run_dir: str, meta: Meta, key: bytes) -> None:
+def serve(run_dir: str, meta: Meta, key: bytes, start: Callable[..., SessionBase]) -> None:
     """The supervisor of a detached session (``_supervise.main`` after its fork): listen,
     run the calls, and at the end remove the record. ``key``: the run's, from the kernel
-    (its task, sealed with it, is the kernel's path, environment and directory)."""
+    (its task, sealed with it, is the kernel's path, environment and directory);
+    ``start``: ``session.start``, which starts the ranks here."""
     server: _Server | None = None
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         signal.signal(signal.SIGTERM, _terminate)
         # the kernel's path, environment and directory (a task that is not the kernel's:
         # refused before anything listens, and the session ends)
-        record.take_on(pickle.loads(record.read_task(run_dir, key))["kernel"])
+        handed = pickle.loads(record.read_task(run_dir, key))
+        if not isinstance(handed, HandedOver):
+            raise LaunchError(f"the task of session {meta.id} is not a session's hand-over")
+        record.take_on(handed.kernel)
         _listen(listener, run_dir)
-        server = _Server(run_dir, meta)
+        server = _Server(run_dir, meta, start)
         threading.Thread(target=server.accept, args=(listener,), daemon=True).start()
         threading.Thread(target=_heartbeat, args=(server,), daemon=True).start()
         server.main_loop()
@@ -702,7 +661,7 @@ class _Line:
         with self.lock:
             self.sock = sock
             for _ in range(self.asked):
-                _send(sock, ("interrupt",))
+                wire.send(sock, Interrupt())
 
     def interrupt(self) -> None:
         with self.lock:
@@ -710,10 +669,10 @@ class _Line:
                 self.asked += 1
                 return
             with contextlib.suppress(OSError):  # (the call has ended)
-                _send(self.sock, ("interrupt",))
+                wire.send(self.sock, Interrupt())
 
 
-class DetachedSession(Session):
+class DetachedSession(SessionBase):
     """A session whose ranks live under a supervisor of their own (``start(...,
     detach=True)``, ``attach(id)``): the methods of :class:`Session`, each a call to it;
     what a task prints, its dashboard and its exceptions show in the calling cell as a
@@ -722,17 +681,14 @@ class DetachedSession(Session):
     goes."""
 
     def __init__(self, run_id: str, run_dir: str, dashboard: bool | str | View = "auto") -> None:
+        super().__init__({"dashboard": dashboard})
         self.id, self.path = run_id, run_dir
-        self._options = {"dashboard": dashboard}
-        self._core = None
-        self._down = None
-        self._closed = False
         self._detached = False
         self._secret = record.read_private(run_dir, SECRET)
 
     # -- calls ---------------------------------------------------------------------------
 
-    def _call(self, method: str, *args: Any, view: Any = None, line: _Line | None = None) -> Any:
+    def _call(self, message: Any, view: Any = None, line: _Line | None = None) -> Any:
         __tracebackhide__ = True
         if self._closed:
             raise LaunchError(f"session {self.id} is stopped; start a new one")
@@ -743,31 +699,31 @@ class DetachedSession(Session):
             )
         sock = self._connect()
         try:
-            _send_secret(sock, self._secret)
-            _send(sock, (method, args))
+            wire.send_secret(sock, self._secret)
+            wire.send(sock, message)
             if line is not None:
                 line.connected(sock)
-            reply = self._wait(sock, view, interrupts=method == "run")
+            reply = self._wait(sock, view, interrupts=isinstance(message, Call))
         except (ConnectionError, BrokenPipeError):
             raise self._gone() from None
         finally:
             sock.close()
             if view is not None:
                 view.close()
-        kind, data, *rest = reply
-        if kind == "refused":
-            raise SessionRefused(f"session {self.id} refused this kernel: {data}")
-        out, err = rest[-2], rest[-1]
-        if out:
-            sys.stdout.write(out)
-        if err:
-            sys.stderr.write(err)
-        if kind == "return":
-            return loads(data)
-        rebuilt = rebuild_exception(data)
+        if isinstance(reply, Refused):
+            raise SessionRefused(f"session {self.id} refused this kernel: {reply.why}")
+        if not isinstance(reply, Reply):
+            raise LaunchError(f"session {self.id} answered {reply!r}, not a reply")
+        if reply.out:
+            sys.stdout.write(reply.out)
+        if reply.err:
+            sys.stderr.write(reply.err)
+        if reply.ok and reply.data is not None:
+            return loads(reply.data)
+        rebuilt = rebuild_exception(reply.data)
         exc = rebuilt.exc
         if exc is None:
-            exc = LaunchError(f"session {self.id}: {rest[0]} ({rebuilt.reason})")
+            exc = LaunchError(f"session {self.id}: {reply.summary} ({rebuilt.reason})")
         if type(exc) is KeyboardInterrupt:
             exc = interrupted(str(exc) or "interrupted")
         raise exc
@@ -795,7 +751,7 @@ class DetachedSession(Session):
         interrupts the task (as many times as pressed, as a local session's); else it
         stops the wait (a start: the supervisor is then ended by the caller)."""
         __tracebackhide__ = True
-        frames = _Frames(sock)
+        frames = wire.Frames(sock)
         while True:
             try:
                 frame = frames.next(TICK)
@@ -808,16 +764,17 @@ class DetachedSession(Session):
                         f"notebook_launcher.attach({self.id!r}) shows it from the next kernel"
                     ) from None
                 with contextlib.suppress(OSError):
-                    _send(sock, ("interrupt",))
+                    wire.send(sock, Interrupt())
                 continue
-            if frame is None:
-                if view is not None:
-                    view.tick()
-            elif frame[0] == "event":
-                if view is not None:
-                    view.handle(self._named(frame[1]))
-            else:
-                return frame
+            match frame:
+                case None:
+                    if view is not None:
+                        view.tick()
+                case Reply() | Refused():
+                    return frame
+                case event:  # (events travel bare)
+                    if view is not None:
+                        view.handle(self._named(event))
 
     def _follow(self) -> None:
         """Show what ran while no kernel was attached: each task that ended meanwhile (its
@@ -826,9 +783,9 @@ class DetachedSession(Session):
         sock = self._connect()
         view: Any = None
         try:
-            _send_secret(sock, self._secret)
-            _send(sock, ("follow", ()))
-            frames = _Frames(sock)
+            wire.send_secret(sock, self._secret)
+            wire.send(sock, Follow())
+            frames = wire.Frames(sock)
             while True:
                 try:
                     frame = frames.next(TICK)
@@ -839,29 +796,29 @@ class DetachedSession(Session):
                         f"stopped following the task that runs in session {self.id} (it goes "
                         f"on): notebook_launcher.attach({self.id!r}) follows it again"
                     ) from None
-                if frame is None:
-                    if view is not None:
-                        view.tick()
-                elif frame[0] == "event":
-                    if view is None:
-                        view = self._view()
-                    view.handle(self._named(frame[1]))
-                elif frame[0] == "missed":
-                    _, label, events, summary = frame
-                    shown = self._view()
-                    for event in events:
-                        shown.handle(self._named(event))
-                    shown.close()
-                    print(self._while_away(label, summary), flush=True)
-                elif frame[0] == "refused":
-                    raise SessionRefused(f"session {self.id} refused this kernel: {frame[1]}")
-                else:
-                    if view is not None:
-                        view.close()
-                        view = None
-                    if frame[1] is not None:
-                        print(self._while_away(frame[1], frame[2]), flush=True)
-                    return
+                match frame:
+                    case None:
+                        if view is not None:
+                            view.tick()
+                    case Missed(label, events, summary):
+                        shown = self._view()
+                        for event in events:
+                            shown.handle(self._named(event))
+                        shown.close()
+                        print(self._while_away(label, summary), flush=True)
+                    case Refused(why):
+                        raise SessionRefused(f"session {self.id} refused this kernel: {why}")
+                    case Ended(label, summary):
+                        if view is not None:
+                            view.close()
+                            view = None
+                        if label is not None:
+                            print(self._while_away(label, summary or ""), flush=True)
+                        return
+                    case event:  # (events travel bare): the task followed, live
+                        if view is None:
+                            view = self._view()
+                        view.handle(self._named(event))
         except (ConnectionError, BrokenPipeError):
             raise self._gone() from None
         finally:
@@ -906,15 +863,11 @@ class DetachedSession(Session):
 
     def _run_pickled(self, data: bytes, label: str, ranks: list[int] | int | None) -> list[Any]:
         __tracebackhide__ = True
-        return self._call("run", data, label, ranks, view=self._view())
+        return self._call(Call(data, label, ranks), view=self._view())
 
     @property
     def ranks(self) -> list[int]:
-        return self._call("ranks")
-
-    @property
-    def world_size(self) -> int:
-        return len(self.ranks)
+        return self._call(Ask(Question.RANKS))
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, ranks: list[int] | None = None, **kwargs: Any
@@ -930,7 +883,7 @@ class DetachedSession(Session):
 
         def wait() -> None:
             try:
-                handle.set_result(self._call("run", data, label, ranks, view=view, line=line))
+                handle.set_result(self._call(Call(data, label, ranks), view=view, line=line))
             except BaseException as exc:  # noqa: BLE001 - the handle raises it
                 handle.set_exception(exc)
 
@@ -938,22 +891,22 @@ class DetachedSession(Session):
         return handle
 
     def interrupt(self) -> None:
-        self._call("interrupt")
+        self._call(Interrupt())
 
     def stacks(self) -> Stacks:
-        return self._call("stacks")
+        return self._call(Ask(Question.STACKS))
 
     def status(self) -> SessionStatus:
         if self._closed:
             return SessionStatus("closed", 0, "-", "-", 0, 0, ())
-        status: SessionStatus = self._call("status")
+        status: SessionStatus = self._call(Ask(Question.STATUS))
         meta = record.read_meta(self.path)
         where = f"detached session {self.id} (supervisor pid {meta.pid}; attach({self.id!r}))"
         return dataclasses.replace(status, note=f"{status.note}\n{where}" if status.note else where)
 
     def restart(self) -> None:
         __tracebackhide__ = True
-        self._call("restart", view=self._view())
+        self._call(Stop(StopKind.RESTART), view=self._view())
 
     def stop(self) -> None:
         """End the session: its ranks leave, its supervisor ends, its record goes."""
@@ -966,7 +919,7 @@ class DetachedSession(Session):
             let_go(self)
             return
         try:
-            self._call("close")
+            self._call(Stop(StopKind.CLOSE))
         except LaunchError:
             if meta.pid is not None and record.supervisor_alive(meta):
                 os.kill(meta.pid, signal.SIGTERM)
@@ -1006,8 +959,6 @@ def start_detached(
     cluster (``options["cluster"]``, not started) that supervisor, on this host, starts the
     cluster (submits its job, holds its hub: the agents connect to it) and ends it
     with the session."""
-    from .detached import _abandon, _Handover
-
     cluster = options.get("cluster")
     nodes = 1
     if cluster is not None:  # what can be checked without the nodes: before submitting
@@ -1021,18 +972,20 @@ def start_detached(
         )
     payload = dumps_checked({"num_processes": num_processes, **options}, "the session's options")
     record.sweep()
-    handover = _Handover()
+    handover = Handover()
     made: list[str] = []
     try:
         with deferred_interrupts():  # a record whole, or none
             run_id, run_dir = record.new_run("session")
             made.append(run_dir)
-            record.write_private(os.path.join(run_dir, SECRET), secrets.token_bytes(SECRET_BYTES))
+            record.write_private(
+                os.path.join(run_dir, SECRET), secrets.token_bytes(wire.SECRET_BYTES)
+            )
             meta = Meta(
                 run_id, "session", time.time(), num_processes or 0, kind="session", nodes=nodes
             )
             record.write_meta(run_dir, meta)
-            payload_file = pickle.dumps({"kernel": record.the_kernel()})
+            payload_file = pickle.dumps(HandedOver(record.the_kernel()))
             sealed = record.seal(handover.key, payload_file)
             record.write_private(os.path.join(run_dir, record.TASK), sealed)
         handover.start(run_dir, -1, 0)
@@ -1040,13 +993,13 @@ def start_detached(
         assert handover.pid is not None
         session = DetachedSession(run_id, run_dir, dashboard)
         _wait_listening(run_dir, handover.pid)
-        status = session._call("start", payload, view=session._view())
+        status = session._call(Start(payload), view=session._view())
     except BaseException:  # a failed start, Ctrl-C: no supervisor, no record left
         with deferred_interrupts():
             if not handover.committed:
                 handover.abandon()
             for run_dir in made:
-                _abandon(run_dir)
+                abandon(run_dir)
         raise
     where = f" on {nodes} node(s), its supervisor here owning the cluster's job" if cluster else ""
     print(

@@ -65,8 +65,8 @@ from .detached import attach, runs
 from .errors import LaunchError, PreflightError, interrupted
 from .session import start as start_session
 from .tracking import log
-from .ui import TextView, View, in_notebook_kernel, view_for
-from .ui.lazy import DisplayedTextView
+from .ui import View
+from .ui.lazy import launch_view as _view
 from .ui.stall import Stacks
 
 if TYPE_CHECKING:
@@ -406,18 +406,6 @@ def _cluster_launch(
         view.close()
         raise
     return _Launch(plan, task, view, policy, line_prefix, elastic_name)
-
-
-def _view(dashboard: bool | str | View, block: bool) -> View:
-    """The launch's view. A non-blocking launch in a notebook that would print text keeps
-    it in its own output area instead: the cell that runs later must not receive it."""
-    view = view_for(dashboard)
-    if block or not isinstance(dashboard, (bool, str)) or not in_notebook_kernel():
-        return view
-    if isinstance(getattr(view, "inner", view), TextView):
-        progress = dashboard is not False
-        return DisplayedTextView(lambda stream: TextView(stream, progress=progress))
-    return view
 
 
 class _Launch:

@@ -41,6 +41,7 @@ import pytest
 from notebook_launcher import attach, detached, notebook_launcher, runs, start
 from notebook_launcher._events import LaunchFinished, Output, WorkerStarted
 from notebook_launcher._launch import detach as record
+from notebook_launcher._launch import handover
 from notebook_launcher._posix import quiet_fork
 from notebook_launcher.errors import LaunchError
 
@@ -576,16 +577,16 @@ def _interrupt_at(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
 
         monkeypatch.setattr(record, "write_private", written)
     elif point == "forkserver had":
-        get = detached.forkserver.running
+        get = handover.forkserver.running
 
         def had() -> Any:
             server = get()
             _interrupt()
             return server
 
-        monkeypatch.setattr(detached.forkserver, "running", had)
+        monkeypatch.setattr(handover.forkserver, "running", had)
     elif point in ("waiting for the pid", "pid read"):
-        read = detached._read_until_closed
+        read = handover._read_until_closed
 
         def reading(*args: Any) -> Any:
             if point == "waiting for the pid":
@@ -595,7 +596,7 @@ def _interrupt_at(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
                 _interrupt()
             return said
 
-        monkeypatch.setattr(detached, "_read_until_closed", reading)
+        monkeypatch.setattr(handover, "_read_until_closed", reading)
     elif point == "handle made":
         attach_ = detached.attach
 
@@ -896,9 +897,10 @@ def test_attach_after_a_kernel_died_mid_cell_shows_the_cell_whatever_the_timing(
     connection thread is stopped between the cell's end and its reply (the seam: the
     server's ``watch``), and the attach comes in it."""
     from notebook_launcher import detached_session as ds
+    from notebook_launcher._wire import supervisor as wire
 
     run_id, run_dir = record.new_run("session")
-    secret = b"s" * ds.SECRET_BYTES
+    secret = b"s" * wire.SECRET_BYTES
     record.write_private(os.path.join(run_dir, ds.SECRET), secret)
     server = ds._Server(run_dir, record.Meta(run_id, "session", time.time(), 2, kind="session"))
 
@@ -920,23 +922,23 @@ def test_attach_after_a_kernel_died_mid_cell_shows_the_cell_whatever_the_timing(
     dead, theirs = socket.socketpair()
     call = threading.Thread(target=server.serve_connection, args=(theirs,), daemon=True)
     call.start()
-    ds._send_secret(dead, secret)
-    ds._send(dead, ("run", (b"", "cell 7", None)))
+    wire.send_secret(dead, secret)
+    wire.send(dead, wire.Call(b"", "cell 7", None))
     job = server.jobs.get(timeout=10)
     dead.close()  # the kernel dies mid-cell
     server.run_job(job)  # the cell ends on the ranks, its kernel gone
     kernel, theirs = socket.socketpair()
     follow = threading.Thread(target=server.serve_connection, args=(theirs,), daemon=True)
     with kernel:
-        ds._send_secret(kernel, secret)
-        ds._send(kernel, ("follow", ()))
+        wire.send_secret(kernel, secret)
+        wire.send(kernel, wire.Follow())
         follow.start()
         follow.join(2)  # (it answered at once: nothing missed, nothing running)
         release.set()
-        frame = ds._Frames(kernel).next(10)
-        assert frame is not None and frame[0] == "missed", frame
-        assert [e.text for e in frame[2]] == [f"line {i}\n" for i in range(30)]
-        assert frame[3] == "returned [1, 2]"
+        frame = wire.Frames(kernel).next(10)
+        assert isinstance(frame, wire.Missed), frame
+        assert [e.text for e in frame.events] == [f"line {i}\n" for i in range(30)]
+        assert frame.summary == "returned [1, 2]"
     call.join(10)
     follow.join(10)
     server.writer.close()

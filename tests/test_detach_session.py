@@ -28,15 +28,11 @@ from notebook_launcher import attach, runs, start
 from notebook_launcher._events import Output
 from notebook_launcher._launch import detach as record
 from notebook_launcher._posix import quiet_fork
-from notebook_launcher.detached_session import (
-    SECRET,
-    SOCKET,
-    DetachedSession,
-    SessionRefused,
-    _recv,
-    _send,
-    _send_secret,
-)
+from notebook_launcher._wire.supervisor import Ask, Question, Refused
+from notebook_launcher._wire.supervisor import recv as _recv
+from notebook_launcher._wire.supervisor import send as _send
+from notebook_launcher._wire.supervisor import send_secret as _send_secret
+from notebook_launcher.detached_session import SECRET, SOCKET, DetachedSession, SessionRefused
 from notebook_launcher.errors import LaunchError
 from notebook_launcher.ipython_extension import DistMagics
 
@@ -146,7 +142,7 @@ def _as_nobody(run_dir: Path, secret: bytes) -> str:
                 sock.connect(str(run_dir / SOCKET))
                 try:
                     _send_secret(sock, secret)
-                    _send(sock, ("status", ()))
+                    _send(sock, Ask(Question.STATUS))
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # refused at once, before our words: its answer is there to read
                 said = repr(_recv(sock))
@@ -185,7 +181,7 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
         raw.sendall(struct.pack("<Q", 32) + b"0" * 32)
         time.sleep(0.3)  # the server read the secret and refused
         raw.sendall(struct.pack("<Q", 4) + b"call")
-        assert _recv(raw)[0] == "refused"
+        assert isinstance(_recv(raw), Refused)
     if os.getuid() == 0:  # another user: the directory keeps it out, and were it let in...
         secret = (path / SECRET).read_bytes()
         assert _as_nobody(path, secret) == "PermissionError"
@@ -194,7 +190,7 @@ def test_only_the_owner_with_the_secret_gets_in_and_ctrl_c_interrupts_only_the_c
         (path / SOCKET).chmod(0o666)
         try:  # ... its uid is refused, even with the secret
             said = _as_nobody(path, secret)
-            assert said.startswith("('refused'") and "uid 65534 may not use" in said, said
+            assert said.startswith("Refused(") and "uid 65534 may not use" in said, said
         finally:
             for loosened in (runs_dir, path):
                 loosened.chmod(0o700)
@@ -268,7 +264,8 @@ def test_frames_are_read_whole_whatever_the_chunks() -> None:
     """The client's reader (``_Frames``): a frame cut anywhere waits for its rest; a wait
     without a frame says None; the end of the stream is an error, never a half frame; a
     secret longer than a secret is read as none (nothing of it unpickled)."""
-    from notebook_launcher.detached_session import _Frames, _recv_secret
+    from notebook_launcher._wire.supervisor import Frames as _Frames
+    from notebook_launcher._wire.supervisor import recv_secret as _recv_secret
 
     a, b = socket.socketpair()
     with a, b:

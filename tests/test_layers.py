@@ -22,6 +22,7 @@ Module paths say where code runs:
 from __future__ import annotations
 
 import ast
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -230,6 +231,7 @@ def test_every_module_has_a_layer_or_is_an_orchestrator() -> None:
         "detached",  # attach() and runs(): the kernel's side of a detached run
         "_supervise",  # a detached run's supervisor: a launch, recorded
         "detached_session",  # a detached session: the kernel's client, the supervisor's server
+        "_sessions",  # what every session is (local or detached): below both faces
     }
     extra = {m for m, _ in modules() if layer_of(m) is None} - orchestrators
     assert not extra, f"modules without a layer (add them to tests/test_layers.py): {extra}"
@@ -252,3 +254,167 @@ def test_light_imports_stay_light(statement: str, absent: tuple[str, ...]) -> No
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]", (statement, out.stdout, out.stderr)
+
+
+# --- no import circle, counting the imports inside functions (issue 34, "Done when") ------
+
+
+def _face_names() -> dict[str, str]:
+    """What the package's face hands on: name -> the module (under the package) that
+    defines it, read from ``__init__``'s imports and its lazy table (``_LAZY``)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            for alias in node.names:
+                found[alias.asname or alias.name] = node.module
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.Dict):
+            for key, target in zip(value.keys, value.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(target, ast.Constant):
+                    found[str(key.value)] = str(_ours(str(target.value)))
+    return found
+
+
+def _module_of(name: str) -> str | None:
+    """The module of ours that ``name`` (a dotted path under the package) is, or lies in."""
+    parts = name.split(".")
+    while parts:
+        if _is_module(".".join(parts)):
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports (module granularity; relative imports
+    resolved; at module level or inside a function alike; not under ``TYPE_CHECKING``).
+    ``from notebook_launcher import X`` counts as an import of the module that defines
+    ``X``: the package's face re-exports everything, and is left out itself."""
+    face = _face_names()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules():
+        if not module:
+            continue  # the face: re-exports only, lazily
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_only(tree)
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", -1) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                names = [_ours(a.name) for a in node.names]
+                targets |= {t for t in names if t}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - node.level + 1]
+                    name = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    ours = _ours(node.module or "")
+                    if ours is None:
+                        continue
+                    name = ours
+                for alias in node.names:
+                    sub = f"{name}.{alias.name}" if name else alias.name
+                    if _is_module(sub):
+                        targets.add(sub)
+                    elif name:
+                        targets.add(name)
+                    elif alias.name in face:  # the package's face: where it comes from
+                        targets.add(face[alias.name])
+        resolved = {m for t in targets if (m := _module_of(t)) is not None}
+        graph[module] = resolved - {module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of ``graph`` with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                part.append(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_counting_imports_inside_functions() -> None:
+    """``launcher`` -> ``detached`` -> ``detached_session`` -> ``session`` -> ... ran in a
+    circle (issue 34): shared pieces live below the faces, which sit on top."""
+    assert circles(import_graph()) == []
+
+
+def test_the_circle_reader_catches_what_it_should() -> None:
+    """A self-check: a made-up circle is found, a chain is not, and the face's names and
+    the imports inside functions are read (so a broken reader cannot pass)."""
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert _face_names()["start"] == "session" and _face_names()["attach"] == "detached"
+    graph = import_graph()
+    assert "detached_session" in graph["session"]  # start(detach=True): inside a function
+    assert "_wire.supervisor" in graph["detached_session"]
+    assert "" not in graph and all("" not in targets for targets in graph.values())
+
+
+# --- one typed protocol for what outlives the kernel (issue 34, item 2) -----------------
+
+
+def _match_classes(function: ast.AST) -> set[str]:
+    """The class names the ``match`` statements in ``function`` match on."""
+    return {
+        node.cls.id if isinstance(node.cls, ast.Name) else ast.unparse(node.cls)
+        for node in ast.walk(function)
+        if isinstance(node, ast.MatchClass)
+    }
+
+
+def test_the_session_server_dispatches_on_the_protocols_types_not_strings() -> None:
+    """The supervisor of a detached session serves the requests of ``_wire.supervisor``
+    by their type (``match``), and nothing in ``detached_session`` compares a string
+    constant (``method == "run"`` was its dispatch)."""
+    from notebook_launcher._wire import supervisor as wire
+
+    tree = ast.parse((PACKAGE / "detached_session.py").read_text())
+    server = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_Server")
+    methods = {n.name: n for n in server.body if isinstance(n, ast.FunctionDef)}
+    requests = {cls.__name__ for cls in wire.REQUESTS}
+    matched = _match_classes(methods["serve_connection"])
+    assert matched == requests, matched ^ requests  # every request, by its class
+    assert _match_classes(methods["dispatch"]) <= requests
+    compared = [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(
+            isinstance(side, ast.Constant) and isinstance(side.value, str)
+            for side in (node.left, *node.comparators)
+        )
+    ]
+    assert compared == []
+    for cls in (*wire.REQUESTS, *wire.ANSWERS, wire.HandedOver, wire.Held, wire.Taken):
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls  # type: ignore[attr-defined]

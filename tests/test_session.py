@@ -621,10 +621,11 @@ def test_the_current_session_is_the_last_one_made_then_the_one_before(
     """The magics' session (issue 33, item 5): the last one started or attached, whichever
     way; when it is closed, stopped or let go, the one current before it, if still open;
     a session the notebook dropped does not come back."""
+    from notebook_launcher import _sessions as registry
     from notebook_launcher import session as sessions
 
-    monkeypatch.setattr(sessions, "_current", None)
-    monkeypatch.setattr(sessions, "_earlier", [])
+    monkeypatch.setattr(registry, "_current", None)
+    monkeypatch.setattr(registry, "_earlier", [])
 
     class Made:  # stands for a Session: the registry only keeps and compares them
         pass

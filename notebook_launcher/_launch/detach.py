@@ -89,6 +89,7 @@ from typing import Any
 
 from .._events import Output, ProgressUpdate
 from .._posix import start_time
+from .._wire import supervisor as wire
 from ..errors import LaunchError
 from .scheduler import Scheduler, dump, load
 
@@ -1202,10 +1203,8 @@ def decode_result(data: bytes, run_dir: str) -> Any:
 #
 #     supervisor (hold)                          kernel (take_held), same uid, same host
 #     binds result.sock, waits  <-------------   connects: the peer is checked (our uid)
-#     8-byte length, pickle of (meta, result) -> a frame
-#                               <-------------   b"1": taken; the supervisor then ends
-
-_HELD_FRAME = struct.Struct("<Q")
+#     Held(meta, result)  --------------------->  (``_wire.supervisor``'s framing)
+#                               <-------------   Taken(): the supervisor then ends
 
 
 def hold(run_dir: str, meta: Meta, result: bytes, keep: float) -> bool:
@@ -1223,7 +1222,7 @@ def hold(run_dir: str, meta: Meta, result: bytes, keep: float) -> bool:
                 os.umask(old)
         listener.listen(4)
         listener.settimeout(min(max(keep, 60.0), 1e8))  # (a retention of 0, or of inf)
-        frame = pickle.dumps((asdict(meta), result), protocol=pickle.HIGHEST_PROTOCOL)
+        frame = wire.encode(wire.Held(asdict(meta), result))
         while True:
             try:
                 conn, _ = listener.accept()
@@ -1235,11 +1234,11 @@ def hold(run_dir: str, meta: Meta, result: bytes, keep: float) -> bool:
                     continue
                 conn.settimeout(30.0)
                 try:
-                    conn.sendall(_HELD_FRAME.pack(len(frame)) + frame)
-                    if conn.recv(1) == b"1":
+                    conn.sendall(frame)
+                    if isinstance(wire.recv(conn), wire.Taken):
                         return True
-                except OSError:
-                    continue  # (that kernel went away first: the next one)
+                except (OSError, EOFError, ValueError, pickle.UnpicklingError):
+                    continue  # (that kernel went away first, or spoke nonsense: the next one)
     finally:
         listener.close()
         with contextlib.suppress(OSError), _in(run_dir) as d:
@@ -1261,25 +1260,15 @@ def take_held(run_dir: str) -> tuple[Meta, bytes] | None:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         if struct.unpack("3i", creds)[1] != os.getuid():
             return None  # (not a supervisor of ours: nothing of it is read)
-        head = _recv_all(sock, _HELD_FRAME.size)
-        fields, result = pickle.loads(_recv_all(sock, _HELD_FRAME.unpack(head)[0]))
-        sock.sendall(b"1")
+        held = wire.recv(sock)
+        if not isinstance(held, wire.Held):
+            return None
+        wire.send(sock, wire.Taken())
     except (OSError, EOFError):
         return None
     finally:
         sock.close()
-    return Meta(**fields), result
-
-
-def _recv_all(sock: Any, n: int) -> bytes:
-    chunks, left = [], n
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise EOFError("the supervisor closed the connection")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+    return Meta(**held.meta), held.result
 
 
 __all__ = [

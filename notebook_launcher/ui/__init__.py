@@ -26,6 +26,7 @@ from typing import Protocol, TextIO
 
 from .._events import Event
 from .model import LaunchModel
+from .shell import has_kernel, in_notebook_kernel
 from .text import TextView
 
 
@@ -134,35 +135,6 @@ def _text_fallback(stream: TextIO | None) -> Callable[[View], View]:
     return fallback
 
 
-def _shell() -> object | None:
-    ipython = sys.modules.get("IPython")  # never import IPython just to ask
-    if ipython is None:
-        return None
-    try:
-        return ipython.get_ipython()
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def in_notebook_kernel() -> bool:
-    """True inside an IPython kernel that talks to a front end (a ``ZMQInteractiveShell``,
-    or a subclass such as Colab's)."""
-    shell = _shell()
-    if shell is None:
-        return False
-    zmqshell = sys.modules.get("ipykernel.zmqshell")
-    base = getattr(zmqshell, "ZMQInteractiveShell", None)
-    if base is not None and isinstance(shell, base):
-        return True
-    return type(shell).__name__ == "ZMQInteractiveShell"
-
-
-def _has_kernel() -> bool:
-    """An IPython shell with a kernel (widgets can reach a front end): not terminal IPython."""
-    shell = _shell()
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
 def widgets_available() -> bool:
     try:
         import ipywidgets  # noqa: F401
@@ -195,7 +167,7 @@ def create_view(
     if dashboard == "auto":
         want_widgets = in_notebook_kernel()
     else:
-        want_widgets = dashboard in (True, "widgets") and _has_kernel()
+        want_widgets = dashboard in (True, "widgets") and has_kernel()
     if want_widgets and widgets_available():
         try:
             from .widgets import WidgetView

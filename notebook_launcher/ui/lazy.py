@@ -153,4 +153,21 @@ class DisplayedTextView:
         self._last = time.monotonic()
 
 
-__all__ = ["DisplayedTextView", "InCell", "LazyView"]
+def launch_view(dashboard: bool | str | Any, block: bool) -> Any:
+    """A launch's view (``dashboard``: its argument). A non-blocking launch in a notebook
+    that would print text keeps it in its own output area instead: the cell that runs
+    later must not receive it."""
+    from . import view_for
+    from .shell import in_notebook_kernel
+    from .text import TextView
+
+    view = view_for(dashboard)
+    if block or not isinstance(dashboard, (bool, str)) or not in_notebook_kernel():
+        return view
+    if isinstance(getattr(view, "inner", view), TextView):
+        progress = dashboard is not False
+        return DisplayedTextView(lambda stream: TextView(stream, progress=progress))
+    return view
+
+
+__all__ = ["DisplayedTextView", "InCell", "LazyView", "launch_view"]

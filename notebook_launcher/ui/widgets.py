@@ -342,7 +342,7 @@ class WidgetView:
     ) -> None:
         import ipywidgets as W
 
-        from . import in_notebook_kernel
+        from .shell import in_notebook_kernel
 
         self.W = W
         if in_notebook_kernel():  # a front end that may use kernel subshells
