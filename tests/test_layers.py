@@ -418,3 +418,29 @@ def test_the_session_server_dispatches_on_the_protocols_types_not_strings() -> N
     assert compared == []
     for cls in (*wire.REQUESTS, *wire.ANSWERS, wire.HandedOver, wire.Held, wire.Taken):
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls  # type: ignore[attr-defined]
+
+
+def test_no_engine_is_named_outside_its_own_module() -> None:
+    """Slurm and Ray sit behind the scheduler interface (``_launch/scheduler.py``): the
+    wire, the agents, the supervisor, the detached modules and the rest of ``_launch``
+    never name them (node hellos carry labels, outcomes typed reasons). Only each engine's
+    own module -- and the faces that let a user pick one (``cluster.py``) -- may."""
+    own = {"slurm": PACKAGE / "_launch" / "slurm.py", "ray": PACKAGE / "_launch" / "ray.py"}
+    places = [
+        *(PACKAGE / "_launch").glob("*.py"),
+        *(PACKAGE / "_wire").glob("*.py"),
+        *(PACKAGE / "_agent").glob("*.py"),
+        PACKAGE / "_supervise.py",
+        PACKAGE / "detached.py",
+        PACKAGE / "detached_session.py",
+    ]
+    named = [
+        f"{path.relative_to(PACKAGE)}:{i}: {line.strip()}"
+        for engine, home in own.items()
+        for path in places
+        if path != home
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if (engine == "slurm" and "slurm" in line.lower())
+        or (engine == "ray" and ("import ray" in line or "RayCluster" in line))
+    ]
+    assert named == [], "\n".join(named)

@@ -2,8 +2,8 @@
 
 A placement group holds every node's resources at once (all of them or none: a gang, as
 a batch scheduler's job is), one bundle per node; one small actor per bundle hosts that
-node's agent -- a process of its own, the same ``python -m notebook_launcher agent`` a
-Slurm step runs. From there on nothing is Ray's: the agents join the kernel's hub and run
+node's agent -- a process of its own, the same ``python -m notebook_launcher agent`` any
+scheduler's job runs. From there on nothing is Ray's: the agents join the kernel's hub and run
 the ranks, the store, the sessions and the views as on any cluster::
 
     kernel (RayCluster)                        Ray                          node i
