@@ -56,10 +56,19 @@ from typing import TYPE_CHECKING, Any
 from ._events import LaunchRestarting, RendezvousStarted
 from ._launch import preflight, rendezvous, stall
 from ._launch.diagnosis import RestartPolicy, Verdict, as_child_failed
-from ._launch.lifecycle import GroupRun, RunEnd, add_note, decide, finished_event, value_of
+from ._launch.lifecycle import (
+    GroupRun,
+    Outcome,
+    Policy,
+    RunEnd,
+    add_note,
+    decide,
+    finished_event,
+    value_of,
+)
 from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
-from ._launch.record import RunRecord
+from ._launch.record import RunRecord, Stop
 from ._launch.session import TaskHandle
 from .detached import attach, runs
 from .errors import LaunchError, PreflightError, interrupted
@@ -454,6 +463,8 @@ class _Launch:
         self.interrupted = False
         self._announced = False
         self.end: RunEnd | None = None
+        #: ``decide(end)``, once
+        self.outcome: Outcome | None = None
         self.t0 = time.time()
         #: where every rank is when nothing moves (fed events, ticked by the pump)
         self.watch = stall.StallWatch(None, view.handle)
@@ -547,26 +558,10 @@ class _Launch:
 
     def _attempts(self) -> None:
         while True:
-            self._pump()
+            assert self.run is not None
+            self.run.drive(_Attending(self))  # (a failure stops the others)
             if not self._next_attempt():
                 return
-
-    def _pump(self) -> None:
-        run, link = self.run, self.link
-        assert run is not None
-        wake = link.wake_fd if link is not None and link.job.num_nodes > 1 else None
-        while not run.finished:
-            run.pump(0.5, wake=wake)  # (a failure here stops the others)
-            if link is None or wake is None:
-                continue
-            if not run.record.stopping:
-                reason = link.heard(self.attempt)
-                if reason is not None:  # collateral of another node's end
-                    self._announced = True  # nothing of ours to announce
-                    run.stop("elsewhere", reason)
-            if run.record.failed and not self._announced:
-                self._announced = True
-                link.announce(self.attempt)
 
     def interrupt(self) -> None:
         """Stop every rank (a non-blocking launch's ``cancel()``, or Ctrl-C on its result)."""
@@ -574,7 +569,7 @@ class _Launch:
             self.interrupt_report = self.watch.on_interrupt()
         self.interrupted = True
         if self.run is not None:
-            self.run.stop("interrupted")
+            self.run.stop(Stop.INTERRUPTED)
 
     def _interrupted(self) -> None:
         """Ctrl-C: stop this node's ranks now (another Ctrl-C meanwhile: at once); tell the
@@ -587,7 +582,7 @@ class _Launch:
         while True:
             try:
                 if self.run is not None:
-                    self.run.stop("interrupted", wait=True)  # a second Ctrl-C: kill the rest
+                    self.run.stop(Stop.INTERRUPTED, wait=True)  # a second Ctrl-C: kill the rest
                 if self.link is not None:
                     self.link.tell_interrupted(self.attempt, self.record)
                 return
@@ -684,7 +679,8 @@ class _Launch:
             verdict=self.verdict,
             exc_data=dict(self.exc_data) if self.verdict is not None else attempt.exc_data,
         )
-        self.view.handle(finished_event(self.end, decide(self.end)))
+        self.outcome = decide(self.end)
+        self.view.handle(finished_event(self.end, self.outcome))
         self.view.close()
 
     def _release(self) -> None:
@@ -698,8 +694,8 @@ class _Launch:
         self.task = None
 
     def _outcome(self) -> list[Any] | BaseException:
-        assert self.end is not None
-        outcome = decide(self.end)
+        assert self.end is not None and self.outcome is not None
+        outcome = self.outcome
         value = value_of(self.end, outcome, tuple(self.history))
         if outcome.kind == "interrupted" and isinstance(value, BaseException):
             add_note(value, stall.note(self.interrupt_report))
@@ -708,6 +704,32 @@ class _Launch:
             per_node = len(self.plan.specs)
             return as_child_failed(value, outcome.verdict, self.child_failed_name, per_node)
         return value
+
+
+class _Attending(Policy):
+    """A launch attempt's policy (the controller is :meth:`GroupRun.drive`): a plain run's,
+    and, across nodes, the other nodes' word -- another node's end stops ours, and our
+    failure is announced to them once."""
+
+    def __init__(self, launch: _Launch) -> None:
+        self.launch = launch
+        link = launch.link
+        self.link = link if link is not None and link.job.num_nodes > 1 else None
+        self.wake = self.link.wake_fd if self.link is not None else None
+
+    def after_pump(self, run: GroupRun) -> None:
+        super().after_pump(run)
+        link, launch = self.link, self.launch
+        if link is None:
+            return
+        if not run.record.stopping:
+            reason = link.heard(launch.attempt)
+            if reason is not None:  # collateral of another node's end
+                launch._announced = True  # nothing of ours to announce
+                run.stop(Stop.ELSEWHERE, reason)
+        if run.record.failed and not launch._announced:
+            launch._announced = True
+            link.announce(launch.attempt)
 
 
 # ``from notebook_launcher import notebook_launcher``, then ``notebook_launcher.runs()``: the

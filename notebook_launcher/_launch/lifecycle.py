@@ -26,6 +26,7 @@ ranks: interrupts to a rank's main thread, re-forming the group) is in
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from ..errors import (
 from . import stall
 from .contract import Group
 from .diagnosis import Stranded, Verdict, diagnose, exception_for, summary_line
-from .record import RunRecord
+from .record import RunRecord, Stop
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class RunEnd:
     stranded: Stranded | None = None
     #: why the ranks were stopped (``RunRecord.stop``'s kinds), and whether the user
     #: interrupted them
-    stop_kind: str | None = None
+    stop_kind: Stop | str | None = None
     interrupted: bool = False
     #: the run never ran: the nodes never met, or its ranks could not start (Ctrl-C
     #: included)
@@ -264,14 +265,87 @@ def add_note(exc: BaseException, note: str | None) -> None:
         exc.add_note(note)
 
 
+class Phase(enum.Enum):
+    """Where a :class:`GroupRun` stands (torch elastic's ``WorkerState``, for one run)."""
+
+    #: made, its ranks not started yet (or starting)
+    STARTING = "starting"
+    #: its ranks started: the controller's loop drives it
+    RUNNING = "running"
+    #: its ranks are being stopped (``RunRecord.stop``: a failure, an interrupt...)
+    STOPPING = "stopping"
+    #: closed: every rank reaped, its :class:`RunEnd` frozen
+    ENDED = "ended"
+
+
+class Policy:
+    """What the owner of a run (a launch attempt, a session's start, a session's tasks, its
+    close) does differently from the others: the controller (:meth:`GroupRun.drive`)
+    consults it, and the run's group hands it everything the ranks say (the callbacks are
+    the run's, given once when the group is made; the policy is what changes).
+
+    This one is a plain run's (a launch attempt's, a session's start): its ranks' events go
+    to the run's record, stall watch and view; a failure stops the others; the loop ends
+    when every rank ended. A policy that needs more overrides what it needs."""
+
+    #: an fd that ends the wait early (the other nodes' link, a session's wake pipe)
+    wake: int | None = None
+    #: the ranks' answers (``Returned``, ``Raised``, ``Reformed``) come to
+    #: :meth:`on_message` (a session's ranks serve tasks); False: the group keeps them on
+    #: the rank's handle, read when it exits (a launch's ranks answer once). Fixed for a
+    #: run's life: its group is made with it.
+    answers: bool = False
+
+    def done(self, run: GroupRun) -> bool:
+        """Whether the loop ends now."""
+        return run.finished
+
+    def timeout(self, run: GroupRun) -> float | None:
+        """How long the next wait may be (None: until a rank speaks or ``wake``)."""
+        return run.watch.timeout(TICK)
+
+    def after_pump(self, run: GroupRun) -> None:
+        """After each wait: the view and the stall watch tick; a rank that failed stops
+        the others."""
+        run.view.tick()
+        run.watch.tick()
+        if run.record.failed:
+            run.stop(Stop.FAILED)
+
+    def survives(self, run: GroupRun, error: Exception) -> bool:
+        """An error in a turn of the loop: True when the policy dealt with it and the loop
+        goes on (a session's pump thread must never die silently); False: it is raised."""
+        return False
+
+    # -- what the ranks say (the group's callbacks, through the run) -------------------------
+
+    def on_event(self, run: GroupRun, event: Event) -> None:
+        run.record.on_event(event)
+        run.watch.saw(event)
+        run.view.handle(event)
+
+    def on_exit(self, run: GroupRun, proc: Any) -> None:
+        for event in run.record.on_exit(proc):
+            run.view.handle(event)
+
+    def on_message(self, run: GroupRun, proc: Any, message: Any) -> None:
+        pass
+
+
+#: Seconds a plain run's wait lasts at most (the view ticks between waits).
+TICK = 0.5
+
+
 class GroupRun:
-    """One group of ranks from its start to its end: the one owner of its lifecycle.
+    """One group of ranks from its start to its end: the one owner of its lifecycle, and
+    the controller of every run -- its one loop, :meth:`drive`, is the only place outside
+    the groups themselves that waits on ranks.
 
     ``make_group(on_event, on_exit, on_message)`` builds the group (a ``WorkerGroup`` or a
-    ``RemoteGroup``) with this run's callbacks; every event goes to the record, the stall
-    watch and the view; every exit to the record (whose events go to the view). A failure
-    here stops the others (``stop("failed")``). :meth:`close` returns the frozen
-    :class:`RunEnd`.
+    ``RemoteGroup``) with this run's callbacks, once; each hands what it gets to the run's
+    :class:`Policy` of the moment (``policy``: the first; :meth:`drive` may be given
+    another: a session's ranks are started under one, then serve tasks under another).
+    :meth:`close` returns the frozen :class:`RunEnd`. ``phase``: where it stands.
     """
 
     def __init__(
@@ -280,25 +354,28 @@ class GroupRun:
         ranks: list[int],
         view: Any,
         watch: stall.StallWatch | None = None,
-        on_message: Callable[[Any, Any], None] | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.record = RunRecord(ranks)
         self.view = view
         self.watch = watch if watch is not None else stall.StallWatch(None, view.handle)
         self.t0 = time.time()
+        self.phase = Phase.STARTING
+        self.policy = policy if policy is not None else Policy()
+        on_message = self._on_message if self.policy.answers else None
         self.group: Group = make_group(self._on_event, self._on_exit, on_message)
         self.watch.watch(stall.of_group(self.group))
         self.start_error: BaseException | None = None
         self._end: RunEnd | None = None
 
     def _on_event(self, event: Event) -> None:
-        self.record.on_event(event)
-        self.watch.saw(event)
-        self.view.handle(event)
+        self.policy.on_event(self, event)
 
     def _on_exit(self, proc: Any) -> None:
-        for event in self.record.on_exit(proc):
-            self.view.handle(event)
+        self.policy.on_exit(self, proc)
+
+    def _on_message(self, proc: Any, message: Any) -> None:
+        self.policy.on_message(self, proc, message)
 
     @property
     def finished(self) -> bool:
@@ -312,21 +389,35 @@ class GroupRun:
         except BaseException as exc:
             self.start_error = exc
             raise
+        if self.phase is Phase.STARTING:
+            self.phase = Phase.RUNNING
 
-    def pump(self, timeout: float | None, wake: int | None = None) -> None:
-        """Wait up to ``timeout`` (less when the stall watch is due) for the ranks; fold in
-        what they said; a rank that failed stops the others."""
-        self.group.pump(self.watch.timeout(timeout), wake=wake)
-        self.view.tick()
-        self.watch.tick()
-        if self.record.failed:
-            self.stop("failed")
+    def drive(self, policy: Policy | None = None) -> None:
+        """The controller's loop: until ``policy`` (from now on the run's) says it is done,
+        wait on the ranks (as long as it says: less when the stall watch is due), fold in
+        what they said (the callbacks: through the policy), then let it look (ticks,
+        deadlines, a failure that stops the others)."""
+        if policy is not None:
+            assert policy.answers == self.policy.answers, "a run's group was made for the other"
+            self.policy = policy
+        policy = self.policy
+        group = self.group
+        while not policy.done(self):
+            try:
+                group.pump(policy.timeout(self), wake=policy.wake)
+                policy.after_pump(self)
+            except Exception as error:
+                if not policy.survives(self, error):
+                    raise
 
-    def stop(self, kind: str, reason: str = "", *, wait: bool = False) -> None:
+    def stop(self, kind: Stop | str, reason: str = "", *, wait: bool = False) -> None:
         """Stop the ranks (``RunRecord.stop``'s kinds): SIGTERM, SIGKILL after the grace
-        period (driven by :meth:`pump`); ``wait``: until they are gone (Ctrl-C: a second one
-        kills what is left)."""
-        if self.record.stop(kind, reason) or kind == "interrupted":
+        period (driven by :meth:`drive`); ``wait``: until they are gone (Ctrl-C: a second
+        one kills what is left)."""
+        kind = Stop(kind)
+        if self.record.stop(kind, reason) or kind is Stop.INTERRUPTED:
+            if self.phase is not Phase.ENDED:
+                self.phase = Phase.STOPPING
             if wait:
                 self.group.stop()
             else:
@@ -351,12 +442,15 @@ class GroupRun:
             self.group.close()
             unconfirmed = dict(getattr(self.group, "unconfirmed", {}))
             self._end = self.snapshot(purpose, world_size, unconfirmed=unconfirmed, **extra)
+            self.phase = Phase.ENDED
         return self._end
 
 
 __all__ = [
     "GroupRun",
     "Outcome",
+    "Phase",
+    "Policy",
     "RunEnd",
     "add_note",
     "decide",

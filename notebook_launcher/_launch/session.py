@@ -73,9 +73,9 @@ from ..errors import (
 )
 from . import stall
 from .group import WorkerProcess
-from .lifecycle import GroupRun, RunEnd, add_note, decide, finished_event, value_of
+from .lifecycle import GroupRun, Policy, RunEnd, add_note, decide, finished_event, value_of
 from .plan import LaunchPlan
-from .record import RunRecord
+from .record import RunRecord, Stop
 
 #: Seconds an interrupted rank seen waiting in a collective may take before its peers
 #: re-form the group to free it.
@@ -363,34 +363,25 @@ class SessionCore:
         plan = self.plan
         for spec in plan.specs:
             spec.session = True
-        # A rank is ready once it serves (Reformed(0)), not when it has its process group
-        # (WorkerStarted): in between, an interrupt would still kill it.
-        ready: set[int] = set()
 
         def make_group(on_event: Any, on_exit: Any, on_message: Any) -> Any:
             group = plan.group(plan.specs, None, plan.listen, on_event, on_exit, on_message)
             plan.listen = None  # the group's now (until here plan.close() releases it)
             return group
 
-        def on_message(proc: WorkerProcess, message: Any) -> None:
-            if isinstance(message, Raised):
-                for e in run.record.raised(message.failure, message.exc_data):
-                    view.handle(e)
-            elif isinstance(message, Reformed) and message.generation == 0:
-                ready.add(proc.rank)
-
-        run = GroupRun(make_group, self.world, view, on_message=on_message)
+        starting = _StartingUp(len(self.world))
+        run = GroupRun(make_group, self.world, view, policy=starting)
+        ready = starting.ready
         world = len(self.world)
         told = False  # the view heard how the start ended
         try:
             view.handle(dataclasses.replace(plan.started_event(), session=True))
             run.start()
-            while len(ready) < world and not run.record.failed and not run.finished:
-                run.pump(TICK)
+            run.drive()
             end = run.snapshot("start", world, results=dict.fromkeys(ready))
             outcome = decide(end)
             if not outcome.ok:
-                run.stop("failed")
+                run.stop(Stop.FAILED)
                 end = run.close("start", world, results=dict.fromkeys(ready))
             told = True
             view.handle(finished_event(end, outcome))
@@ -404,7 +395,7 @@ class SessionCore:
                 for fd in (self._wake_r, self._wake_w):
                     os.set_blocking(fd, False)
                 self.run = run
-                run.group.route(self._on_event, self._on_exit, self._on_message)
+                run.policy = _Serving(self, self._wake_r)  # what the ranks say: to the tasks
                 self._pump = threading.Thread(
                     target=self._pump_loop, name="notebook-launcher-session", daemon=True
                 )
@@ -494,7 +485,7 @@ class SessionCore:
 
     def _interrupted_while_sending(self, task: TaskRun) -> None:
         task.user_interrupt = True
-        task.record.stop("interrupted")
+        task.record.stop(Stop.INTERRUPTED)
         assert self.group is not None
         for rank in sorted(task.pending - task.sent):
             task.pending.discard(rank)
@@ -690,34 +681,10 @@ class SessionCore:
         close_quietly(*fds)
 
     def _pump_loop(self) -> None:
-        assert self.group is not None and self._wake_r is not None
-        wake = self._wake_r
-        while not self._closing:
-            with self._lock:
-                task = self.task
-                deadline = task.next_deadline() if task is not None else None
-            timeout: float | None = None  # idle: sleep until a rank speaks, or we are woken
-            if task is not None:
-                timeout = task.watch.timeout(TICK) or 0.0
-                if deadline is not None:
-                    timeout = max(0.0, min(timeout, deadline - time.monotonic()))
-            try:
-                self.group.pump(timeout, wake=wake)
-                try:
-                    os.read(wake, 4096)
-                except BlockingIOError:
-                    pass
-                with self._lock:
-                    task = self.task
-                    if task is not None:
-                        task.view.tick()
-                    self._advance()
-                if task is not None and self.task is task:
-                    task.watch.tick()  # (this thread owns the view; the lock is not needed)
-            except Exception as exc:  # noqa: BLE001 - the pump must never die silently
-                with self._lock:
-                    self._break(f"the session's pump failed: {exc!r}")
-                    self._advance()
+        """The session's thread: the controller's loop under the serving policy, until the
+        session closes."""
+        assert self.run is not None and self._wake_r is not None
+        self.run.drive()
 
     def _advance(self) -> None:
         """Deadlines, and the end of the task once every rank answered (lock held)."""
@@ -845,7 +812,7 @@ class SessionCore:
         if self.group is not None:
             task = self.task
             if task is not None:
-                task.record.stop("broken")
+                task.record.stop(Stop.BROKEN)
             for p in self.group.running:
                 p.send_signal(signal.SIGKILL)
         task = self.task
@@ -868,14 +835,13 @@ class SessionCore:
             try:
                 self._wake()
                 self._join_pump()
-                group = self.group
-                if group is not None:
+                run = self.run
+                if run is not None:
+                    group = run.group
                     for p in group.running:
                         group.send(p, Shutdown())
                     wait = self.plan.grace_period if grace is None else grace
-                    deadline = time.monotonic() + wait
-                    while not group.finished and time.monotonic() < deadline:
-                        group.pump(0.05)
+                    run.drive(_Closing(self, time.monotonic() + wait))
             finally:
                 with deferred_interrupts():
                     self._wake()
@@ -904,6 +870,110 @@ class SessionCore:
         if self.group is None or self._closing:
             raise LaunchError("this session is closed; start a new one")
         return stall.report(stall.of_group(self.group), "request")
+
+
+class _StartingUp(Policy):
+    """A session's start (the controller: :meth:`GroupRun.drive`): a plain run's policy,
+    done once every rank serves -- ready once it answers ``Reformed(0)``, not when it has
+    its process group (``WorkerStarted``): in between, an interrupt would still kill it --
+    or a rank failed, or every rank ended."""
+
+    answers = True
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.ready: set[int] = set()
+
+    def done(self, run: GroupRun) -> bool:
+        return len(self.ready) >= self.world or run.record.failed or run.finished
+
+    def on_message(self, run: GroupRun, proc: Any, message: Any) -> None:
+        if isinstance(message, Raised):
+            for e in run.record.raised(message.failure, message.exc_data):
+                run.view.handle(e)
+        elif isinstance(message, Reformed) and message.generation == 0:
+            self.ready.add(proc.rank)
+
+
+class _Serving(Policy):
+    """A session's ranks between and during tasks (its pump thread): what they say goes to
+    the task that runs (:class:`SessionCore`'s callbacks); the wait is the task's (its
+    view's tick, its stall watch, its deadlines), or without end while the session is idle
+    (woken by ``wake``: a new task, an interrupt, the close); a failure of the loop breaks
+    the session rather than end the thread silently."""
+
+    answers = True
+
+    def __init__(self, core: SessionCore, wake: int | None) -> None:
+        self.core = core
+        self.wake = wake
+
+    def done(self, run: GroupRun) -> bool:
+        return self.core._closing
+
+    def timeout(self, run: GroupRun) -> float | None:
+        core = self.core
+        with core._lock:
+            task = core.task
+            if task is None:
+                return None  # idle: sleep until a rank speaks, or we are woken
+            deadline = task.next_deadline()
+        timeout = task.watch.timeout(TICK) or 0.0
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        return timeout
+
+    def after_pump(self, run: GroupRun) -> None:
+        core = self.core
+        if self.wake is not None:
+            try:
+                os.read(self.wake, 4096)
+            except BlockingIOError:
+                pass
+        with core._lock:
+            task = core.task
+            if task is not None:
+                task.view.tick()
+            core._advance()
+        if task is not None and core.task is task:
+            task.watch.tick()  # (this thread owns the view; the lock is not needed)
+
+    def survives(self, run: GroupRun, error: Exception) -> bool:
+        core = self.core  # the pump must never die silently
+        with core._lock:
+            core._break(f"the session's pump failed: {error!r}")
+            core._advance()
+        return True
+
+    def on_event(self, run: GroupRun, event: Event) -> None:
+        self.core._on_event(event)
+
+    def on_exit(self, run: GroupRun, proc: Any) -> None:
+        self.core._on_exit(proc)
+
+    def on_message(self, run: GroupRun, proc: Any, message: Any) -> None:
+        self.core._on_message(proc, message)
+
+
+class _Closing(_Serving):
+    """A session's close (the caller's thread, the pump thread gone): the ranks were told
+    to leave; wait for them until ``deadline`` (monotonic), nothing else."""
+
+    def __init__(self, core: SessionCore, deadline: float) -> None:
+        super().__init__(core, None)
+        self.deadline = deadline
+
+    def done(self, run: GroupRun) -> bool:
+        return run.finished or time.monotonic() >= self.deadline
+
+    def timeout(self, run: GroupRun) -> float | None:
+        return 0.05
+
+    def after_pump(self, run: GroupRun) -> None:
+        pass
+
+    def survives(self, run: GroupRun, error: Exception) -> bool:
+        return False
 
 
 def _hosts_of(started: LaunchStarted, ranks: list[int]) -> tuple[str, ...]:
