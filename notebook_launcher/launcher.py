@@ -58,8 +58,10 @@ from ._launch import preflight, rendezvous, stall
 from ._launch.diagnosis import RestartPolicy, Verdict, as_child_failed
 from ._launch.lifecycle import (
     GroupRun,
+    Kind,
     Outcome,
     Policy,
+    Purpose,
     RunEnd,
     add_note,
     decide,
@@ -410,7 +412,7 @@ def _cluster_launch(
     try:
         plan = cluster.plan(view.handle, num_processes, tick=view.tick, **options)
     except BaseException as exc:  # the nodes could not be had: said, then raised
-        never = RunEnd("launch", (), 0, start_error=exc)
+        never = RunEnd(Purpose.LAUNCH, (), 0, start_error=exc)
         view.handle(finished_event(never, decide(never)))
         view.close()
         raise
@@ -612,7 +614,7 @@ class _Launch:
         next attempt when the policy (and every node) says so."""
         run, link = self.run, self.link
         assert run is not None
-        end = run.close("launch", self.world_size)
+        end = run.close(Purpose.LAUNCH, self.world_size)
         interrupted = self.interrupted or end.interrupted
         if link is not None and interrupted:
             link.tell_interrupted(self.attempt, run.record)
@@ -658,7 +660,7 @@ class _Launch:
         try:
             try:
                 if self.run is not None:
-                    attempt = self.run.close("launch", self.world_size)
+                    attempt = self.run.close(Purpose.LAUNCH, self.world_size)
             finally:
                 if self.job is not None:
                     self.job.close()
@@ -668,7 +670,9 @@ class _Launch:
             self.interrupted = True
         ranks = tuple(self.record.ranks)
         if attempt is None:  # the nodes never met, or the first ranks could not start
-            attempt = RunEnd("launch", ranks, self.world_size, wall_time=time.time() - self.t0)
+            attempt = RunEnd(
+                Purpose.LAUNCH, ranks, self.world_size, wall_time=time.time() - self.t0
+            )
         self.end = dataclasses.replace(
             attempt,
             world_size=self.world_size,
@@ -697,9 +701,9 @@ class _Launch:
         assert self.end is not None and self.outcome is not None
         outcome = self.outcome
         value = value_of(self.end, outcome, tuple(self.history))
-        if outcome.kind == "interrupted" and isinstance(value, BaseException):
+        if outcome.kind is Kind.INTERRUPTED and isinstance(value, BaseException):
             add_note(value, stall.note(self.interrupt_report))
-        if outcome.kind == "failed" and self.child_failed_name is not None:
+        if outcome.kind is Kind.FAILED and self.child_failed_name is not None:
             assert isinstance(value, BaseException)
             per_node = len(self.plan.specs)
             return as_child_failed(value, outcome.verdict, self.child_failed_name, per_node)

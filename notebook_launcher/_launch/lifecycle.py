@@ -49,13 +49,55 @@ from .diagnosis import Stranded, Verdict, diagnose, exception_for, summary_line
 from .record import RunRecord, Stop
 
 
+class Purpose(str, enum.Enum):
+    """What a run was (the words of its end differ). A ``str``: compared with its word,
+    or carried in a record to another process, it reads the same."""
+
+    #: an attempt of a one-shot launch
+    LAUNCH = "launch"
+    #: a session's ranks coming up
+    START = "start"
+    #: a session's task
+    TASK = "task"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Kind(str, enum.Enum):
+    """How a run ended (:attr:`Outcome.kind`); a ``str`` as :class:`Purpose` is."""
+
+    OK = "ok"
+    #: a session's ranks came up
+    READY = "ready"
+    INTERRUPTED = "interrupted"
+    #: a rank's failure is the root cause
+    FAILED = "failed"
+    NOT_STARTED = "not started"
+    #: a session's task waits in a collective that needs ranks outside it
+    MISMATCH = "mismatch"
+    BROKEN = "broken"
+    #: the session was closed while the task ran
+    CLOSED = "closed"
+    #: ranks without a result and no failure to say why: never returned as a short list
+    SHORT = "short"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 @dataclass(frozen=True)
 class RunEnd:
     """What one run of ranks left, frozen when it closed: the input of :func:`decide`."""
 
-    #: what the run was, for the words of its end: "launch" (an attempt of one), "start"
-    #: (a session's ranks coming up) or "task" (a session's task)
-    purpose: str
+    #: what the run was, for the words of its end (:class:`Purpose`; its word will do)
+    purpose: Purpose | str
     #: the run's ranks in the order asked (a task's values follow it)
     ranks: tuple[int, ...]
     #: the job's world size (a task's ranks are some of it)
@@ -86,11 +128,14 @@ class RunEnd:
     #: rank -> why its stop (or end) is not confirmed: its node's agent did not answer
     unconfirmed: Mapping[int, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "purpose", Purpose(self.purpose))
+
     @classmethod
     def of(
         cls,
         record: RunRecord,
-        purpose: str,
+        purpose: Purpose | str,
         world_size: int,
         wall_time: float,
         ranks: tuple[int, ...] | None = None,
@@ -123,12 +168,10 @@ class RunEnd:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a run ended: ``kind`` is ``"ok"``, ``"ready"`` (a session's ranks came up),
-    ``"interrupted"``, ``"failed"`` (a rank's failure is the root cause), ``"not started"``,
-    ``"mismatch"``, ``"broken"``, ``"closed"`` or ``"short"`` (ranks without a result and
-    no failure to say why: never returned as a short list)."""
+    """How a run ended: its :class:`Kind`, the summary line, the verdict, the root cause's
+    rank, and the ranks without a result (``Kind.SHORT``)."""
 
-    kind: str
+    kind: Kind
     summary: str
     verdict: Verdict
     root_cause_rank: int | None = None
@@ -136,46 +179,48 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.kind in ("ok", "ready")
+        return self.kind in (Kind.OK, Kind.READY)
 
 
 def decide(end: RunEnd) -> Outcome:
     """The outcome of a run, from its frozen records and flags alone (pure)."""
     verdict = end.judged()
-    n = len(end.ranks) if end.purpose == "task" else end.world_size
+    n = len(end.ranks) if end.purpose is Purpose.TASK else end.world_size
     cause = getattr(verdict.cause, "rank", None)
     if end.start_error is not None:
         if isinstance(end.start_error, KeyboardInterrupt):
-            return Outcome("interrupted", "interrupted while starting", verdict)
+            return Outcome(Kind.INTERRUPTED, "interrupted while starting", verdict)
         text = f"{type(end.start_error).__name__}: {end.start_error}"
-        return Outcome("not started", text.splitlines()[0] if text else text, verdict)
-    if end.purpose == "task" and end.closing:
-        return Outcome("closed", "the session was closed while the task ran", verdict, cause)
+        return Outcome(Kind.NOT_STARTED, text.splitlines()[0] if text else text, verdict)
+    if end.purpose is Purpose.TASK and end.closing:
+        return Outcome(Kind.CLOSED, "the session was closed while the task ran", verdict, cause)
     if end.mismatch is not None:
-        return Outcome("mismatch", end.mismatch.split(". ", 1)[0], verdict, cause)
+        return Outcome(Kind.MISMATCH, end.mismatch.split(". ", 1)[0], verdict, cause)
     stopped = end.interrupted
     if stopped:
-        if end.purpose == "task" and end.broken is None:
+        if end.purpose is Purpose.TASK and end.broken is None:
             text = f"interrupted: ranks {list(end.ranks)} stopped their task; the session lives on"
         else:
             text = summary_line(verdict, n, True)
         if end.unconfirmed:
             text = _unconfirmed(end, n)
-        kind = "broken" if end.broken is not None else "interrupted"
+        kind = Kind.BROKEN if end.broken is not None else Kind.INTERRUPTED
         return Outcome(kind, _restarted(text, end.restarts), verdict)
     if not verdict.ok:
-        return Outcome("failed", _restarted(summary_line(verdict, n), end.restarts), verdict, cause)
+        return Outcome(
+            Kind.FAILED, _restarted(summary_line(verdict, n), end.restarts), verdict, cause
+        )
     if end.broken is not None:
-        return Outcome("broken", f"the session broke: {end.broken}", verdict)
+        return Outcome(Kind.BROKEN, f"the session broke: {end.broken}", verdict)
     missing = tuple(r for r in end.ranks if r not in end.results)
-    if end.purpose == "start":
+    if end.purpose is Purpose.START:
         if missing:
-            return Outcome("short", "the session's ranks ended while starting", verdict)
-        return Outcome("ready", f"{n} ranks ready", verdict)
+            return Outcome(Kind.SHORT, "the session's ranks ended while starting", verdict)
+        return Outcome(Kind.READY, f"{n} ranks ready", verdict)
     if missing:
         what = f"ranks {list(missing)} ended without a result"
-        return Outcome("short", what, verdict, missing=missing)
-    return Outcome("ok", _restarted(summary_line(verdict, n), end.restarts), verdict)
+        return Outcome(Kind.SHORT, what, verdict, missing=missing)
+    return Outcome(Kind.OK, _restarted(summary_line(verdict, n), end.restarts), verdict)
 
 
 def _unconfirmed(end: RunEnd, n: int) -> str:
@@ -206,7 +251,7 @@ def finished_event(end: RunEnd, outcome: Outcome, now: float | None = None) -> L
         now,
         failed if end.start_error is None else (),
         end.restarts,
-        outcome.kind == "interrupted",
+        outcome.kind is Kind.INTERRUPTED,
     )
 
 
@@ -218,30 +263,30 @@ def value_of(
     that says so...). ``history``: how each earlier attempt ended (restarts)."""
     verdict = outcome.verdict
     kind = outcome.kind
-    if kind in ("ok", "ready"):
+    if kind in (Kind.OK, Kind.READY):
         return [end.results.get(r) for r in end.ranks]
-    if kind == "closed":
+    if kind is Kind.CLOSED:
         return LaunchError("the session was closed while the task ran")
-    if kind == "not started":
+    if kind is Kind.NOT_STARTED:
         assert end.start_error is not None
         return end.start_error
-    if kind == "mismatch":
+    if kind is Kind.MISMATCH:
         assert end.mismatch is not None
         failure = RankFailure(min(end.ranks), "left", message=end.mismatch, time=time.time())
         report = LaunchFailure(failure, list(end.failures), len(end.ranks))
         return ProcessGroupMismatch(end.mismatch, report)
-    if kind == "interrupted":
+    if kind is Kind.INTERRUPTED:
         if end.start_error is not None:
             return interrupted("interrupted while starting: no rank was left running")
         what = (
             f"interrupted: ranks {sorted(end.ranks)} stopped their task"
-            if end.purpose == "task"
+            if end.purpose is Purpose.TASK
             else f"interrupted: all {len(end.ranks)} ranks stopped"
         )
         if end.unconfirmed:
             what = _unconfirmed(end, len(end.ranks))
         return interrupted(what)
-    if kind == "broken":
+    if kind is Kind.BROKEN:
         if end.interrupted:
             return SessionBroken(f"interrupted, but the session broke: {end.broken}")
         return SessionBroken(f"the session broke while the task ran: {end.broken}")
@@ -253,9 +298,9 @@ def value_of(
             + report.summary(),
             report,
         )
-    if kind == "failed":
+    if kind is Kind.FAILED:
         return exception_for(verdict, end.world_size, end.exc_data, history)
-    if end.purpose == "start":
+    if end.purpose is Purpose.START:
         return LaunchError("the session's ranks ended while starting")
     return LaunchError(f"ranks {list(outcome.missing)} ended without a result")
 
@@ -423,7 +468,9 @@ class GroupRun:
             else:
                 self.group.terminate()
 
-    def snapshot(self, purpose: str, world_size: int | None = None, **extra: Any) -> RunEnd:
+    def snapshot(
+        self, purpose: Purpose | str, world_size: int | None = None, **extra: Any
+    ) -> RunEnd:
         """What the run's records say now, frozen (a session's start: its ranks live on)."""
         return RunEnd.of(
             self.record,
@@ -434,7 +481,9 @@ class GroupRun:
             **extra,
         )
 
-    def close(self, purpose: str = "launch", world_size: int | None = None, **extra: Any) -> RunEnd:
+    def close(
+        self, purpose: Purpose | str = Purpose.LAUNCH, world_size: int | None = None, **extra: Any
+    ) -> RunEnd:
         """Kill what is left, reap, release; the run's frozen end (the same on every call).
         Not stopped half way by Ctrl-C (the group's close holds it back)."""
         if self._end is None:
@@ -448,9 +497,11 @@ class GroupRun:
 
 __all__ = [
     "GroupRun",
+    "Kind",
     "Outcome",
     "Phase",
     "Policy",
+    "Purpose",
     "RunEnd",
     "add_note",
     "decide",

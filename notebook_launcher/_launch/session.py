@@ -73,7 +73,17 @@ from ..errors import (
 )
 from . import stall
 from .group import WorkerProcess
-from .lifecycle import GroupRun, Policy, RunEnd, add_note, decide, finished_event, value_of
+from .lifecycle import (
+    GroupRun,
+    Kind,
+    Policy,
+    Purpose,
+    RunEnd,
+    add_note,
+    decide,
+    finished_event,
+    value_of,
+)
 from .plan import LaunchPlan
 from .record import RunRecord, Stop
 
@@ -378,11 +388,11 @@ class SessionCore:
             view.handle(dataclasses.replace(plan.started_event(), session=True))
             run.start()
             run.drive()
-            end = run.snapshot("start", world, results=dict.fromkeys(ready))
+            end = run.snapshot(Purpose.START, world, results=dict.fromkeys(ready))
             outcome = decide(end)
             if not outcome.ok:
                 run.stop(Stop.FAILED)
-                end = run.close("start", world, results=dict.fromkeys(ready))
+                end = run.close(Purpose.START, world, results=dict.fromkeys(ready))
             told = True
             view.handle(finished_event(end, outcome))
             view.close()
@@ -405,7 +415,7 @@ class SessionCore:
             # no rank, no fd -- and the view says how the start ended
             if self._pump is None:
                 self.run = None
-                end = run.close("start", world)
+                end = run.close(Purpose.START, world)
                 self._close_wake()
                 if not told:
                     view.handle(finished_event(end, decide(end)))
@@ -756,7 +766,7 @@ class SessionCore:
         the ranks were when interrupted, the failing frame's variables, its own state)."""
         end = RunEnd.of(
             task.record,
-            "task",
+            Purpose.TASK,
             len(self.world),
             time.time() - task.t0,
             ranks=tuple(task.asked),
@@ -771,17 +781,17 @@ class SessionCore:
         if not isinstance(value, BaseException):
             return value
         notes = self._notes(task)
-        if outcome.kind == "interrupted":
+        if outcome.kind is Kind.INTERRUPTED:
             where = stall.note(task.interrupt_report)
             if where:
                 notes.insert(0, where)
         cause = outcome.verdict.cause
-        if outcome.kind == "failed" and cause is not None and task.local_vars.get(cause.rank):
+        if outcome.kind is Kind.FAILED and cause is not None and task.local_vars.get(cause.rank):
             rows = task.local_vars[cause.rank]
             notes.insert(
                 0, f"Variables in rank {cause.rank}'s failing frame:\n  " + "\n  ".join(rows)
             )
-        if outcome.kind != "closed":
+        if outcome.kind is not Kind.CLOSED:
             for note in notes:
                 add_note(value, note)
         return value
@@ -847,7 +857,7 @@ class SessionCore:
                     self._wake()
                     self._join_pump()
                     if self.run is not None:
-                        self.run.close("start", len(self.world))
+                        self.run.close(Purpose.START, len(self.world))
                     if task is not None and not task.handle.done():
                         task.handle.set_exception(
                             LaunchError("the session was closed while the task ran")
