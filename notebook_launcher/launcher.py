@@ -15,8 +15,10 @@ where, and what crosses which channel::
                         === Setup(spec), Task(fn) =======>   (not with fork: inherited)
       stdout/stderr     <== bytes, split into lines ======    print(), C++, subprocesses
       pidfd             <-- readable when the rank exits
-    WorkerGroup.pump()  waits on all of them at once; every event and output line goes to
-                        RunRecord.on_event (stderr tails, barrier progress) and the view
+    WorkerGroup.pump()  waits on all of them at once, in the one loop that drives every run
+                        (GroupRun.drive, under the launch's policy); every event and output
+                        line goes to RunRecord.on_event (stderr tails, barrier progress) and
+                        the view
 
 From a rank's exit to the exception the user catches:
 
@@ -36,8 +38,8 @@ notebook or script per machine; ``_launch.nodes``: this node's side of each atte
     rendezvous.join()   the nodes meet (static: node_rank; c10d: torch assigns the ranks);
                         this node's ranks, the job's world size; its ranks join the store
                         of the node that holds it, under a prefix per attempt
-    pump                + a node's bell (wake fd): another node announced a failure ->
-                        stop ours, as collateral; ours failed -> announce it
+    drive               + a node's bell (wake fd, _Attending): another node announced a
+                        failure -> stop ours, as collateral; ours failed -> announce it
     every rank ended    -> publish this node's records, collect every node's: the same
                         verdict everywhere (the root cause's rank and exception included)
     a death (or, when asked, an exception) with restarts left, on every node's word

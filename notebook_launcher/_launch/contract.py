@@ -11,7 +11,7 @@ they are made (``LaunchPlan.group``), and ``tests/test_lifecycle.py`` holds it a
 ::
 
     GroupRun ── start(on_abort) ───────────────▶ Group ── forks/asks ──▶ ranks
-             ── pump(timeout, wake) ───────────▶       ◀── events, exits ──
+    .drive() ── pump(timeout, wake) ───────────▶       ◀── events, exits ──
              ── terminate() / stop() / close() ▶
                    callbacks: on_event(Event), on_exit(RankHandle), on_message(RankHandle, msg)
                    (given once, when the group is made: the run hands them to its policy)

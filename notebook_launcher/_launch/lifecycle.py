@@ -1,27 +1,35 @@
-"""One owner of a group's lifecycle, and the one decision of how a run ended.
+"""One owner of a group's lifecycle, one loop that drives it, and the one decision of how
+a run ended.
 
 Every way of running ranks -- a one-shot launch (each attempt of it), a session's start and
-each of its tasks, the ranks on a cluster's nodes -- goes through the same three steps:
+each of its tasks, the ranks on a cluster's nodes -- goes through the same steps, in the
+same phases (:class:`Phase`; torch elastic's ``WorkerState`` and its one ``_invoke_run`` loop
+are the model):
 
-    GroupRun            start -> pump (events to the record, the view and the stall watch;
-    (a group's life)    a failure stops the others) -> stop(kind, reason) -> close()
-         |                                                                     |
-         v                                                                     v
+    GroupRun            start -> drive(policy): the one loop that waits on the ranks
+    (a group's life)    (events to the policy: the record, the view and the stall watch;
+    STARTING, RUNNING,  a failure stops the others) -> stop(Stop, reason) -> close()
+    STOPPING, ENDED           |                                               |
+         |                    +-- Policy: done? how long a wait? the wake fd;  |
+         v                        after each wait; what the ranks said         v
     RunRecord           results, failures, barriers, the stop flags    ->   RunEnd (frozen)
                                                                                |
-    decide(RunEnd)      pure: records + flags -> Outcome (ok? the summary line, the root
-                        cause's rank): a table, tested as one (tests/test_lifecycle.py)
+    decide(RunEnd)      pure, once per end: records + flags -> Outcome (its Kind, the
+                        summary line, the root cause's rank): a table, tested as one
+                        (tests/test_lifecycle.py)
          |
          +--> finished_event(end, outcome): the one ``LaunchFinished`` the view gets
          +--> value_of(end, outcome): the per-rank results, or the exception to raise
 
 :class:`GroupRun` owns a ``WorkerGroup`` or a ``RemoteGroup`` (anything that keeps the
 group contract, :class:`.contract.Group`: ``start / pump / terminate / stop / close`` and
-callbacks) and its :class:`RunRecord`; the stop
-flags are set in one place (``RunRecord.stop``). What a launch adds (the rendezvous, the
-other nodes, restarts) is in ``launcher._Launch``; what a session adds (tasks on living
-ranks: interrupts to a rank's main thread, re-forming the group) is in
-:mod:`.session` -- and both judge with :func:`decide`.
+callbacks, given once when it is made) and its :class:`RunRecord`; the stop flags are set
+in one place (``RunRecord.stop``). :meth:`GroupRun.drive` is the only loop outside the
+groups' own stop and close that waits on ranks. What differs between runs is a
+:class:`Policy`: a launch attempt's (``launcher._Attending``: the other nodes' word), a
+session's start (``session._StartingUp``: until every rank serves), its tasks
+(``session._Serving``: the pump thread, its deadlines, interrupts, re-forming the group)
+and its close (``session._Closing``) -- and each judges with :func:`decide`.
 """
 
 from __future__ import annotations

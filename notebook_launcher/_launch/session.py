@@ -6,6 +6,11 @@ reading from the ranks: while a task runs it feeds the task's record and view; w
 session is idle it blocks in ``select`` with no timeout (no CPU), draining anything a rank
 prints meanwhile. Callers (the notebook's thread) submit tasks and wait on their handles.
 
+The ranks are one :class:`~.lifecycle.GroupRun`, driven by its one loop
+(:meth:`~.lifecycle.GroupRun.drive`) under three policies in turn: :class:`_StartingUp`
+(until every rank serves), :class:`_Serving` (the pump thread: tasks, deadlines, the wake
+pipe) and :class:`_Closing` (until the ranks left, or the grace period passed).
+
 What happens when a task goes wrong, and what the session makes of it:
 
 * a rank raises while others still run: the others are interrupted (SIGINT to their main
