@@ -506,7 +506,7 @@ class SessionCore:
             task.pending.discard(rank)
             for e in task.record.stopped(rank, self.group.proc(rank).pid):
                 task.view.handle(e)
-        self._unwind(task, "interrupted")
+        self._unwind(task, Stop.INTERRUPTED)
         self._advance()
 
     def interrupt(self, task_id: int | None = None) -> None:
@@ -538,7 +538,7 @@ class SessionCore:
                 self._hurry(task)
             else:
                 task.user_interrupt = True
-                self._unwind(task, "interrupted")
+                self._unwind(task, Stop.INTERRUPTED)
             self._wake()
 
     def _hurry(self, task: TaskRun) -> None:
@@ -559,13 +559,13 @@ class SessionCore:
         # (a rank yet to begin the task is spared too: it runs until it waits, as the rest)
         computing = {r for r in task.pending - task.interrupted if r not in waiting}
         if not computing or FAILED_GRACE <= 0:
-            self._unwind(task, "failed")
+            self._unwind(task, Stop.FAILED)
             return
         task.spared = computing
         task.spare_until = time.monotonic() + FAILED_GRACE
-        self._unwind(task, "failed", spare=computing)
+        self._unwind(task, Stop.FAILED, spare=computing)
 
-    def _unwind(self, task: TaskRun, kind: str, spare: set[int] | None = None) -> None:
+    def _unwind(self, task: TaskRun, kind: Stop, spare: set[int] | None = None) -> None:
         """Interrupt the task's ranks that still run (but ``spare``); free them by
         re-forming the group if they do not answer soon (they wait in a collective), once
         none is spared. ``kind``: why (``RunRecord.stop``'s kinds)."""
@@ -624,7 +624,7 @@ class SessionCore:
                         "subgroup (dist.new_group(ranks=...))."
                     )
             if (task.mismatch or task.record.barriers.stranded) and not task.record.stopping:
-                self._unwind(task, "mismatch")
+                self._unwind(task, Stop.MISMATCH)
                 task.reform_at = time.monotonic()  # they wait in a collective: free them now
 
     def _on_message(self, proc: WorkerProcess, message: Any) -> None:
@@ -715,7 +715,7 @@ class SessionCore:
         if task.spare_until is not None and (
             now >= task.spare_until or not task.spared & task.pending
         ):
-            self._unwind(task, "failed")  # the spared ranks wait (or took too long): stop them
+            self._unwind(task, Stop.FAILED)  # the spared ranks wait (or took too long): stop them
         # Once every rank answered there is nothing to wait for: decide now.
         due = task.reform_at is not None and (now >= task.reform_at or not task.pending)
         if due and self.broken is None:
