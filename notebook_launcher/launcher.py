@@ -15,8 +15,10 @@ where, and what crosses which channel::
                         === Setup(spec), Task(fn) =======>   (not with fork: inherited)
       stdout/stderr     <== bytes, split into lines ======    print(), C++, subprocesses
       pidfd             <-- readable when the rank exits
-    WorkerGroup.pump()  waits on all of them at once; every event and output line goes to
-                        RunRecord.on_event (stderr tails, barrier progress) and the view
+    WorkerGroup.pump()  waits on all of them at once, in the one loop that drives every run
+                        (GroupRun.drive, under the launch's policy); every event and output
+                        line goes to RunRecord.on_event (stderr tails, barrier progress) and
+                        the view
 
 From a rank's exit to the exception the user catches:
 
@@ -36,8 +38,8 @@ notebook or script per machine; ``_launch.nodes``: this node's side of each atte
     rendezvous.join()   the nodes meet (static: node_rank; c10d: torch assigns the ranks);
                         this node's ranks, the job's world size; its ranks join the store
                         of the node that holds it, under a prefix per attempt
-    pump                + a node's bell (wake fd): another node announced a failure ->
-                        stop ours, as collateral; ours failed -> announce it
+    drive               + a node's bell (wake fd, _Attending): another node announced a
+                        failure -> stop ours, as collateral; ours failed -> announce it
     every rank ended    -> publish this node's records, collect every node's: the same
                         verdict everywhere (the root cause's rank and exception included)
     a death (or, when asked, an exception) with restarts left, on every node's word
@@ -56,10 +58,21 @@ from typing import TYPE_CHECKING, Any
 from ._events import LaunchRestarting, RendezvousStarted
 from ._launch import preflight, rendezvous, stall
 from ._launch.diagnosis import RestartPolicy, Verdict, as_child_failed
-from ._launch.lifecycle import GroupRun, RunEnd, add_note, decide, finished_event, value_of
+from ._launch.lifecycle import (
+    GroupRun,
+    Kind,
+    Outcome,
+    Policy,
+    Purpose,
+    RunEnd,
+    add_note,
+    decide,
+    finished_event,
+    value_of,
+)
 from ._launch.nodes import NodeLink
 from ._launch.plan import LaunchPlan, plan_launch, prepare_task
-from ._launch.record import RunRecord
+from ._launch.record import RunRecord, Stop
 from ._launch.session import TaskHandle
 from .detached import attach, runs
 from .errors import LaunchError, PreflightError, interrupted
@@ -401,7 +414,7 @@ def _cluster_launch(
     try:
         plan = cluster.plan(view.handle, num_processes, tick=view.tick, **options)
     except BaseException as exc:  # the nodes could not be had: said, then raised
-        never = RunEnd("launch", (), 0, start_error=exc)
+        never = RunEnd(Purpose.LAUNCH, (), 0, start_error=exc)
         view.handle(finished_event(never, decide(never)))
         view.close()
         raise
@@ -442,6 +455,8 @@ class _Launch:
         self.interrupted = False
         self._announced = False
         self.end: RunEnd | None = None
+        #: ``decide(end)``, once
+        self.outcome: Outcome | None = None
         self.t0 = time.time()
         #: where every rank is when nothing moves (fed events, ticked by the pump)
         self.watch = stall.StallWatch(None, view.handle)
@@ -535,26 +550,10 @@ class _Launch:
 
     def _attempts(self) -> None:
         while True:
-            self._pump()
+            assert self.run is not None
+            self.run.drive(_Attending(self))  # (a failure stops the others)
             if not self._next_attempt():
                 return
-
-    def _pump(self) -> None:
-        run, link = self.run, self.link
-        assert run is not None
-        wake = link.wake_fd if link is not None and link.job.num_nodes > 1 else None
-        while not run.finished:
-            run.pump(0.5, wake=wake)  # (a failure here stops the others)
-            if link is None or wake is None:
-                continue
-            if not run.record.stopping:
-                reason = link.heard(self.attempt)
-                if reason is not None:  # collateral of another node's end
-                    self._announced = True  # nothing of ours to announce
-                    run.stop("elsewhere", reason)
-            if run.record.failed and not self._announced:
-                self._announced = True
-                link.announce(self.attempt)
 
     def interrupt(self) -> None:
         """Stop every rank (a non-blocking launch's ``cancel()``, or Ctrl-C on its result)."""
@@ -562,7 +561,7 @@ class _Launch:
             self.interrupt_report = self.watch.on_interrupt()
         self.interrupted = True
         if self.run is not None:
-            self.run.stop("interrupted")
+            self.run.stop(Stop.INTERRUPTED)
 
     def _interrupted(self) -> None:
         """Ctrl-C: stop this node's ranks now (another Ctrl-C meanwhile: at once); tell the
@@ -575,7 +574,7 @@ class _Launch:
         while True:
             try:
                 if self.run is not None:
-                    self.run.stop("interrupted", wait=True)  # a second Ctrl-C: kill the rest
+                    self.run.stop(Stop.INTERRUPTED, wait=True)  # a second Ctrl-C: kill the rest
                 if self.link is not None:
                     self.link.tell_interrupted(self.attempt, self.record)
                 return
@@ -605,7 +604,7 @@ class _Launch:
         next attempt when the policy (and every node) says so."""
         run, link = self.run, self.link
         assert run is not None
-        end = run.close("launch", self.world_size)
+        end = run.close(Purpose.LAUNCH, self.world_size)
         interrupted = self.interrupted or end.interrupted
         if link is not None and interrupted:
             link.tell_interrupted(self.attempt, run.record)
@@ -651,7 +650,7 @@ class _Launch:
         try:
             try:
                 if self.run is not None:
-                    attempt = self.run.close("launch", self.world_size)
+                    attempt = self.run.close(Purpose.LAUNCH, self.world_size)
             finally:
                 if self.job is not None:
                     self.job.close()
@@ -661,7 +660,9 @@ class _Launch:
             self.interrupted = True
         ranks = tuple(self.record.ranks)
         if attempt is None:  # the nodes never met, or the first ranks could not start
-            attempt = RunEnd("launch", ranks, self.world_size, wall_time=time.time() - self.t0)
+            attempt = RunEnd(
+                Purpose.LAUNCH, ranks, self.world_size, wall_time=time.time() - self.t0
+            )
         self.end = dataclasses.replace(
             attempt,
             world_size=self.world_size,
@@ -672,7 +673,8 @@ class _Launch:
             verdict=self.verdict,
             exc_data=dict(self.exc_data) if self.verdict is not None else attempt.exc_data,
         )
-        self.view.handle(finished_event(self.end, decide(self.end)))
+        self.outcome = decide(self.end)
+        self.view.handle(finished_event(self.end, self.outcome))
         self.view.close()
 
     def _release(self) -> None:
@@ -686,16 +688,42 @@ class _Launch:
         self.task = None
 
     def _outcome(self) -> list[Any] | BaseException:
-        assert self.end is not None
-        outcome = decide(self.end)
+        assert self.end is not None and self.outcome is not None
+        outcome = self.outcome
         value = value_of(self.end, outcome, tuple(self.history))
-        if outcome.kind == "interrupted" and isinstance(value, BaseException):
+        if outcome.kind is Kind.INTERRUPTED and isinstance(value, BaseException):
             add_note(value, stall.note(self.interrupt_report))
-        if outcome.kind == "failed" and self.child_failed_name is not None:
+        if outcome.kind is Kind.FAILED and self.child_failed_name is not None:
             assert isinstance(value, BaseException)
             per_node = len(self.plan.specs)
             return as_child_failed(value, outcome.verdict, self.child_failed_name, per_node)
         return value
+
+
+class _Attending(Policy):
+    """A launch attempt's policy (the controller is :meth:`GroupRun.drive`): a plain run's,
+    and, across nodes, the other nodes' word -- another node's end stops ours, and our
+    failure is announced to them once."""
+
+    def __init__(self, launch: _Launch) -> None:
+        self.launch = launch
+        link = launch.link
+        self.link = link if link is not None and link.job.num_nodes > 1 else None
+        self.wake = self.link.wake_fd if self.link is not None else None
+
+    def after_pump(self, run: GroupRun) -> None:
+        super().after_pump(run)
+        link, launch = self.link, self.launch
+        if link is None:
+            return
+        if not run.record.stopping:
+            reason = link.heard(launch.attempt)
+            if reason is not None:  # collateral of another node's end
+                launch._announced = True  # nothing of ours to announce
+                run.stop(Stop.ELSEWHERE, reason)
+        if run.record.failed and not launch._announced:
+            launch._announced = True
+            link.announce(launch.attempt)
 
 
 # ``from notebook_launcher import notebook_launcher``, then ``notebook_launcher.runs()``: the

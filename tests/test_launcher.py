@@ -593,3 +593,36 @@ def test_a_rank_says_what_it_imports_in_its_first_seconds(
     for rank in (0, 1):  # then that it is over
         phases = [e.phase for e in rec.of(WorkerPhase) if e.rank == rank]
         assert phases[-2:] == ["importing nl_slow_import", ""], phases
+
+
+def _boom_on_rank_1() -> int:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("boom")
+    return 0
+
+
+def test_a_launch_is_decided_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: ``decide()`` runs once per end -- the view's ``LaunchFinished`` and the
+    caller's value come from the same outcome (it ran twice: once for the view, once for
+    the value), blocking or not, ok or failed."""
+    import notebook_launcher.launcher as launcher_module
+
+    decided: list[str] = []
+    real = launcher_module.decide
+
+    def counting(end: object) -> object:
+        outcome = real(end)  # type: ignore[arg-type]
+        decided.append(outcome.kind)
+        return outcome
+
+    monkeypatch.setattr(launcher_module, "decide", counting)
+    assert notebook_launcher(os.getpid, num_processes=2, dashboard=False) != []
+    assert decided == ["ok"]
+    with pytest.raises(ValueError, match="boom"):
+        notebook_launcher(_boom_on_rank_1, num_processes=2, dashboard=False)
+    assert decided == ["ok", "failed"]
+    handle = notebook_launcher(os.getpid, num_processes=2, dashboard=False, block=False)
+    assert len(handle.result(timeout=30)) == 2
+    assert decided == ["ok", "failed", "ok"]

@@ -18,7 +18,7 @@ from notebook_launcher._launch.lifecycle import (
     finished_event,
     value_of,
 )
-from notebook_launcher._serialization import dump_exception
+from notebook_launcher._serialization import dump_exception, dumps
 from notebook_launcher.errors import LaunchError, RankFailedError, RankFailure
 
 pytestmark = pytest.mark.unit
@@ -299,3 +299,187 @@ def test_the_pump_paces_chatty_ranks_until_an_answer_or_an_exit(
         assert (wg._paced_until > clock[0]) == paced
     finally:
         wg.close()
+
+
+# --- one controller: GroupRun.drive, the run's policy, its phases (issue 34, item 1) ---------
+
+
+class _FakeRank:
+    def __init__(self, rank: int) -> None:
+        self.rank, self.pid, self.returncode = rank, 100 + rank, None
+        self.failure = self.exc_data = None
+        self.result: bytes | None = None
+
+
+class _FakeGroup:
+    """A group whose ranks say, at each pump, what the test scripted (no process)."""
+
+    def __init__(self, on_event: Any, on_exit: Any, on_message: Any, script: list[Any]) -> None:
+        self.on_event, self.on_exit, self.on_message = on_event, on_exit, on_message
+        self.script = script
+        self.procs = [_FakeRank(0), _FakeRank(1)]
+        self.pumps: list[tuple[float | None, int | None]] = []
+        self.terminated = self.closed = False
+
+    @property
+    def running(self) -> list[_FakeRank]:
+        return [p for p in self.procs if p.returncode is None]
+
+    @property
+    def finished(self) -> bool:
+        return not self.running
+
+    def start(self, on_abort: Any = None) -> None:
+        pass
+
+    def pump(self, timeout: float | None, wake: int | None = None) -> None:
+        self.pumps.append((timeout, wake))
+        step = self.script.pop(0) if self.script else None
+        if step == "message":
+            assert self.on_message is not None, "a launch's group keeps its ranks' answers"
+            self.on_message(self.procs[0], "answer")
+        elif step == "exit":  # every rank returned its rank
+            for p in self.running:
+                p.returncode, p.result = 0, dumps(p.rank)
+                self.on_exit(p)
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def stop(self) -> None:
+        self.terminate()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _View:
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.events: list[Any] = []
+
+    def handle(self, event: Any) -> None:
+        self.events.append(event)
+
+    def tick(self) -> None:
+        self.ticks += 1
+
+
+def _run(script: list[Any], policy: Any = None) -> Any:
+    from notebook_launcher._launch.lifecycle import GroupRun
+
+    def make(on_event: Any, on_exit: Any, on_message: Any) -> _FakeGroup:
+        return _FakeGroup(on_event, on_exit, on_message, script)
+
+    return GroupRun(make, [0, 1], _View(), policy=policy)
+
+
+def test_the_controller_loop_asks_its_policy_and_walks_the_phases() -> None:
+    """One loop (``GroupRun.drive``) drives every run: it waits as long as the policy says,
+    on the policy's wake fd, lets the policy look after each wait, and ends when the policy
+    says so; the run's phase goes STARTING -> RUNNING -> STOPPING -> ENDED."""
+    from notebook_launcher._launch.lifecycle import Phase, Policy
+    from notebook_launcher._launch.record import Stop
+
+    looked: list[int] = []
+
+    class Counting(Policy):
+        wake = 42
+
+        def done(self, run: Any) -> bool:
+            return len(looked) == 3
+
+        def timeout(self, run: Any) -> float | None:
+            return 0.25
+
+        def after_pump(self, run: Any) -> None:
+            looked.append(len(run.group.pumps))
+
+    run = _run([], Counting())
+    assert run.phase is Phase.STARTING
+    run.start()
+    assert run.phase is Phase.RUNNING
+    run.drive()
+    assert run.group.pumps == [(0.25, 42)] * 3 and looked == [1, 2, 3]
+    run.stop("failed")  # (a word, as a record pickled elsewhere carries it)
+    assert run.phase is Phase.STOPPING and run.group.terminated
+    assert run.record.stop_kind is Stop.FAILED and run.record.stop_kind == "failed"
+    end = run.close()
+    assert run.phase is Phase.ENDED and run.group.closed and end.stop_kind == "failed"
+
+
+def test_a_run_hands_its_ranks_words_to_the_policy_of_the_moment() -> None:
+    """No ``route``: the group's callbacks are given once, when it is made; what the ranks
+    say goes to the run's policy of the moment (a session's start-up, then its tasks)."""
+    from notebook_launcher._launch.lifecycle import Policy
+
+    heard: list[str] = []
+
+    class Listening(Policy):
+        answers = True
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def done(self, run: Any) -> bool:
+            return run.finished or (bool(heard) and heard[-1].startswith(self.name))
+
+        def on_message(self, run: Any, proc: Any, message: Any) -> None:
+            heard.append(f"{self.name}: {message} from {proc.rank}")
+
+    run = _run(["message", "message", "exit"], Listening("start-up"))
+    run.start()
+    run.drive()
+    run.drive(Listening("tasks"))
+    assert heard == ["start-up: answer from 0", "tasks: answer from 0"]
+    run.drive(Listening("the close"))  # (until every rank ended)
+    assert run.finished and run.record.results == {0: 0, 1: 1}
+    with pytest.raises(AssertionError, match="made for the other"):
+        run.drive(Policy())  # a group made to hand answers over cannot keep them now
+
+
+def test_a_plain_run_stops_the_others_when_a_rank_fails_and_ends_when_all_ended() -> None:
+    """The default policy (a launch attempt's, a session's start): events to the record and
+    the view, a failure stops the others, done when every rank ended; the group keeps its
+    ranks' answers (no ``on_message``)."""
+    run = _run([None, "exit"])
+    run.start()
+    run.record.failed = True
+    run.drive()
+    assert run.group.on_message is None and run.group.terminated and run.finished
+    assert run.record.stop_kind == "failed" and run.view.ticks == 2
+    run.close()
+
+
+def test_one_place_pumps_a_group_and_nothing_routes() -> None:
+    """Issue 34's "done when": one loop pumps a group outside the groups' own stop and
+    close (``_launch/group.py``, ``_launch/remote.py``): ``GroupRun.drive``. The node
+    agent's loop (``_agent/serve.py``) pumps its own ``WorkerGroup`` as the node half of a
+    ``RemoteGroup`` -- the group's own machinery across the wire, not a run's owner: it
+    keeps no record and decides nothing (the kernel's ``GroupRun.drive`` does). And no
+    ``route``: a run's callbacks are given once."""
+    import ast
+    from pathlib import Path
+
+    import notebook_launcher
+
+    root = Path(notebook_launcher.__file__).parent
+    groups = {"_launch/group.py", "_launch/remote.py", "_agent/serve.py"}
+    pumps, routes = [], []
+    for path in sorted(root.rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "route":
+                routes.append(f"{name}:{node.lineno}")
+            if name in groups:
+                continue
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "pump"
+            ):
+                pumps.append(f"{name}:{node.lineno}")
+    assert routes == []
+    assert len(pumps) == 1 and pumps[0].startswith("_launch/lifecycle.py:"), pumps
+    serve = (root / "_agent" / "serve.py").read_text()
+    assert serve.count(".pump(") == 1  # the agent's one loop, and no other

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -381,6 +382,32 @@ def test_a_ranks_keyboardinterrupt_after_our_interrupt_is_a_stop() -> None:
     assert not core_module._raised_before(answer, task)
     own = RankFailure(0, "raised", exc_type="ValueError", time=99.0)
     assert core_module._raised_before(own, task)
+
+
+def test_a_sessions_start_and_each_task_are_decided_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: ``decide()`` runs once per end: the start's, then each task's (ok, failed,
+    interrupted), driven by one loop (``GroupRun.drive``) under the start's, the serving
+    and the closing policies."""
+    decided: list[str] = []
+    real = core_module.decide
+
+    def counting(end: Any) -> Any:
+        outcome = real(end)
+        decided.append(f"{end.purpose}: {outcome.kind}")
+        return outcome
+
+    monkeypatch.setattr(core_module, "decide", counting)
+    session = start()
+    try:
+        assert decided == ["start: ready"]
+        assert session.run(os.getpid) != []
+        with pytest.raises(ValueError, match="3 labels for 4 samples"):
+            session.run(raises_alone)
+        assert session.submit(sleep_everywhere).cancel() is True
+        assert decided == ["start: ready", "task: ok", "task: failed", "task: interrupted"]
+    finally:
+        session.close()
+    assert session.status().state == "closed"
 
 
 def test_an_interrupt_right_after_submit_is_not_lost(shared: Session) -> None:

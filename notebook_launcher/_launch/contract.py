@@ -11,9 +11,10 @@ they are made (``LaunchPlan.group``), and ``tests/test_lifecycle.py`` holds it a
 ::
 
     GroupRun ── start(on_abort) ───────────────▶ Group ── forks/asks ──▶ ranks
-             ── pump(timeout, wake) ───────────▶       ◀── events, exits ──
+    .drive() ── pump(timeout, wake) ───────────▶       ◀── events, exits ──
              ── terminate() / stop() / close() ▶
                    callbacks: on_event(Event), on_exit(RankHandle), on_message(RankHandle, msg)
+                   (given once, when the group is made: the run hands them to its policy)
 
 Plain protocols: nothing here imports the groups, torch, or the UI.
 """
@@ -80,13 +81,6 @@ class Group(Protocol):
     def send(self, proc: Any, message: Any) -> bool: ...
 
     def proc(self, rank: int) -> Any: ...
-
-    def route(
-        self,
-        on_event: Callable[[Event], None],
-        on_exit: Callable[[Any], None],
-        on_message: Callable[[Any, Any], None] | None,
-    ) -> None: ...
 
     def terminate(self) -> None: ...
 

@@ -650,16 +650,6 @@ class WorkerGroup:
         for p in self.running:
             p.send_signal(signal.SIGKILL)
 
-    def route(
-        self,
-        on_event: Callable[[Event], None],
-        on_exit: Callable[[WorkerProcess], None],
-        on_message: Callable[[WorkerProcess, Any], None] | None,
-    ) -> None:
-        """Send what the ranks report to other callbacks from now on (a session hands its
-        group from its start-up to its pump)."""
-        self._on_event, self._on_exit, self._on_message = on_event, on_exit, on_message
-
     def proc(self, rank: int) -> WorkerProcess:
         for p in self.procs:
             if p.rank == rank:

@@ -1,31 +1,40 @@
-"""One owner of a group's lifecycle, and the one decision of how a run ended.
+"""One owner of a group's lifecycle, one loop that drives it, and the one decision of how
+a run ended.
 
 Every way of running ranks -- a one-shot launch (each attempt of it), a session's start and
-each of its tasks, the ranks on a cluster's nodes -- goes through the same three steps:
+each of its tasks, the ranks on a cluster's nodes -- goes through the same steps, in the
+same phases (:class:`Phase`; torch elastic's ``WorkerState`` and its one ``_invoke_run`` loop
+are the model):
 
-    GroupRun            start -> pump (events to the record, the view and the stall watch;
-    (a group's life)    a failure stops the others) -> stop(kind, reason) -> close()
-         |                                                                     |
-         v                                                                     v
+    GroupRun            start -> drive(policy): the one loop that waits on the ranks
+    (a group's life)    (events to the policy: the record, the view and the stall watch;
+    STARTING, RUNNING,  a failure stops the others) -> stop(Stop, reason) -> close()
+    STOPPING, ENDED           |                                               |
+         |                    +-- Policy: done? how long a wait? the wake fd;  |
+         v                        after each wait; what the ranks said         v
     RunRecord           results, failures, barriers, the stop flags    ->   RunEnd (frozen)
                                                                                |
-    decide(RunEnd)      pure: records + flags -> Outcome (ok? the summary line, the root
-                        cause's rank): a table, tested as one (tests/test_lifecycle.py)
+    decide(RunEnd)      pure, once per end: records + flags -> Outcome (its Kind, the
+                        summary line, the root cause's rank): a table, tested as one
+                        (tests/test_lifecycle.py)
          |
          +--> finished_event(end, outcome): the one ``LaunchFinished`` the view gets
          +--> value_of(end, outcome): the per-rank results, or the exception to raise
 
 :class:`GroupRun` owns a ``WorkerGroup`` or a ``RemoteGroup`` (anything that keeps the
 group contract, :class:`.contract.Group`: ``start / pump / terminate / stop / close`` and
-callbacks) and its :class:`RunRecord`; the stop
-flags are set in one place (``RunRecord.stop``). What a launch adds (the rendezvous, the
-other nodes, restarts) is in ``launcher._Launch``; what a session adds (tasks on living
-ranks: interrupts to a rank's main thread, re-forming the group) is in
-:mod:`.session` -- and both judge with :func:`decide`.
+callbacks, given once when it is made) and its :class:`RunRecord`; the stop flags are set
+in one place (``RunRecord.stop``). :meth:`GroupRun.drive` is the only loop outside the
+groups' own stop and close that waits on ranks. What differs between runs is a
+:class:`Policy`: a launch attempt's (``launcher._Attending``: the other nodes' word), a
+session's start (``session._StartingUp``: until every rank serves), its tasks
+(``session._Serving``: the pump thread, its deadlines, interrupts, re-forming the group)
+and its close (``session._Closing``) -- and each judges with :func:`decide`.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -45,16 +54,58 @@ from ..errors import (
 from . import stall
 from .contract import Group
 from .diagnosis import Stranded, Verdict, diagnose, exception_for, summary_line
-from .record import RunRecord
+from .record import RunRecord, Stop
+
+
+class Purpose(str, enum.Enum):
+    """What a run was (the words of its end differ). A ``str``: compared with its word,
+    or carried in a record to another process, it reads the same."""
+
+    #: an attempt of a one-shot launch
+    LAUNCH = "launch"
+    #: a session's ranks coming up
+    START = "start"
+    #: a session's task
+    TASK = "task"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Kind(str, enum.Enum):
+    """How a run ended (:attr:`Outcome.kind`); a ``str`` as :class:`Purpose` is."""
+
+    OK = "ok"
+    #: a session's ranks came up
+    READY = "ready"
+    INTERRUPTED = "interrupted"
+    #: a rank's failure is the root cause
+    FAILED = "failed"
+    NOT_STARTED = "not started"
+    #: a session's task waits in a collective that needs ranks outside it
+    MISMATCH = "mismatch"
+    BROKEN = "broken"
+    #: the session was closed while the task ran
+    CLOSED = "closed"
+    #: ranks without a result and no failure to say why: never returned as a short list
+    SHORT = "short"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 @dataclass(frozen=True)
 class RunEnd:
     """What one run of ranks left, frozen when it closed: the input of :func:`decide`."""
 
-    #: what the run was, for the words of its end: "launch" (an attempt of one), "start"
-    #: (a session's ranks coming up) or "task" (a session's task)
-    purpose: str
+    #: what the run was, for the words of its end (:class:`Purpose`; its word will do)
+    purpose: Purpose | str
     #: the run's ranks in the order asked (a task's values follow it)
     ranks: tuple[int, ...]
     #: the job's world size (a task's ranks are some of it)
@@ -66,7 +117,7 @@ class RunEnd:
     stranded: Stranded | None = None
     #: why the ranks were stopped (``RunRecord.stop``'s kinds), and whether the user
     #: interrupted them
-    stop_kind: str | None = None
+    stop_kind: Stop | str | None = None
     interrupted: bool = False
     #: the run never ran: the nodes never met, or its ranks could not start (Ctrl-C
     #: included)
@@ -85,11 +136,14 @@ class RunEnd:
     #: rank -> why its stop (or end) is not confirmed: its node's agent did not answer
     unconfirmed: Mapping[int, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "purpose", Purpose(self.purpose))
+
     @classmethod
     def of(
         cls,
         record: RunRecord,
-        purpose: str,
+        purpose: Purpose | str,
         world_size: int,
         wall_time: float,
         ranks: tuple[int, ...] | None = None,
@@ -122,12 +176,10 @@ class RunEnd:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a run ended: ``kind`` is ``"ok"``, ``"ready"`` (a session's ranks came up),
-    ``"interrupted"``, ``"failed"`` (a rank's failure is the root cause), ``"not started"``,
-    ``"mismatch"``, ``"broken"``, ``"closed"`` or ``"short"`` (ranks without a result and
-    no failure to say why: never returned as a short list)."""
+    """How a run ended: its :class:`Kind`, the summary line, the verdict, the root cause's
+    rank, and the ranks without a result (``Kind.SHORT``)."""
 
-    kind: str
+    kind: Kind
     summary: str
     verdict: Verdict
     root_cause_rank: int | None = None
@@ -135,46 +187,48 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.kind in ("ok", "ready")
+        return self.kind in (Kind.OK, Kind.READY)
 
 
 def decide(end: RunEnd) -> Outcome:
     """The outcome of a run, from its frozen records and flags alone (pure)."""
     verdict = end.judged()
-    n = len(end.ranks) if end.purpose == "task" else end.world_size
+    n = len(end.ranks) if end.purpose is Purpose.TASK else end.world_size
     cause = getattr(verdict.cause, "rank", None)
     if end.start_error is not None:
         if isinstance(end.start_error, KeyboardInterrupt):
-            return Outcome("interrupted", "interrupted while starting", verdict)
+            return Outcome(Kind.INTERRUPTED, "interrupted while starting", verdict)
         text = f"{type(end.start_error).__name__}: {end.start_error}"
-        return Outcome("not started", text.splitlines()[0] if text else text, verdict)
-    if end.purpose == "task" and end.closing:
-        return Outcome("closed", "the session was closed while the task ran", verdict, cause)
+        return Outcome(Kind.NOT_STARTED, text.splitlines()[0] if text else text, verdict)
+    if end.purpose is Purpose.TASK and end.closing:
+        return Outcome(Kind.CLOSED, "the session was closed while the task ran", verdict, cause)
     if end.mismatch is not None:
-        return Outcome("mismatch", end.mismatch.split(". ", 1)[0], verdict, cause)
+        return Outcome(Kind.MISMATCH, end.mismatch.split(". ", 1)[0], verdict, cause)
     stopped = end.interrupted
     if stopped:
-        if end.purpose == "task" and end.broken is None:
+        if end.purpose is Purpose.TASK and end.broken is None:
             text = f"interrupted: ranks {list(end.ranks)} stopped their task; the session lives on"
         else:
             text = summary_line(verdict, n, True)
         if end.unconfirmed:
             text = _unconfirmed(end, n)
-        kind = "broken" if end.broken is not None else "interrupted"
+        kind = Kind.BROKEN if end.broken is not None else Kind.INTERRUPTED
         return Outcome(kind, _restarted(text, end.restarts), verdict)
     if not verdict.ok:
-        return Outcome("failed", _restarted(summary_line(verdict, n), end.restarts), verdict, cause)
+        return Outcome(
+            Kind.FAILED, _restarted(summary_line(verdict, n), end.restarts), verdict, cause
+        )
     if end.broken is not None:
-        return Outcome("broken", f"the session broke: {end.broken}", verdict)
+        return Outcome(Kind.BROKEN, f"the session broke: {end.broken}", verdict)
     missing = tuple(r for r in end.ranks if r not in end.results)
-    if end.purpose == "start":
+    if end.purpose is Purpose.START:
         if missing:
-            return Outcome("short", "the session's ranks ended while starting", verdict)
-        return Outcome("ready", f"{n} ranks ready", verdict)
+            return Outcome(Kind.SHORT, "the session's ranks ended while starting", verdict)
+        return Outcome(Kind.READY, f"{n} ranks ready", verdict)
     if missing:
         what = f"ranks {list(missing)} ended without a result"
-        return Outcome("short", what, verdict, missing=missing)
-    return Outcome("ok", _restarted(summary_line(verdict, n), end.restarts), verdict)
+        return Outcome(Kind.SHORT, what, verdict, missing=missing)
+    return Outcome(Kind.OK, _restarted(summary_line(verdict, n), end.restarts), verdict)
 
 
 def _unconfirmed(end: RunEnd, n: int) -> str:
@@ -205,7 +259,7 @@ def finished_event(end: RunEnd, outcome: Outcome, now: float | None = None) -> L
         now,
         failed if end.start_error is None else (),
         end.restarts,
-        outcome.kind == "interrupted",
+        outcome.kind is Kind.INTERRUPTED,
     )
 
 
@@ -217,30 +271,30 @@ def value_of(
     that says so...). ``history``: how each earlier attempt ended (restarts)."""
     verdict = outcome.verdict
     kind = outcome.kind
-    if kind in ("ok", "ready"):
+    if kind in (Kind.OK, Kind.READY):
         return [end.results.get(r) for r in end.ranks]
-    if kind == "closed":
+    if kind is Kind.CLOSED:
         return LaunchError("the session was closed while the task ran")
-    if kind == "not started":
+    if kind is Kind.NOT_STARTED:
         assert end.start_error is not None
         return end.start_error
-    if kind == "mismatch":
+    if kind is Kind.MISMATCH:
         assert end.mismatch is not None
         failure = RankFailure(min(end.ranks), "left", message=end.mismatch, time=time.time())
         report = LaunchFailure(failure, list(end.failures), len(end.ranks))
         return ProcessGroupMismatch(end.mismatch, report)
-    if kind == "interrupted":
+    if kind is Kind.INTERRUPTED:
         if end.start_error is not None:
             return interrupted("interrupted while starting: no rank was left running")
         what = (
             f"interrupted: ranks {sorted(end.ranks)} stopped their task"
-            if end.purpose == "task"
+            if end.purpose is Purpose.TASK
             else f"interrupted: all {len(end.ranks)} ranks stopped"
         )
         if end.unconfirmed:
             what = _unconfirmed(end, len(end.ranks))
         return interrupted(what)
-    if kind == "broken":
+    if kind is Kind.BROKEN:
         if end.interrupted:
             return SessionBroken(f"interrupted, but the session broke: {end.broken}")
         return SessionBroken(f"the session broke while the task ran: {end.broken}")
@@ -252,9 +306,9 @@ def value_of(
             + report.summary(),
             report,
         )
-    if kind == "failed":
+    if kind is Kind.FAILED:
         return exception_for(verdict, end.world_size, end.exc_data, history)
-    if end.purpose == "start":
+    if end.purpose is Purpose.START:
         return LaunchError("the session's ranks ended while starting")
     return LaunchError(f"ranks {list(outcome.missing)} ended without a result")
 
@@ -264,14 +318,87 @@ def add_note(exc: BaseException, note: str | None) -> None:
         exc.add_note(note)
 
 
+class Phase(enum.Enum):
+    """Where a :class:`GroupRun` stands (torch elastic's ``WorkerState``, for one run)."""
+
+    #: made, its ranks not started yet (or starting)
+    STARTING = "starting"
+    #: its ranks started: the controller's loop drives it
+    RUNNING = "running"
+    #: its ranks are being stopped (``RunRecord.stop``: a failure, an interrupt...)
+    STOPPING = "stopping"
+    #: closed: every rank reaped, its :class:`RunEnd` frozen
+    ENDED = "ended"
+
+
+class Policy:
+    """What the owner of a run (a launch attempt, a session's start, a session's tasks, its
+    close) does differently from the others: the controller (:meth:`GroupRun.drive`)
+    consults it, and the run's group hands it everything the ranks say (the callbacks are
+    the run's, given once when the group is made; the policy is what changes).
+
+    This one is a plain run's (a launch attempt's, a session's start): its ranks' events go
+    to the run's record, stall watch and view; a failure stops the others; the loop ends
+    when every rank ended. A policy that needs more overrides what it needs."""
+
+    #: an fd that ends the wait early (the other nodes' link, a session's wake pipe)
+    wake: int | None = None
+    #: the ranks' answers (``Returned``, ``Raised``, ``Reformed``) come to
+    #: :meth:`on_message` (a session's ranks serve tasks); False: the group keeps them on
+    #: the rank's handle, read when it exits (a launch's ranks answer once). Fixed for a
+    #: run's life: its group is made with it.
+    answers: bool = False
+
+    def done(self, run: GroupRun) -> bool:
+        """Whether the loop ends now."""
+        return run.finished
+
+    def timeout(self, run: GroupRun) -> float | None:
+        """How long the next wait may be (None: until a rank speaks or ``wake``)."""
+        return run.watch.timeout(TICK)
+
+    def after_pump(self, run: GroupRun) -> None:
+        """After each wait: the view and the stall watch tick; a rank that failed stops
+        the others."""
+        run.view.tick()
+        run.watch.tick()
+        if run.record.failed:
+            run.stop(Stop.FAILED)
+
+    def survives(self, run: GroupRun, error: Exception) -> bool:
+        """An error in a turn of the loop: True when the policy dealt with it and the loop
+        goes on (a session's pump thread must never die silently); False: it is raised."""
+        return False
+
+    # -- what the ranks say (the group's callbacks, through the run) -------------------------
+
+    def on_event(self, run: GroupRun, event: Event) -> None:
+        run.record.on_event(event)
+        run.watch.saw(event)
+        run.view.handle(event)
+
+    def on_exit(self, run: GroupRun, proc: Any) -> None:
+        for event in run.record.on_exit(proc):
+            run.view.handle(event)
+
+    def on_message(self, run: GroupRun, proc: Any, message: Any) -> None:
+        pass
+
+
+#: Seconds a plain run's wait lasts at most (the view ticks between waits).
+TICK = 0.5
+
+
 class GroupRun:
-    """One group of ranks from its start to its end: the one owner of its lifecycle.
+    """One group of ranks from its start to its end: the one owner of its lifecycle, and
+    the controller of every run -- its one loop, :meth:`drive`, is the only place outside
+    the groups themselves that waits on ranks.
 
     ``make_group(on_event, on_exit, on_message)`` builds the group (a ``WorkerGroup`` or a
-    ``RemoteGroup``) with this run's callbacks; every event goes to the record, the stall
-    watch and the view; every exit to the record (whose events go to the view). A failure
-    here stops the others (``stop("failed")``). :meth:`close` returns the frozen
-    :class:`RunEnd`.
+    ``RemoteGroup``) with this run's callbacks, once; each hands what it gets to the run's
+    :class:`Policy` of the moment (``policy``: the first; :meth:`drive` may be given
+    another: a session's ranks are started under one, then serve tasks under another).
+    :meth:`close` returns the frozen :class:`RunEnd`. ``phase``: where it stands.
     """
 
     def __init__(
@@ -280,25 +407,28 @@ class GroupRun:
         ranks: list[int],
         view: Any,
         watch: stall.StallWatch | None = None,
-        on_message: Callable[[Any, Any], None] | None = None,
+        policy: Policy | None = None,
     ) -> None:
         self.record = RunRecord(ranks)
         self.view = view
         self.watch = watch if watch is not None else stall.StallWatch(None, view.handle)
         self.t0 = time.time()
+        self.phase = Phase.STARTING
+        self.policy = policy if policy is not None else Policy()
+        on_message = self._on_message if self.policy.answers else None
         self.group: Group = make_group(self._on_event, self._on_exit, on_message)
         self.watch.watch(stall.of_group(self.group))
         self.start_error: BaseException | None = None
         self._end: RunEnd | None = None
 
     def _on_event(self, event: Event) -> None:
-        self.record.on_event(event)
-        self.watch.saw(event)
-        self.view.handle(event)
+        self.policy.on_event(self, event)
 
     def _on_exit(self, proc: Any) -> None:
-        for event in self.record.on_exit(proc):
-            self.view.handle(event)
+        self.policy.on_exit(self, proc)
+
+    def _on_message(self, proc: Any, message: Any) -> None:
+        self.policy.on_message(self, proc, message)
 
     @property
     def finished(self) -> bool:
@@ -312,27 +442,43 @@ class GroupRun:
         except BaseException as exc:
             self.start_error = exc
             raise
+        if self.phase is Phase.STARTING:
+            self.phase = Phase.RUNNING
 
-    def pump(self, timeout: float | None, wake: int | None = None) -> None:
-        """Wait up to ``timeout`` (less when the stall watch is due) for the ranks; fold in
-        what they said; a rank that failed stops the others."""
-        self.group.pump(self.watch.timeout(timeout), wake=wake)
-        self.view.tick()
-        self.watch.tick()
-        if self.record.failed:
-            self.stop("failed")
+    def drive(self, policy: Policy | None = None) -> None:
+        """The controller's loop: until ``policy`` (from now on the run's) says it is done,
+        wait on the ranks (as long as it says: less when the stall watch is due), fold in
+        what they said (the callbacks: through the policy), then let it look (ticks,
+        deadlines, a failure that stops the others)."""
+        if policy is not None:
+            assert policy.answers == self.policy.answers, "a run's group was made for the other"
+            self.policy = policy
+        policy = self.policy
+        group = self.group
+        while not policy.done(self):
+            try:
+                group.pump(policy.timeout(self), wake=policy.wake)
+                policy.after_pump(self)
+            except Exception as error:
+                if not policy.survives(self, error):
+                    raise
 
-    def stop(self, kind: str, reason: str = "", *, wait: bool = False) -> None:
+    def stop(self, kind: Stop | str, reason: str = "", *, wait: bool = False) -> None:
         """Stop the ranks (``RunRecord.stop``'s kinds): SIGTERM, SIGKILL after the grace
-        period (driven by :meth:`pump`); ``wait``: until they are gone (Ctrl-C: a second one
-        kills what is left)."""
-        if self.record.stop(kind, reason) or kind == "interrupted":
+        period (driven by :meth:`drive`); ``wait``: until they are gone (Ctrl-C: a second
+        one kills what is left)."""
+        kind = Stop(kind)
+        if self.record.stop(kind, reason) or kind is Stop.INTERRUPTED:
+            if self.phase is not Phase.ENDED:
+                self.phase = Phase.STOPPING
             if wait:
                 self.group.stop()
             else:
                 self.group.terminate()
 
-    def snapshot(self, purpose: str, world_size: int | None = None, **extra: Any) -> RunEnd:
+    def snapshot(
+        self, purpose: Purpose | str, world_size: int | None = None, **extra: Any
+    ) -> RunEnd:
         """What the run's records say now, frozen (a session's start: its ranks live on)."""
         return RunEnd.of(
             self.record,
@@ -343,7 +489,9 @@ class GroupRun:
             **extra,
         )
 
-    def close(self, purpose: str = "launch", world_size: int | None = None, **extra: Any) -> RunEnd:
+    def close(
+        self, purpose: Purpose | str = Purpose.LAUNCH, world_size: int | None = None, **extra: Any
+    ) -> RunEnd:
         """Kill what is left, reap, release; the run's frozen end (the same on every call).
         Not stopped half way by Ctrl-C (the group's close holds it back)."""
         if self._end is None:
@@ -351,12 +499,17 @@ class GroupRun:
             self.group.close()
             unconfirmed = dict(getattr(self.group, "unconfirmed", {}))
             self._end = self.snapshot(purpose, world_size, unconfirmed=unconfirmed, **extra)
+            self.phase = Phase.ENDED
         return self._end
 
 
 __all__ = [
     "GroupRun",
+    "Kind",
     "Outcome",
+    "Phase",
+    "Policy",
+    "Purpose",
     "RunEnd",
     "add_note",
     "decide",

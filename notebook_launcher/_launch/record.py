@@ -10,6 +10,7 @@ that the launcher stops the other ranks. It judges nothing: :mod:`.diagnosis` do
 
 from __future__ import annotations
 
+import enum
 import time
 from collections import deque
 from typing import Any
@@ -36,6 +37,31 @@ NO_VALUE = (
     "function?); return from the function instead, or raise to stop with an error"
 )
 DIED_REPORT_LINES = 25
+
+
+class Stop(str, enum.Enum):
+    """Why a run's ranks are being stopped (:meth:`RunRecord.stop`). A ``str``: a record
+    pickled to another process, or compared with its word, reads the same."""
+
+    #: a rank of this run failed
+    FAILED = "failed"
+    #: the user (Ctrl-C, ``cancel()``, the interrupt button)
+    INTERRUPTED = "interrupted"
+    #: another node ended the job
+    ELSEWHERE = "elsewhere"
+    #: starting them failed
+    ABORTED = "aborted"
+    #: a collective they cannot finish (a session's task)
+    MISMATCH = "mismatch"
+    #: a session gave up on them
+    BROKEN = "broken"
+    CLOSING = "closing"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 class BarrierTracker:
@@ -82,7 +108,7 @@ class RunRecord:
         }
         self.barriers = BarrierTracker()
         #: why the ranks are being stopped, once they are (see :meth:`stop`); None: they run
-        self.stop_kind: str | None = None
+        self.stop_kind: Stop | None = None
         #: an interrupt came (the user's), whatever else stopped the ranks first
         self.interrupted = False
         self.failed = False
@@ -95,7 +121,7 @@ class RunRecord:
         """The ranks are being stopped: their exits from now on are stops, not deaths."""
         return self.stop_kind is not None
 
-    def stop(self, kind: str, reason: str = "") -> bool:
+    def stop(self, kind: Stop | str, reason: str = "") -> bool:
         """The ranks are being stopped, and why: the one place a run's stop flags are set.
 
         ``kind``: ``"failed"`` (a rank of this run failed), ``"interrupted"`` (the user),
@@ -103,12 +129,13 @@ class RunRecord:
         ``"mismatch"`` (a collective they cannot finish), ``"broken"`` (a session gave up
         on them) or ``"closing"``; ``reason``: the words a stopped rank's row shows. The
         first kind stays (an interrupt is noted whenever it comes). True the first time."""
+        kind = Stop(kind)
         first = self.stop_kind is None
         if first:
             self.stop_kind = kind
             if reason:
                 self.stop_reason = reason
-        if kind == "interrupted":
+        if kind is Stop.INTERRUPTED:
             self.interrupted = True
         return first
 
@@ -116,9 +143,9 @@ class RunRecord:
         """The ranks are being stopped because starting them failed with ``error`` (Ctrl-C
         included): their exits are stops, not deaths."""
         if isinstance(error, KeyboardInterrupt):
-            self.stop("interrupted")
+            self.stop(Stop.INTERRUPTED)
         else:
-            self.stop("aborted", f"the ranks could not start ({type(error).__name__})")
+            self.stop(Stop.ABORTED, f"the ranks could not start ({type(error).__name__})")
 
     def on_event(self, event: Event) -> None:
         if isinstance(event, Output):
@@ -237,4 +264,4 @@ def last_words(lines: deque[str] | list[str]) -> str:
     return "".join(text[-DIED_REPORT_LINES:])
 
 
-__all__ = ["BarrierTracker", "RunRecord", "last_words"]
+__all__ = ["BarrierTracker", "RunRecord", "Stop", "last_words"]

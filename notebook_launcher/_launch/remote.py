@@ -584,14 +584,6 @@ class RemoteGroup:
     def proc(self, rank: int) -> RemoteRank:
         return self._by_rank[rank]
 
-    def route(
-        self,
-        on_event: Callable[[Event], None],
-        on_exit: Callable[[Any], None],
-        on_message: Callable[[Any, Any], None] | None,
-    ) -> None:
-        self._on_event, self._on_exit, self._on_message = on_event, on_exit, on_message
-
     def pump(self, timeout: float | None, wake: int | None = None) -> None:
         """Wait up to ``timeout`` for any node to speak; handle all that is there."""
         if wake is not None and wake != self._wake:

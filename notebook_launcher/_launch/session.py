@@ -6,6 +6,11 @@ reading from the ranks: while a task runs it feeds the task's record and view; w
 session is idle it blocks in ``select`` with no timeout (no CPU), draining anything a rank
 prints meanwhile. Callers (the notebook's thread) submit tasks and wait on their handles.
 
+The ranks are one :class:`~.lifecycle.GroupRun`, driven by its one loop
+(:meth:`~.lifecycle.GroupRun.drive`) under three policies in turn: :class:`_StartingUp`
+(until every rank serves), :class:`_Serving` (the pump thread: tasks, deadlines, the wake
+pipe) and :class:`_Closing` (until the ranks left, or the grace period passed).
+
 What happens when a task goes wrong, and what the session makes of it:
 
 * a rank raises while others still run: the others are interrupted (SIGINT to their main
@@ -73,9 +78,19 @@ from ..errors import (
 )
 from . import stall
 from .group import WorkerProcess
-from .lifecycle import GroupRun, RunEnd, add_note, decide, finished_event, value_of
+from .lifecycle import (
+    GroupRun,
+    Kind,
+    Policy,
+    Purpose,
+    RunEnd,
+    add_note,
+    decide,
+    finished_event,
+    value_of,
+)
 from .plan import LaunchPlan
-from .record import RunRecord
+from .record import RunRecord, Stop
 
 #: Seconds an interrupted rank seen waiting in a collective may take before its peers
 #: re-form the group to free it.
@@ -363,35 +378,26 @@ class SessionCore:
         plan = self.plan
         for spec in plan.specs:
             spec.session = True
-        # A rank is ready once it serves (Reformed(0)), not when it has its process group
-        # (WorkerStarted): in between, an interrupt would still kill it.
-        ready: set[int] = set()
 
         def make_group(on_event: Any, on_exit: Any, on_message: Any) -> Any:
             group = plan.group(plan.specs, None, plan.listen, on_event, on_exit, on_message)
             plan.listen = None  # the group's now (until here plan.close() releases it)
             return group
 
-        def on_message(proc: WorkerProcess, message: Any) -> None:
-            if isinstance(message, Raised):
-                for e in run.record.raised(message.failure, message.exc_data):
-                    view.handle(e)
-            elif isinstance(message, Reformed) and message.generation == 0:
-                ready.add(proc.rank)
-
-        run = GroupRun(make_group, self.world, view, on_message=on_message)
+        starting = _StartingUp(len(self.world))
+        run = GroupRun(make_group, self.world, view, policy=starting)
+        ready = starting.ready
         world = len(self.world)
         told = False  # the view heard how the start ended
         try:
             view.handle(dataclasses.replace(plan.started_event(), session=True))
             run.start()
-            while len(ready) < world and not run.record.failed and not run.finished:
-                run.pump(TICK)
-            end = run.snapshot("start", world, results=dict.fromkeys(ready))
+            run.drive()
+            end = run.snapshot(Purpose.START, world, results=dict.fromkeys(ready))
             outcome = decide(end)
             if not outcome.ok:
-                run.stop("failed")
-                end = run.close("start", world, results=dict.fromkeys(ready))
+                run.stop(Stop.FAILED)
+                end = run.close(Purpose.START, world, results=dict.fromkeys(ready))
             told = True
             view.handle(finished_event(end, outcome))
             view.close()
@@ -404,7 +410,7 @@ class SessionCore:
                 for fd in (self._wake_r, self._wake_w):
                     os.set_blocking(fd, False)
                 self.run = run
-                run.group.route(self._on_event, self._on_exit, self._on_message)
+                run.policy = _Serving(self, self._wake_r)  # what the ranks say: to the tasks
                 self._pump = threading.Thread(
                     target=self._pump_loop, name="notebook-launcher-session", daemon=True
                 )
@@ -414,7 +420,7 @@ class SessionCore:
             # no rank, no fd -- and the view says how the start ended
             if self._pump is None:
                 self.run = None
-                end = run.close("start", world)
+                end = run.close(Purpose.START, world)
                 self._close_wake()
                 if not told:
                     view.handle(finished_event(end, decide(end)))
@@ -494,13 +500,13 @@ class SessionCore:
 
     def _interrupted_while_sending(self, task: TaskRun) -> None:
         task.user_interrupt = True
-        task.record.stop("interrupted")
+        task.record.stop(Stop.INTERRUPTED)
         assert self.group is not None
         for rank in sorted(task.pending - task.sent):
             task.pending.discard(rank)
             for e in task.record.stopped(rank, self.group.proc(rank).pid):
                 task.view.handle(e)
-        self._unwind(task, "interrupted")
+        self._unwind(task, Stop.INTERRUPTED)
         self._advance()
 
     def interrupt(self, task_id: int | None = None) -> None:
@@ -532,7 +538,7 @@ class SessionCore:
                 self._hurry(task)
             else:
                 task.user_interrupt = True
-                self._unwind(task, "interrupted")
+                self._unwind(task, Stop.INTERRUPTED)
             self._wake()
 
     def _hurry(self, task: TaskRun) -> None:
@@ -553,13 +559,13 @@ class SessionCore:
         # (a rank yet to begin the task is spared too: it runs until it waits, as the rest)
         computing = {r for r in task.pending - task.interrupted if r not in waiting}
         if not computing or FAILED_GRACE <= 0:
-            self._unwind(task, "failed")
+            self._unwind(task, Stop.FAILED)
             return
         task.spared = computing
         task.spare_until = time.monotonic() + FAILED_GRACE
-        self._unwind(task, "failed", spare=computing)
+        self._unwind(task, Stop.FAILED, spare=computing)
 
-    def _unwind(self, task: TaskRun, kind: str, spare: set[int] | None = None) -> None:
+    def _unwind(self, task: TaskRun, kind: Stop, spare: set[int] | None = None) -> None:
         """Interrupt the task's ranks that still run (but ``spare``); free them by
         re-forming the group if they do not answer soon (they wait in a collective), once
         none is spared. ``kind``: why (``RunRecord.stop``'s kinds)."""
@@ -618,7 +624,7 @@ class SessionCore:
                         "subgroup (dist.new_group(ranks=...))."
                     )
             if (task.mismatch or task.record.barriers.stranded) and not task.record.stopping:
-                self._unwind(task, "mismatch")
+                self._unwind(task, Stop.MISMATCH)
                 task.reform_at = time.monotonic()  # they wait in a collective: free them now
 
     def _on_message(self, proc: WorkerProcess, message: Any) -> None:
@@ -690,34 +696,10 @@ class SessionCore:
         close_quietly(*fds)
 
     def _pump_loop(self) -> None:
-        assert self.group is not None and self._wake_r is not None
-        wake = self._wake_r
-        while not self._closing:
-            with self._lock:
-                task = self.task
-                deadline = task.next_deadline() if task is not None else None
-            timeout: float | None = None  # idle: sleep until a rank speaks, or we are woken
-            if task is not None:
-                timeout = task.watch.timeout(TICK) or 0.0
-                if deadline is not None:
-                    timeout = max(0.0, min(timeout, deadline - time.monotonic()))
-            try:
-                self.group.pump(timeout, wake=wake)
-                try:
-                    os.read(wake, 4096)
-                except BlockingIOError:
-                    pass
-                with self._lock:
-                    task = self.task
-                    if task is not None:
-                        task.view.tick()
-                    self._advance()
-                if task is not None and self.task is task:
-                    task.watch.tick()  # (this thread owns the view; the lock is not needed)
-            except Exception as exc:  # noqa: BLE001 - the pump must never die silently
-                with self._lock:
-                    self._break(f"the session's pump failed: {exc!r}")
-                    self._advance()
+        """The session's thread: the controller's loop under the serving policy, until the
+        session closes."""
+        assert self.run is not None and self._wake_r is not None
+        self.run.drive()
 
     def _advance(self) -> None:
         """Deadlines, and the end of the task once every rank answered (lock held)."""
@@ -733,7 +715,7 @@ class SessionCore:
         if task.spare_until is not None and (
             now >= task.spare_until or not task.spared & task.pending
         ):
-            self._unwind(task, "failed")  # the spared ranks wait (or took too long): stop them
+            self._unwind(task, Stop.FAILED)  # the spared ranks wait (or took too long): stop them
         # Once every rank answered there is nothing to wait for: decide now.
         due = task.reform_at is not None and (now >= task.reform_at or not task.pending)
         if due and self.broken is None:
@@ -789,7 +771,7 @@ class SessionCore:
         the ranks were when interrupted, the failing frame's variables, its own state)."""
         end = RunEnd.of(
             task.record,
-            "task",
+            Purpose.TASK,
             len(self.world),
             time.time() - task.t0,
             ranks=tuple(task.asked),
@@ -804,17 +786,17 @@ class SessionCore:
         if not isinstance(value, BaseException):
             return value
         notes = self._notes(task)
-        if outcome.kind == "interrupted":
+        if outcome.kind is Kind.INTERRUPTED:
             where = stall.note(task.interrupt_report)
             if where:
                 notes.insert(0, where)
         cause = outcome.verdict.cause
-        if outcome.kind == "failed" and cause is not None and task.local_vars.get(cause.rank):
+        if outcome.kind is Kind.FAILED and cause is not None and task.local_vars.get(cause.rank):
             rows = task.local_vars[cause.rank]
             notes.insert(
                 0, f"Variables in rank {cause.rank}'s failing frame:\n  " + "\n  ".join(rows)
             )
-        if outcome.kind != "closed":
+        if outcome.kind is not Kind.CLOSED:
             for note in notes:
                 add_note(value, note)
         return value
@@ -845,7 +827,7 @@ class SessionCore:
         if self.group is not None:
             task = self.task
             if task is not None:
-                task.record.stop("broken")
+                task.record.stop(Stop.BROKEN)
             for p in self.group.running:
                 p.send_signal(signal.SIGKILL)
         task = self.task
@@ -868,20 +850,19 @@ class SessionCore:
             try:
                 self._wake()
                 self._join_pump()
-                group = self.group
-                if group is not None:
+                run = self.run
+                if run is not None:
+                    group = run.group
                     for p in group.running:
                         group.send(p, Shutdown())
                     wait = self.plan.grace_period if grace is None else grace
-                    deadline = time.monotonic() + wait
-                    while not group.finished and time.monotonic() < deadline:
-                        group.pump(0.05)
+                    run.drive(_Closing(self, time.monotonic() + wait))
             finally:
                 with deferred_interrupts():
                     self._wake()
                     self._join_pump()
                     if self.run is not None:
-                        self.run.close("start", len(self.world))
+                        self.run.close(Purpose.START, len(self.world))
                     if task is not None and not task.handle.done():
                         task.handle.set_exception(
                             LaunchError("the session was closed while the task ran")
@@ -904,6 +885,110 @@ class SessionCore:
         if self.group is None or self._closing:
             raise LaunchError("this session is closed; start a new one")
         return stall.report(stall.of_group(self.group), "request")
+
+
+class _StartingUp(Policy):
+    """A session's start (the controller: :meth:`GroupRun.drive`): a plain run's policy,
+    done once every rank serves -- ready once it answers ``Reformed(0)``, not when it has
+    its process group (``WorkerStarted``): in between, an interrupt would still kill it --
+    or a rank failed, or every rank ended."""
+
+    answers = True
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.ready: set[int] = set()
+
+    def done(self, run: GroupRun) -> bool:
+        return len(self.ready) >= self.world or run.record.failed or run.finished
+
+    def on_message(self, run: GroupRun, proc: Any, message: Any) -> None:
+        if isinstance(message, Raised):
+            for e in run.record.raised(message.failure, message.exc_data):
+                run.view.handle(e)
+        elif isinstance(message, Reformed) and message.generation == 0:
+            self.ready.add(proc.rank)
+
+
+class _Serving(Policy):
+    """A session's ranks between and during tasks (its pump thread): what they say goes to
+    the task that runs (:class:`SessionCore`'s callbacks); the wait is the task's (its
+    view's tick, its stall watch, its deadlines), or without end while the session is idle
+    (woken by ``wake``: a new task, an interrupt, the close); a failure of the loop breaks
+    the session rather than end the thread silently."""
+
+    answers = True
+
+    def __init__(self, core: SessionCore, wake: int | None) -> None:
+        self.core = core
+        self.wake = wake
+
+    def done(self, run: GroupRun) -> bool:
+        return self.core._closing
+
+    def timeout(self, run: GroupRun) -> float | None:
+        core = self.core
+        with core._lock:
+            task = core.task
+            if task is None:
+                return None  # idle: sleep until a rank speaks, or we are woken
+            deadline = task.next_deadline()
+        timeout = task.watch.timeout(TICK) or 0.0
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        return timeout
+
+    def after_pump(self, run: GroupRun) -> None:
+        core = self.core
+        if self.wake is not None:
+            try:
+                os.read(self.wake, 4096)
+            except BlockingIOError:
+                pass
+        with core._lock:
+            task = core.task
+            if task is not None:
+                task.view.tick()
+            core._advance()
+        if task is not None and core.task is task:
+            task.watch.tick()  # (this thread owns the view; the lock is not needed)
+
+    def survives(self, run: GroupRun, error: Exception) -> bool:
+        core = self.core  # the pump must never die silently
+        with core._lock:
+            core._break(f"the session's pump failed: {error!r}")
+            core._advance()
+        return True
+
+    def on_event(self, run: GroupRun, event: Event) -> None:
+        self.core._on_event(event)
+
+    def on_exit(self, run: GroupRun, proc: Any) -> None:
+        self.core._on_exit(proc)
+
+    def on_message(self, run: GroupRun, proc: Any, message: Any) -> None:
+        self.core._on_message(proc, message)
+
+
+class _Closing(_Serving):
+    """A session's close (the caller's thread, the pump thread gone): the ranks were told
+    to leave; wait for them until ``deadline`` (monotonic), nothing else."""
+
+    def __init__(self, core: SessionCore, deadline: float) -> None:
+        super().__init__(core, None)
+        self.deadline = deadline
+
+    def done(self, run: GroupRun) -> bool:
+        return run.finished or time.monotonic() >= self.deadline
+
+    def timeout(self, run: GroupRun) -> float | None:
+        return 0.05
+
+    def after_pump(self, run: GroupRun) -> None:
+        pass
+
+    def survives(self, run: GroupRun, error: Exception) -> bool:
+        return False
 
 
 def _hosts_of(started: LaunchStarted, ranks: list[int]) -> tuple[str, ...]:
