@@ -52,6 +52,7 @@ import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    from ._launch.handover import LaunchJob
     from ._launch.pool import RankPool
     from ._launch.scheduler import Scheduler
 
@@ -341,6 +342,7 @@ def _run(
     listen = socket.socket(fileno=listen_fd) if listen_fd >= 0 else None
     try:
         from . import _serialization
+        from ._launch.handover import LaunchJob
         from ._launch.plan import prepare_task
         from ._wire.supervisor import HandedOver
         from .errors import LaunchError
@@ -353,13 +355,16 @@ def _run(
         detach.take_on(handed.kernel, own_job.environment if own_job else "")  # ranks inherit it
         job = _serialization.loads(handed.job)
         del handed
-        if "cluster" in job:
+        if not isinstance(job, LaunchJob):
+            raise LaunchError(f"the task in {run_dir} is not a launch's hand-over")
+        if job.cluster is not None:
             if pool is not None:
                 pool.close()  # (its ranks are the nodes' agents')
             return _run_on_cluster(run_dir, job)
-        plan = job["plan"]
+        plan = job.plan
+        assert plan is not None
         plan.listen, listen = listen, None
-        task = job["task"]
+        task = job.task
         # pooled: each rank unpickles the task (and imports what it needs) in parallel;
         # else, forked here: the ranks inherit the objects themselves
         if not _pooled(plan, task, pool) and plan.start_method == "fork":
@@ -367,10 +372,8 @@ def _run(
             task = prepare_task(function, args, kwargs, "fork")
         writer = detach.EventWriter(run_dir, detach.DIGEST_INTERVAL)
         view = view_for(_Recording(writer, run_dir))
-        launch = _Launch(
-            plan, task, view, job["policy"], job["line_prefix"], job["child_failed_name"]
-        )
-        launch.watch.stall_after = job["stall_after"]
+        launch = _Launch(plan, task, view, job.policy, job.line_prefix, job.child_failed_name)
+        launch.watch.stall_after = job.stall_after
         del task, job
         outcome = launch.run_to_end()
         launch._release()
@@ -410,7 +413,7 @@ def _pooled(plan: Any, task: bytes, pool: RankPool | None) -> bool:
     return True
 
 
-def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
+def _run_on_cluster(run_dir: str, job: LaunchJob) -> Any:
     """A cluster run: this supervisor starts the cluster (submits its job, holds its hub
     and store: the agents connect here), runs the launch as a kernel would
     (``launcher._cluster_launch``), and ends the job when the run ends. Killed, it ends
@@ -419,18 +422,18 @@ def _run_on_cluster(run_dir: str, job: dict[str, Any]) -> Any:
     from .launcher import _cluster_launch
     from .ui import view_for
 
-    cluster = job["cluster"]
+    cluster = job.cluster
     writer = detach.EventWriter(run_dir, detach.DIGEST_INTERVAL)
     view = view_for(_Recording(writer, run_dir))
     try:
         launch = _cluster_launch(
-            cluster, job["task"], view, job["num_processes"], job["options"], job["policy"],
-            job["line_prefix"], job["child_failed_name"],
+            cluster, job.task, view, job.num_processes, dict(job.options), job.policy,
+            job.line_prefix, job.child_failed_name,
         )  # fmt: skip
         meta = detach.read_meta(run_dir)
         meta.cluster = meta.cluster or cluster.describe()  # (in its job: named already)
         detach.write_meta(run_dir, meta)
-        launch.watch.stall_after = job["stall_after"]
+        launch.watch.stall_after = job.stall_after
         del job
         outcome = launch.run_to_end()
         if cluster.told_to_end():  # (typed: what the agents said, before the cluster closes)

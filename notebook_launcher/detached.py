@@ -63,7 +63,7 @@ from ._events import (
 )
 from ._launch import detach as record
 from ._launch.detach import Meta
-from ._launch.handover import Handover, supervisor_code
+from ._launch.handover import Handover, LaunchJob, supervisor_code
 from ._launch.plan import LaunchPlan
 from ._launch.scheduler import kind_of, tail
 from ._launch.session import TaskHandle
@@ -83,7 +83,7 @@ def launch(
     function: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    job: dict[str, Any],
+    job: LaunchJob,
     dashboard: bool | str | View,
 ) -> RunHandle:
     """Start ``plan`` under a supervisor of its own and follow it (``notebook_launcher``'s
@@ -92,9 +92,9 @@ def launch(
     listen, plan.listen = plan.listen, None  # the supervisor gets a copy; ours closes here
     try:
 
-        def body() -> dict[str, Any]:
+        def body() -> LaunchJob:
             task = dumps_checked((function, args, kwargs), "the launched function and its args")
-            return {**job, "plan": plan, "task": task}
+            return dataclasses.replace(job, plan=plan, task=task)
 
         def said(run_id: str) -> str:
             return (
@@ -113,9 +113,9 @@ def launch(
 
 
 def launch_on_cluster(
-    name: str, ranks: int, nodes: int, job: dict[str, Any], dashboard: bool | str | View
+    name: str, ranks: int, nodes: int, job: LaunchJob, dashboard: bool | str | View
 ) -> RunHandle:
-    """A launch on a cluster (``job["cluster"]``, not started: its configuration) handed to
+    """A launch on a cluster (``job.cluster``, not started: its configuration) handed to
     a supervisor of its own, followed here. A cluster whose scheduler can host it gets its
     supervisor *inside* a job of its own (:func:`_hand_over_to_job`): the job holds the
     hub, the store and the ranks, and nothing of the run is left on this host. Otherwise
@@ -123,7 +123,7 @@ def launch_on_cluster(
     this host, starts the cluster (holds its hub and store), runs the launch and ends the
     cluster when the run ends. ``job``: the task (pickled for the agents) and what
     ``launcher._cluster_launch`` takes."""
-    scheduler = job["cluster"].scheduler
+    scheduler = job.cluster.scheduler
     if scheduler.can_host_supervisor():
         run_id = _hand_over_to_job(name, ranks, nodes, job, scheduler)
         print(
@@ -146,9 +146,7 @@ def launch_on_cluster(
     return _hand_over(name, ranks, nodes, lambda: job, -1, said, dashboard)
 
 
-def _hand_over_to_job(
-    name: str, ranks: int, nodes: int, job: dict[str, Any], scheduler: Any
-) -> str:
+def _hand_over_to_job(name: str, ranks: int, nodes: int, job: LaunchJob, scheduler: Any) -> str:
     """A new run's record (on a file system the job's nodes read: a shared home), its task
     written there, and a job submitted by ``scheduler`` whose first process is the run's
     supervisor (``_supervise.in_job``), the job written into the record
@@ -203,7 +201,7 @@ def _hand_over(
     name: str,
     ranks: int,
     nodes: int,
-    body: Callable[[], dict[str, Any]],
+    body: Callable[[], LaunchJob],
     listen_fd: int,
     said: Callable[[str], str],
     dashboard: bool | str | View,

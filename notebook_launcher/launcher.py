@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 from ._events import LaunchRestarting, RendezvousStarted
 from ._launch import preflight, rendezvous, stall
 from ._launch.diagnosis import RestartPolicy, Verdict, as_child_failed
+from ._launch.handover import LaunchJob
 from ._launch.lifecycle import (
     GroupRun,
     Kind,
@@ -285,11 +286,8 @@ def notebook_launcher(
     if detach:  # the same plan, run by a supervisor of its own (notebook_launcher.detached)
         from .detached import launch as launch_detached
 
-        extra = dict(
-            policy=policy, line_prefix=line_prefix, child_failed_name=elastic_name,
-            stall_after=watch_after,
-        )  # fmt: skip
-        return launch_detached(plan, function, tuple(args), dict(kwargs or {}), extra, dashboard)
+        job = LaunchJob(policy, line_prefix, elastic_name, watch_after)
+        return launch_detached(plan, function, tuple(args), dict(kwargs or {}), job, dashboard)
     try:
         task = prepare_task(function, tuple(args), dict(kwargs or {}), plan.start_method)
         view = _view(dashboard, block)
@@ -386,10 +384,9 @@ def _on_cluster(
         )
         preflight.check_grace_period(grace_period)
         check_devices(devices)
-        job = dict(
-            cluster=cluster, task=task, num_processes=num_processes, options=options,
-            policy=policy, line_prefix=line_prefix, child_failed_name=elastic_name,
-            stall_after=stall_after,
+        job = LaunchJob(
+            policy, line_prefix, elastic_name, stall_after, task=task, cluster=cluster,
+            num_processes=num_processes, options=options,
         )  # fmt: skip
         name = getattr(function, "__name__", "function")
         return launch_on_cluster(name, total, cluster.num_nodes, job, dashboard)

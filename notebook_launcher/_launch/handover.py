@@ -23,12 +23,38 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .._posix import deferred_interrupts
 from ..errors import LaunchError
 from . import detach as record
 from . import forkserver
+
+if TYPE_CHECKING:
+    from .diagnosis import RestartPolicy
+    from .plan import LaunchPlan
+
+
+@dataclass(frozen=True)
+class LaunchJob:
+    """What a detached launch's supervisor runs (``_supervise``), handed over pickled in
+    the run's sealed task: the launch as the kernel checked it. On this host: its ``plan``
+    and ``task`` (the function with its args, pickled); on a cluster: the cluster's
+    configuration (not started: the supervisor starts it), the task, ``num_processes`` and
+    the cluster's ``options``."""
+
+    policy: RestartPolicy
+    line_prefix: str | None
+    child_failed_name: str | None
+    stall_after: float | None
+    task: Any = None
+    plan: LaunchPlan | None = None
+    cluster: Any = None
+    num_processes: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
 
 #: Seconds a kernel waits for a new supervisor to say its pid.
 START_TIMEOUT = 30.0
@@ -226,4 +252,4 @@ def _read_until_closed(fd: int, timeout: float, into: bytearray) -> None:
         into += chunk
 
 
-__all__ = ["START_TIMEOUT", "Handover", "abandon", "supervisor_code"]
+__all__ = ["START_TIMEOUT", "Handover", "LaunchJob", "abandon", "supervisor_code"]
