@@ -1,6 +1,6 @@
 """Ours on a Ray cluster against Ray Train's TorchTrainer, side by side on one local Ray cluster.
 
-    python bench/ray.py [--runs 3] [--steps 200]
+    python bench/ray.py [--runs 3] [--steps 200] [--print-seconds 5]
 
 Needs ``pip install 'ray[train]'`` (tested: 2.60.0). It re-runs itself inside a network
 namespace of its own (``unshare -n``, loopback up: Ray never listens beyond loopback nor
@@ -20,14 +20,16 @@ measures, 2 nodes x 2 ranks (gloo), in the same run:
     group themselves (``init_process_group`` on a TCP store) -- the median of each rank's
     mean step, and the ratio (goal <= 1.02x).
 
-Not measured here (yet): the dashboard's kernel CPU on Ray (``bench/cluster.py`` measures it
-on Slurm; on Ray the kernel's side is the same hub and agents).
+  * **the kernel's CPU** while the 2x2 ranks print 100 lines/s each for ``--print-seconds``
+    (the launcher's own cost: a view that draws nothing), against a local launch of 4 ranks,
+    as ``bench/cluster.py`` measures it on Slurm.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -110,6 +112,28 @@ class PlainRank:
             dist.destroy_process_group()
 
 
+def chatty(seconds: float) -> None:
+    """Print 100 lines a second for ``seconds`` (as ``bench/cluster.py``'s ranks do)."""
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        print(f"line {i} of a chatty rank, with some words to make it a real line", flush=True)
+        i += 1
+        time.sleep(0.01)
+
+
+def kernel_cpu(launch: Any) -> float:
+    """The share of one core this process (the kernel's stand-in) used while ``launch()`` ran."""
+
+    def used() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    c0, t0 = used(), time.perf_counter()
+    launch()
+    return (used() - c0) / (time.perf_counter() - t0)
+
+
 def free_port() -> int:
     import socket
 
@@ -153,6 +177,18 @@ def main(args: argparse.Namespace) -> None:
         )
         ours_step = statistics.median(
             notebook_launcher(ours_steps, (args.steps,), num_processes=4, cluster=cluster)
+        )
+        from notebook_launcher.ui import NullView
+
+        talk = (args.print_seconds,)
+        quiet = {"num_processes": 4, "dashboard": NullView()}  # the launcher's own cost
+        on_ray = kernel_cpu(lambda: notebook_launcher(chatty, talk, cluster=cluster, **quiet))
+        here = kernel_cpu(lambda: notebook_launcher(chatty, talk, **quiet))
+        rows.append(
+            (
+                "kernel CPU, 2x2 ranks printing 100 lines/s each (goal <= 3 %)",
+                f"{on_ray * 100:.1f} % of a core (4 local ranks: {here * 100:.1f} %)",
+            )
         )
         cluster.close()
 
@@ -213,6 +249,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--print-seconds", type=float, default=5.0)
     parsed = parser.parse_args()
     if os.environ.get(INSIDE) != "1":
         env = {**os.environ, INSIDE: "1", "RAY_USAGE_STATS_ENABLED": "0"}
