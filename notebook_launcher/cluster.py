@@ -96,6 +96,9 @@ class Cluster:
         self._store_key = ""
         #: why the cluster ended without close() (its job ended, an agent went away)
         self.ended: str | None = None
+        #: nodes lost (how many, and why), said at the next launch: the cluster was ended
+        #: when the run that saw the loss ended (see :meth:`_after_run`)
+        self._lost: tuple[int, str] | None = None
         self._cancel_now = False
         self.launches = 0
         self._started_at = 0.0
@@ -329,7 +332,7 @@ class Cluster:
             self.gpus_per_node,
             devices=options.get("devices", "auto"),
         )
-        return plan_cluster(
+        plan = plan_cluster(
             self.nodes_for_launch(report, renew=renew, tick=tick),
             self.store_address,
             self._store_key,
@@ -339,6 +342,8 @@ class Cluster:
             explain=self.job_state,
             **options,
         )
+        plan.on_finished = self._after_run
+        return plan
 
     def nodes_for_launch(
         self,
@@ -350,29 +355,47 @@ class Cluster:
         """The nodes, started if needed; :class:`ClusterError` when one is gone (saying why,
         with what the scheduler says of the job) -- or, with ``renew``, the nodes of the
         cluster started again."""
-        self.start(report, tick)
-        for node in self._nodes:
-            _notice_gone(node)
-        gone = [n for n in self._nodes if n.gone is not None]
-        if gone:
-            why = "; ".join(f"{n.label}: {n.ending or n.gone}" for n in gone)
-            state = self.job_state()
-            ended = why if not state or state in why else f"{why} ({state})"
-            self.close()  # what is left of the job ends too
-            self.ended = ended
+        lost, self._lost = self._lost, None  # (ended when its run ended: said now)
+        if lost is None:
+            self.start(report, tick)
+            lost = self._end_if_lost()
+        if lost is not None:
+            count, ended = lost
             if not renew:
                 raise ClusterError(
-                    f"the cluster lost {len(gone)} node(s): {ended}. The next launch (or "
+                    f"the cluster lost {count} node(s): {ended}. The next launch (or "
                     "cluster.start()) starts the cluster again, on fresh nodes."
                 )
             print(
-                f"notebook_launcher: the cluster lost {len(gone)} node(s) ({ended}); "
+                f"notebook_launcher: the cluster lost {count} node(s) ({ended}); "
                 "starting it again on fresh nodes",
                 file=sys.stderr,
             )
             self.start(report, tick)
         self.launches += 1
         return list(self._nodes)
+
+    def _end_if_lost(self) -> tuple[int, str] | None:
+        """A cluster that lost nodes is ended (what is left of its job too): how many
+        were lost and why (with what the scheduler says of the job); None when none was."""
+        for node in self._nodes:
+            _notice_gone(node)
+        gone = [n for n in self._nodes if n.gone is not None]
+        if not gone:
+            return None
+        why = "; ".join(f"{n.label}: {n.ending or n.gone}" for n in gone)
+        state = self.job_state()
+        ended = why if not state or state in why else f"{why} ({state})"
+        self.close()
+        self.ended = ended
+        return len(gone), ended
+
+    def _after_run(self) -> None:
+        """A run on this cluster ended (a launch, a session closed). A scheduler that keeps
+        holding resources for a job that lost a node (Ray's placement group) has them freed
+        now, not at the next launch, which then says what was lost."""
+        if self.running and self.scheduler.holds_when_lost():
+            self._lost = self._end_if_lost()
 
     @property
     def store_address(self) -> tuple[str, int]:

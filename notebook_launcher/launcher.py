@@ -72,7 +72,7 @@ from ._launch.lifecycle import (
     value_of,
 )
 from ._launch.nodes import NodeLink
-from ._launch.plan import LaunchPlan, plan_launch, prepare_task
+from ._launch.plan import LaunchPlan, finished, plan_launch, prepare_task
 from ._launch.record import RunRecord, Stop
 from ._launch.session import TaskHandle
 from .detached import attach, runs
@@ -673,6 +673,7 @@ class _Launch:
         self.outcome = decide(self.end)
         self.view.handle(finished_event(self.end, self.outcome))
         self.view.close()
+        finished(self.plan)
 
     def _release(self) -> None:
         """Forget what the outcome was made from: the ranks' pickled exceptions and the

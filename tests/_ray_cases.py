@@ -341,8 +341,8 @@ def main(out: str) -> None:
 
         def node_lost() -> dict[str, Any]:
             """The second Ray node lost (its raylet and workers killed) while the ranks
-            run: the launch raises, naming the node; what is left of the cluster goes at
-            the next launch, which says why it cannot run there."""
+            run: the launch raises, naming the node; what is left of the cluster on Ray
+            goes as that launch ends; the next launch says why it cannot run there."""
             lost = RayCluster(nodes=2, cpus_per_node=1)
             handle = notebook_launcher(
                 sleeps, args=(600,), num_processes=2, cluster=lost, block=False
@@ -359,6 +359,7 @@ def main(out: str) -> None:
             except Exception as exc:  # noqa: BLE001 - what the user catches
                 said["raised"] = [type(exc).__name__, str(exc)]
             said["seconds_to_raise"] = round(time.monotonic() - killed, 1)
+            said["left"] = leftovers(ray, job)  # (freed as the launch ended, before the next)
             try:
                 notebook_launcher(returns_where_it_ran, num_processes=2, cluster=lost)
             except ClusterError as exc:

@@ -177,9 +177,11 @@ def test_a_lost_ray_node_is_named_and_nothing_is_left(ray_cases: dict[str, Any])
     assert kind == "WorkerDied", message
     assert re.search(r"Ray node [0-9a-f]{8} \(127\.0\.0\.1\), which held node \d, is lost", message)
     assert (
-        "Close the cluster (cluster.close() frees what is left of it on Ray) and launch "
-        "again: it starts anew on the Ray nodes alive" in message
+        "What is left of the cluster on Ray is freed as this run ends (a session: when it "
+        "is closed); launch again: it starts anew on the Ray nodes alive" in message
     )
+    # freed as the failed launch ended: no placement group holds the nodes alive meanwhile
+    assert lost["left"] == {"placement_groups": [], "actors": [], "processes": []}
     assert "the cluster lost 1 node(s)" in lost["next"], lost["next"]
     assert lost["after"] == {"placement_groups": [], "actors": [], "processes": []}
 

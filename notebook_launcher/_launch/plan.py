@@ -150,11 +150,29 @@ class LaunchPlan:
             on_message, pool=self.pool,
         )  # fmt: skip
 
+    def finished(self) -> None:
+        """The run on this plan ended, its ranks gone: what its nodes need then (a
+        cluster's: :class:`~notebook_launcher._launch.remote.ClusterPlan`); nothing here."""
+
     def close(self) -> None:
         """Release the listening socket if nobody took it (a launch that never started)."""
         if self.listen is not None:
             self.listen.close()
             self.listen = None
+
+
+def finished(plan: LaunchPlan) -> None:
+    """Tell ``plan`` that its run ended (:meth:`LaunchPlan.finished`). What that fails at
+    (Ray unreachable while a lost node's leftovers are freed) is said, never raised over
+    the run's own outcome."""
+    try:
+        plan.finished()
+    except Exception as exc:  # noqa: BLE001 - the run's outcome comes first
+        print(
+            f"notebook_launcher: could not free what the run left on its cluster ({exc!r}); "
+            "cluster.close() tries again",
+            file=sys.stderr,
+        )
 
 
 def plan_launch(
@@ -332,6 +350,7 @@ def rank_specs(
 __all__ = [
     "FORK_PRELOAD",
     "LaunchPlan",
+    "finished",
     "plan_launch",
     "prepare_task",
     "rank_specs",

@@ -360,11 +360,14 @@ class RayJob(Scheduler):
         self._lost_status = JobStatus(
             Phase.ENDING,
             Reason.NODE_LOST,
-            f"{self.describe()}: {said}; the ranks there went with it. Close the cluster "
-            "(cluster.close() frees what is left of it on Ray) and launch again: it starts "
-            "anew on the Ray nodes alive",
+            f"{self.describe()}: {said}; the ranks there went with it. What is left of the "
+            "cluster on Ray is freed as this run ends (a session: when it is closed); launch "
+            "again: it starts anew on the Ray nodes alive",
         )
         return self._lost_status
+
+    def holds_when_lost(self) -> bool:
+        return True  # (the placement group stays reserved on the nodes alive)
 
     def describe(self) -> str:
         if not self._job:

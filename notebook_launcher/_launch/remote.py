@@ -843,6 +843,12 @@ class ClusterPlan(LaunchPlan):
     launch_no: int = 0
     #: what the scheduler says of the job (see RemoteGroup)
     explain: Callable[[], str] | None = None
+    #: told when the run on these nodes ended (the cluster's ``_after_run``)
+    on_finished: Callable[[], None] | None = None
+
+    def finished(self) -> None:
+        if self.on_finished is not None:
+            self.on_finished()
 
     def for_attempt(self, job: Any, attempt: int) -> list[WorkerSpec]:
         prefix = f"{self.store_key}/l{self.launch_no}/a{attempt}/pg"

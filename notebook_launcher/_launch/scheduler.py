@@ -197,6 +197,13 @@ class Scheduler(ABC):
         """Whether :meth:`submit_supervisor` can run a detached run's supervisor in a job."""
         return False
 
+    def holds_when_lost(self) -> bool:
+        """Whether the job keeps holding its resources after one of its nodes is lost (a
+        Ray placement group stays reserved until it is removed): the cluster is then ended
+        as soon as the run that saw the loss ends, not at the next launch. A batch job
+        whose node died is ended by its scheduler anyway."""
+        return False
+
     def submit_supervisor(self, argv: Sequence[str], folder: str, env: Mapping[str, str]) -> bool:
         """Run a detached run's supervisor (``argv``, with ``env`` added to its environment:
         never written to a file) inside a job of its own, its output in ``folder``: True

@@ -89,7 +89,7 @@ from .lifecycle import (
     finished_event,
     value_of,
 )
-from .plan import LaunchPlan
+from .plan import LaunchPlan, finished
 from .record import RunRecord, Stop
 
 #: Seconds an interrupted rank seen waiting in a collective may take before its peers
@@ -870,6 +870,7 @@ class SessionCore:
                     self.plan.close()
                     self._close_wake()
                     self._closed = True
+                finished(self.plan)
 
     def _join_pump(self) -> None:
         if self._pump is not None and self._pump is not threading.current_thread():
