@@ -385,6 +385,16 @@ def test_dashboard_in_jupyterlab(lab: dict[str, Any]) -> None:
                 many = dashboards.nth(2)
                 _wait(page, 0.8)  # the replay runs about 2 s, then holds its live view 3 s
                 _shot(page, "dashboard_many_live.png", many)
+                # the live grid's cells are filled by a <style> of their own (the cells stay
+                # put while the ranks step): each shows its rank's progress in its colour
+                grid_fills = many.locator(".nl-cell .nl-fill").evaluate_all(
+                    "els => els.map(e => [getComputedStyle(e).width, "
+                    "getComputedStyle(e).backgroundColor])"
+                )
+                assert len(grid_fills) == 24, grid_fills
+                assert all(w != "0px" and c != "rgba(0, 0, 0, 0)" for w, c in grid_fills), (
+                    grid_fills
+                )
                 # any rank one click away: its cell picks its output and its row
                 # (the grid is redrawn several times a second while the ranks step: a click
                 # that lands as its cell is replaced is lost -- once in a loaded run -- and

@@ -273,12 +273,40 @@ def test_many_ranks_get_the_spread_and_a_grid_of_cells(log: Log) -> None:
     clock.t += 1
     view.tick()
     ranks = value(frontend(log), view.ranks)
+    grid = value(frontend(log), view.grid)  # (a widget of its own: see the next test)
     assert text(ranks).startswith("slowest rank 13 10% · median 50% · fastest rank 0 50%")
-    assert ranks.count("class='nl-cell ") == 24
-    assert f"<label for='{view.id}-p5' class='nl-cell nl-cell-5'" in ranks
+    assert grid.count("class='nl-cell ") == 24
+    assert f"<label for='{view.id}-p5' class='nl-cell nl-cell-5'" in grid
     assert "stragglers (more than 5% behind the median): rank 13 10%" in text(ranks)
     assert len(rows(ranks)) == 24  # every row is there, hidden until picked
     assert "display:flex" in ranks.split("nl-row-13")[1][:200]  # the straggler's is shown
+
+
+def test_the_grid_of_many_ranks_stays_put_while_they_step(log: Log) -> None:
+    """A click on a rank's cell is a press and a release on the same element: a grid
+    redrawn under the pointer (each redraw replaces the widget's HTML) loses it -- seen in a
+    loaded browser run, where the ranks step several times a second. The cells are drawn
+    again only when the ranks change; their fills and colours come from a ``<style>`` of
+    their own, which follows every step."""
+    events: list[Event] = [started(24)]
+    events += [bar(r, 0, 10, 100, 1, desc="step") for r in range(24)]
+    clock = Clock()
+    view = WidgetView(display=False, clock=clock)
+    for e in events:
+        view.handle(e)
+    clock.t += 1
+    view.tick()
+    grid, fills = value(frontend(log), view.grid), value(frontend(log), view.grid_fills)
+    for step in (40, 70):
+        for r in range(24):
+            view.handle(bar(r, 0, step if r != 13 else 20, 100, 2, desc="step"))
+        clock.t += 1
+        view.tick()
+        assert value(frontend(log), view.grid) == grid  # the very same cells: no message
+        now = value(frontend(log), view.grid_fills)
+        assert now != fills and f".{view.id} .nl-cell-0 .nl-fill{{width:{step}%;" in now
+        assert f".{view.id} .nl-cell-13{{box-shadow:" in now  # the straggler's ring
+        fills = now
 
 
 def plot_value(log: Log) -> str:

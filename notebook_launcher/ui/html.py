@@ -311,12 +311,11 @@ def _pct(x: float) -> str:
 
 def _cell(s: RankState, p: float | None, straggler: bool, pick: str | None) -> str:
     """One rank in the grid: its number on a mini bar of its progress, coloured by status."""
-    colour = STATUS_COLOURS.get(s.shown_status, "#000")
+    colour, width = _fill(s, p)
     bars = " | ".join(f"{b.label()} {b.counts()}" for b in s.bars.values())
     tip = f"rank {s.rank}: {s.outcome() if s.ended is not None else s.status}"
     tip += f" \u00b7 {bars}" if bars else ""
     tip += " \u00b7 straggler" if straggler else ""
-    width = 100 if p is None and s.ended is not None else round(100 * (p or 0.0))
     ring = f"box-shadow:0 0 0 2px {WAITING_RING};" if straggler else ""
     tag, target = ("label", f" for='{pick}-p{s.rank}'") if pick else ("span", "")
     return (
@@ -329,6 +328,65 @@ def _cell(s: RankState, p: float | None, straggler: bool, pick: str | None) -> s
         "<span style='position:relative;display:block;text-align:center;font-size:10px;"
         f"line-height:16px;{MONO}'>{s.rank}</span></{tag}>"
     )
+
+
+def _fill(s: RankState, p: float | None) -> tuple[str, int]:
+    """A grid cell's colour (its status) and fill (its progress, in percent)."""
+    colour = STATUS_COLOURS.get(s.shown_status, "#000")
+    return colour, 100 if p is None and s.ended is not None else round(100 * (p or 0.0))
+
+
+def _grid(m: LaunchModel, cell: Callable[[int], str]) -> str:
+    """Every rank's cell, a row of them per node."""
+    groups = m.nodes()
+    out = []
+    for node, ranks in sorted(groups.items()):
+        title = f"<span style='color:{GREY};font-size:11px;margin-right:4px'>node {node}</span>"
+        cells = "".join(cell(r) for r in ranks)
+        out.append(
+            f"<div style='display:flex;flex-wrap:wrap;align-items:flex-end'>"
+            f"{title if len(groups) > 1 else ''}{cells}</div>"
+        )
+    return "".join(out)
+
+
+def live_grid(m: LaunchModel, pick: str) -> str:
+    """The live view's grid (many ranks): labels of the picker that stay put while the ranks
+    step -- a click is a press and a release on the same element, and a grid redrawn under
+    the pointer loses it -- so it is drawn again only when the ranks change; their fills
+    and colours come from :func:`live_grid_fills`."""
+    if len(m.ranks) <= COMPACT_ROWS_MAX:
+        return ""
+
+    def cell(r: int) -> str:
+        return (
+            f"<label for='{pick}-p{r}' class='nl-cell nl-cell-{r}' data-rank='{r}' "
+            f"title='rank {r}: click for its output' style='position:relative;"
+            "display:inline-block;width:30px;height:16px;margin:0 4px 4px 0;"
+            "background-color:#e4e4e4;border-radius:2px;overflow:hidden;cursor:pointer'>"
+            # (no width or colour inline: an inline style would win over the fills')
+            "<span class='nl-fill' style='position:absolute;left:0;top:0;bottom:0;"
+            "opacity:0.45'></span><span style='position:relative;display:block;"
+            f"text-align:center;font-size:10px;line-height:16px;{MONO}'>{r}</span></label>"
+        )
+
+    return _grid(m, cell)
+
+
+def live_grid_fills(m: LaunchModel, pick: str) -> str:
+    """The fills of :func:`live_grid`'s cells now: one ``<style>``, scoped to this view."""
+    if len(m.ranks) <= COMPACT_ROWS_MAX:
+        return ""
+    sp = m.spread()
+    stragglers = set(sp.stragglers)
+    rules = []
+    for r in m.rank_ids:
+        colour, width = _fill(m.ranks[r], sp.progress.get(r))
+        at = f".{pick} .nl-cell-{r}"
+        rules.append(f"{at} .nl-fill{{width:{width}%;background-color:{colour}}}")
+        if r in stragglers:
+            rules.append(f"{at}{{box-shadow:0 0 0 2px {WAITING_RING}}}")
+    return "<style>" + "".join(rules) + "</style>"
 
 
 WAITING_RING = "#e65100"
@@ -362,15 +420,9 @@ def spread_html(m: LaunchModel, now: float, clock: Clock, pick: str | None) -> s
         )
     head = f"<div class='nl-spread' style='{CUT};padding:2px 0'>" + " \u00b7 ".join(line) + "</div>"
     stragglers = set(sp.stragglers)
-    groups = m.nodes()
-    grid = []
-    for node, ranks in sorted(groups.items()):
-        title = f"<span style='color:{GREY};font-size:11px;margin-right:4px'>node {node}</span>"
-        cells = "".join(_cell(m.ranks[r], sp.progress.get(r), r in stragglers, pick) for r in ranks)
-        grid.append(
-            f"<div style='display:flex;flex-wrap:wrap;align-items:flex-end'>"
-            f"{title if len(groups) > 1 else ''}{cells}</div>"
-        )
+    grid = ""
+    if pick is None:  # (the live view draws its grid apart: live_grid)
+        grid = _grid(m, lambda r: _cell(m.ranks[r], sp.progress.get(r), r in stragglers, None))
     look = [r for r in sp.broken] + [r for r in sp.stragglers if r not in sp.broken]
     note = ""
     if sp.stragglers:
@@ -390,7 +442,7 @@ def spread_html(m: LaunchModel, now: float, clock: Clock, pick: str | None) -> s
             for r in m.rank_ids
             if r not in look[:8]
         )
-    return head + "".join(grid) + note + rows + hidden
+    return head + grid + note + rows + hidden
 
 
 def ranks_html(

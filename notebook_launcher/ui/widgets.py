@@ -358,6 +358,10 @@ class WidgetView:
         self.alerts = W.HTML(value="")
         self.stall = W.HTML(value="")  # where every rank is, while none makes progress
         self.ranks = W.HTML(value="")
+        #: many ranks: their grid, redrawn only when the ranks change (a click on a cell
+        #: must find it still there), and its fills (a ``<style>``, redrawn as they step)
+        self.grid = W.HTML(value="")
+        self.grid_fills = W.HTML(value="", layout=W.Layout(display="none"))
         #: the parts under the rank table (``html.SECTIONS``), by name
         self.sections = {section.name: W.HTML(value="") for section in H.SECTIONS}
         self.barriers = self.sections["barriers"]
@@ -372,6 +376,8 @@ class WidgetView:
                 self.header,
                 self.alerts,
                 self.stall,
+                self.grid,
+                self.grid_fills,
                 self.ranks,
                 *self.sections.values(),
                 self.picker,
@@ -387,6 +393,7 @@ class WidgetView:
             (self.alerts, "nl-alerts"),
             (self.stall, "nl-stall-box"),
             (self.ranks, "nl-ranks"),
+            (self.grid, "nl-grid"),
             *((widget, f"nl-{name}") for name, widget in self.sections.items()),
             (self.picker, "nl-picker"),
             (self.summary, "nl-summary"),
@@ -529,6 +536,8 @@ class WidgetView:
             self.header,
             self.alerts,
             self.stall,
+            self.grid,
+            self.grid_fills,
             self.ranks,
             *self.sections.values(),
             self.picker,
@@ -549,6 +558,12 @@ class WidgetView:
         self._sent[id(widget)] = value
         return True
 
+    def _set_raw(self, widget: Any, value: str) -> None:
+        """Show ``value`` in ``widget`` as it is (no wrapper), when it changed."""
+        if self._sent.get(id(widget)) != value:
+            widget.value = value
+            self._sent[id(widget)] = value
+
     def flush(self, now: float, final: bool = False) -> None:
         """Redraw what changed, most important first, as far as the budget allows."""
         self._next_flush = now + self.interval
@@ -568,6 +583,10 @@ class WidgetView:
             self.ranks, H.ranks_html(m, now, clock, pick=self.id), final
         ):
             dirty.discard("ranks")
+            # the grid's cells change only with the ranks (not sent otherwise), their fills
+            # at every step
+            self._set(self.grid, H.live_grid(m, self.id), True)
+            self._set_raw(self.grid_fills, H.live_grid_fills(m, self.id))
         # the plot paces itself (at most ~2 redraws a second): ahead of the log, whose new
         # chunks would otherwise take its turns while lines pour in and leave it seconds behind
         due = final or now >= self._plot_due
