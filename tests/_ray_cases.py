@@ -44,9 +44,6 @@ def local_ray() -> Iterator[Any]:
     if [iface for _, iface in socket.if_nameindex()] != ["lo"]:
         raise RuntimeError("local_ray() runs inside a network namespace of its own only")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # (never a report home)
-    # the head's client server gives a new client's own server 30 s to answer, which a
-    # loaded 2-core machine can miss ("Starting Ray client server failed")
-    os.environ.setdefault("RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S", "120")
     head = dict(NODE, ray_client_server_port=CLIENT_PORT)
     local = LocalRay(initialize_head=True, head_node_args=head)
     try:
@@ -379,16 +376,13 @@ def main(out: str) -> None:
         def client() -> dict[str, Any]:
             said = os.path.join(os.path.dirname(out), "client.json")
             address = f"ray://127.0.0.1:{CLIENT_PORT}"
-            for _ in range(2):  # (a second try if Ray's client server could not start one)
-                done = subprocess.run(
-                    [sys.executable, __file__, "client", address, said],
-                    capture_output=True,
-                    text=True,
-                    timeout=240,
-                    check=False,
-                )
-                if "Starting Ray client server failed" not in done.stderr + done.stdout:
-                    break
+            done = subprocess.run(
+                [sys.executable, __file__, "client", address, said],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             if done.returncode != 0:
                 raise RuntimeError(
                     f"exit {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
