@@ -30,8 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LESSON = ROOT / "notebooks" / "09_on_a_ray_cluster.ipynb"
 #: one Ray node: one CPU, on loopback, no dashboard
 NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
-#: the head's Ray client server (``ray://``): a kernel outside the cluster connects there
-CLIENT_PORT = 10001
 
 
 @contextlib.contextmanager
@@ -44,8 +42,7 @@ def local_ray() -> Iterator[Any]:
     if [iface for _, iface in socket.if_nameindex()] != ["lo"]:
         raise RuntimeError("local_ray() runs inside a network namespace of its own only")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # (never a report home)
-    head = dict(NODE, ray_client_server_port=CLIENT_PORT)
-    local = LocalRay(initialize_head=True, head_node_args=head)
+    local = LocalRay(initialize_head=True, head_node_args=dict(NODE))
     try:
         local.add_node(**NODE)
         local.wait_for_nodes()
@@ -138,25 +135,6 @@ def leftovers(ray: Any, job: str) -> dict[str, list[str]]:
         if job in str(a.get("Name")) and a.get("State") != "DEAD"
     ]
     return {"placement_groups": groups, "actors": actors, "processes": agents_alive(job)}
-
-
-def through_a_client(address: str, out: str) -> None:
-    """A kernel that is no driver of the cluster: connected by a Ray client address
-    (``ray.init("ray://head:10001")``, as a laptop or a Jupyter server outside a KubeRay
-    cluster would be), it launches on two Ray nodes; its findings go to ``out``."""
-    import ray
-
-    from notebook_launcher import RayCluster, notebook_launcher
-
-    ray.init(address, log_to_driver=False)
-    cluster = RayCluster(nodes=2, cpus_per_node=1)
-    try:
-        values = notebook_launcher(returns_where_it_ran, num_processes=2, cluster=cluster)
-        job = cluster.scheduler._job  # type: ignore[attr-defined]
-    finally:
-        cluster.close()
-    with open(out, "w") as f:
-        json.dump({"values": [list(v) for v in values], "job": job}, f)
 
 
 def main(out: str) -> None:
@@ -373,33 +351,9 @@ def main(out: str) -> None:
             lost.close()
             return said
 
-        def client() -> dict[str, Any]:
-            said = os.path.join(os.path.dirname(out), "client.json")
-            address = f"ray://127.0.0.1:{CLIENT_PORT}"
-            done = subprocess.run(
-                [sys.executable, __file__, "client", address, said],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(
-                    f"exit {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
-                )
-            with open(said) as f:
-                found = json.load(f)
-            deadline = time.monotonic() + 20
-            after = leftovers(ray, found["job"])
-            while any(after.values()) and time.monotonic() < deadline:
-                time.sleep(0.2)
-                after = leftovers(ray, found["job"])
-            return {"values": found["values"], "after": after}
-
         case("cancel", cancel)
         case("session", session)
         case("close", close)
-        case("client", client)  # (after close: the shared cluster held every CPU)
         case("impossible", impossible)
         case("detached", detached)
         case("lesson", lesson)
@@ -407,7 +361,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "client":  # (the ``client`` case's kernel)
-        through_a_client(sys.argv[2], sys.argv[3])
-    else:
-        main(sys.argv[1])
+    main(sys.argv[1])

@@ -142,19 +142,6 @@ def test_a_detached_run_outlives_its_kernel_on_ray_and_leaves_nothing(
     assert detached["after"] == {"placement_groups": [], "actors": [], "processes": []}
 
 
-def test_a_kernel_outside_the_cluster_launches_through_a_ray_client_address(
-    ray_cases: dict[str, Any],
-) -> None:
-    """A kernel connected by ``ray.init("ray://127.0.0.1:10001")`` (Ray's client server on
-    the head: a driver that is not on the cluster) runs a launch on both Ray nodes, and its
-    ``close()`` leaves nothing on Ray."""
-    client = case(ray_cases, "client")
-    values = client["values"]
-    assert [rank for rank, _ in values] == [0, 1]
-    assert len({node for _, node in values}) == 2, values  # one rank on each Ray node
-    assert client["after"] == {"placement_groups": [], "actors": [], "processes": []}
-
-
 def test_a_cancelled_launch_stops_its_ranks_and_the_cluster_serves_the_next(
     ray_cases: dict[str, Any],
 ) -> None:
