@@ -54,10 +54,10 @@ from ..errors import (
 from . import stall
 from .contract import Group
 from .diagnosis import Stranded, Verdict, diagnose, exception_for, summary_line
-from .record import RunRecord, Stop
+from .record import RunRecord, Stop, Word
 
 
-class Purpose(str, enum.Enum):
+class Purpose(Word):
     """What a run was (the words of its end differ). A ``str``: compared with its word,
     or carried in a record to another process, it reads the same."""
 
@@ -68,14 +68,8 @@ class Purpose(str, enum.Enum):
     #: a session's task
     TASK = "task"
 
-    def __str__(self) -> str:
-        return self.value
 
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
-
-class Kind(str, enum.Enum):
+class Kind(Word):
     """How a run ended (:attr:`Outcome.kind`); a ``str`` as :class:`Purpose` is."""
 
     OK = "ok"
@@ -92,12 +86,6 @@ class Kind(str, enum.Enum):
     CLOSED = "closed"
     #: ranks without a result and no failure to say why: never returned as a short list
     SHORT = "short"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 @dataclass(frozen=True)

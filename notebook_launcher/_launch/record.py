@@ -39,7 +39,18 @@ NO_VALUE = (
 DIED_REPORT_LINES = 25
 
 
-class Stop(str, enum.Enum):
+class Word(str, enum.Enum):
+    """An enum whose members are their words (``enum.StrEnum`` from Python 3.11 on): printed,
+    formatted, compared or pickled to another process, a member reads as its word."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Stop(Word):
     """Why a run's ranks are being stopped (:meth:`RunRecord.stop`). A ``str``: a record
     pickled to another process, or compared with its word, reads the same."""
 
@@ -56,12 +67,6 @@ class Stop(str, enum.Enum):
     #: a session gave up on them
     BROKEN = "broken"
     CLOSING = "closing"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 class BarrierTracker:
